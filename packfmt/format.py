@@ -1,0 +1,361 @@
+"""The single source of truth for packfmt bytes on disk (spec/FORMAT.md, version 1.0).
+
+Nothing else in packfmt spells a file name, a dtype or a manifest key by hand: it imports
+them from here. Every binary file is one little-endian, C-ordered array with no header, so
+each array starts at byte 0 of its own file (page-aligned when memory-mapped).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import FormatError, UnsupportedVersionError
+
+FORMAT_NAME = "packfmt"
+FORMAT_VERSION = (1, 0)
+FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
+PACK_INDEX_FORMAT_NAME = "packfmt-pack-index"
+
+MANIFEST = "manifest.json"
+#: Largest manifest / index.json a reader accepts (bytes); guards against hostile files.
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+# Dataset files: name -> (dtype, columns). dtype None = token dtype from the manifest.
+TOKENS = "tokens.bin"
+DOC_OFFSETS = "doc_offsets.bin"
+LOSS_MASK = "loss_mask.bin"
+IMAGE_BLOBS = "image_blobs.bin"
+IMAGE_OFFSETS = "image_offsets.bin"
+IMAGE_META = "image_meta.bin"
+DOC_IMAGE_OFFSETS = "doc_image_offsets.bin"
+IMAGE_TOKEN_SPANS = "image_token_spans.bin"
+
+PACKS_DIR = "packs"
+PACK_INDEX_JSON = "index.json"
+PACK_OFFSETS = "pack_offsets.bin"
+SEGMENTS = "segments.bin"
+PACK_TOKEN_OFFSETS = "pack_token_offsets.bin"
+PACKED_TOKENS = "tokens.bin"
+PACKED_LOSS_MASK = "loss_mask.bin"
+PACK_DOC_IDS = "doc_ids.bin"  # unused in 1.0, reserved
+
+OFFSET_DTYPE = np.dtype("<i8")
+MASK_DTYPE = np.dtype("u1")
+BLOB_DTYPE = np.dtype("u1")
+IMAGE_META_DTYPE = np.dtype("<u4")
+IMAGE_META_COLUMNS = 3  # width, height, codec
+SEGMENT_COLUMNS = 3  # doc, begin, end
+
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+UINT16_VOCAB_LIMIT = 65536  # vocab_size <= this -> uint16 (ids 0..65535)
+MAX_VOCAB_SIZE = 2**32
+
+CHECKSUM_ALGORITHM = "xxh3_64"
+_CHECKSUM_RE = re.compile(r"^xxh3_64:[0-9a-f]{16}$")
+
+# Image codecs (uint32 in image_meta.bin column 2).
+CODECS = {1: "png", 2: "jpeg", 3: "webp", 4: "bmp", 5: "gif", 6: "tiff", 16: "rgb8", 17: "rgb8+zstd"}
+CODEC_IDS = {name: code for code, name in CODECS.items()}
+#: Pillow format names -> codec name.
+PIL_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp", "BMP": "bmp", "GIF": "gif", "TIFF": "tiff"}
+
+SPECIAL_TOKEN_KEYS = ("bos", "eos", "pad", "image")
+
+
+def token_dtype_for_vocab(vocab_size: int) -> str:
+    """Return the token dtype name the spec prescribes for ``vocab_size`` (spec §3.1)."""
+    if not isinstance(vocab_size, int) or vocab_size < 1 or vocab_size > MAX_VOCAB_SIZE:
+        raise FormatError(field="vocab_size", expected=f"integer in [1, {MAX_VOCAB_SIZE}]", found=vocab_size)
+    return "uint16" if vocab_size <= UINT16_VOCAB_LIMIT else "uint32"
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Deterministic JSON bytes: sorted keys, 2-space indent, UTF-8, trailing newline."""
+    return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def parse_version(value: Any, *, file: str, field: str = "format_version") -> tuple[int, int]:
+    if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
+        raise FormatError(file=file, field=field, expected='"MAJOR.MINOR" string, e.g. "1.0"', found=repr(value))
+    major, minor = (int(x) for x in value.split("."))
+    if major != FORMAT_VERSION[0]:
+        raise UnsupportedVersionError(
+            f"{file}: {field}: this reader supports major version {FORMAT_VERSION[0]} "
+            f"(format {FORMAT_VERSION_STR}); found {value}. "
+            + ("Upgrade packfmt to read it." if major > FORMAT_VERSION[0] else "Convert it with an older packfmt."),
+            file=file, field=field, expected=f"{FORMAT_VERSION[0]}.x", found=value,
+        )
+    return major, minor
+
+
+def read_json(path, *, file: str) -> dict:
+    """Read a JSON object with a size bound; never evaluates anything (no pickle, no eval)."""
+    import os
+
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise FormatError(f"{file}: missing (expected a JSON file at {path})", file=file, expected="file", found="missing") from None
+    if size > MAX_JSON_BYTES:
+        raise FormatError(file=file, field="size", expected=f"<= {MAX_JSON_BYTES} bytes", found=size)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise FormatError(f"{file}: not valid UTF-8 JSON ({exc})", file=file, expected="JSON object", found="unparseable") from None
+    if not isinstance(obj, dict):
+        raise FormatError(file=file, field="<root>", expected="JSON object", found=type(obj).__name__)
+    return obj
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+# ----------------------------------------------------------------------------- manifest schema
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a manifest's ``files`` table."""
+
+    name: str
+    bytes: int
+    checksum: str  # "xxh3_64:<16 hex digits>"
+
+
+def _req(obj: Mapping, key: str, types, *, file: str, prefix: str = "") -> Any:
+    field = f"{prefix}{key}"
+    if key not in obj:
+        raise FormatError(f"{file}: {field}: required key missing", file=file, field=field, expected="present", found="missing")
+    value = obj[key]
+    if types is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in _as_tuple(types))
+    if not ok:
+        raise FormatError(file=file, field=field, expected=_type_names(types), found=repr(value))
+    return value
+
+
+def _as_tuple(t):
+    return t if isinstance(t, tuple) else (t,)
+
+
+def _type_names(types) -> str:
+    names = {int: "integer", str: "string", dict: "object", list: "array", bool: "boolean", type(None): "null"}
+    return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
+
+
+def _nonneg(value: int, *, file: str, field: str) -> int:
+    if value < 0:
+        raise FormatError(file=file, field=field, expected=">= 0", found=value)
+    return value
+
+
+def parse_files_table(obj: Mapping, *, file: str) -> dict[str, FileEntry]:
+    files = _req(obj, "files", dict, file=file)
+    out = {}
+    for name, entry in files.items():
+        prefix = f"files.{name}."
+        if not isinstance(entry, dict):
+            raise FormatError(file=file, field=f"files.{name}", expected="object", found=repr(entry))
+        if "/" in name or "\\" in name or name in ("", ".", "..") or name.startswith("."):
+            raise FormatError(file=file, field="files", expected="plain file names", found=repr(name))
+        nbytes = _nonneg(_req(entry, "bytes", int, file=file, prefix=prefix), file=file, field=prefix + "bytes")
+        checksum = _req(entry, "checksum", str, file=file, prefix=prefix)
+        if not _CHECKSUM_RE.match(checksum):
+            raise FormatError(file=file, field=prefix + "checksum", expected='"xxh3_64:" + 16 lowercase hex digits', found=repr(checksum))
+        out[name] = FileEntry(name, nbytes, checksum)
+    return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed, type-checked ``manifest.json`` (spec §2). ``raw`` keeps unknown keys."""
+
+    version: tuple[int, int]
+    vocab_size: int
+    token_dtype: str
+    tokenizer: dict
+    special_tokens: dict
+    num_documents: int
+    num_tokens: int
+    num_images: int
+    has_loss_mask: bool
+    files: dict[str, FileEntry]
+    raw: dict
+
+    @property
+    def np_token_dtype(self) -> np.dtype:
+        return TOKEN_DTYPES[self.token_dtype]
+
+
+def parse_manifest(obj: dict, *, file: str = MANIFEST) -> Manifest:
+    """Check every field the spec requires; raise FormatError naming the first bad one."""
+    fmt = obj.get("format")
+    if fmt != FORMAT_NAME:
+        raise UnsupportedVersionError(file=file, field="format", expected=repr(FORMAT_NAME), found=repr(fmt))
+    version = parse_version(_req(obj, "format_version", str, file=file), file=file)
+    producer = _req(obj, "producer", dict, file=file)
+    _req(producer, "name", str, file=file, prefix="producer.")
+    _req(producer, "version", str, file=file, prefix="producer.")
+    vocab_size = _req(obj, "vocab_size", int, file=file)
+    if not 1 <= vocab_size <= MAX_VOCAB_SIZE:
+        raise FormatError(file=file, field="vocab_size", expected=f"integer in [1, {MAX_VOCAB_SIZE}]", found=vocab_size)
+    token_dtype = _req(obj, "token_dtype", str, file=file)
+    expected_dtype = token_dtype_for_vocab(vocab_size)
+    if token_dtype != expected_dtype:
+        raise FormatError(file=file, field="token_dtype", expected=f"{expected_dtype!r} for vocab_size {vocab_size}", found=repr(token_dtype))
+    tokenizer = _req(obj, "tokenizer", dict, file=file)
+    _req(tokenizer, "name", str, file=file, prefix="tokenizer.")
+    tok_hash = _req(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")
+    if tok_hash is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", tok_hash):
+        raise FormatError(file=file, field="tokenizer.hash", expected='null or "sha256:" + 64 hex digits', found=repr(tok_hash))
+    special = _req(obj, "special_tokens", dict, file=file)
+    for key in SPECIAL_TOKEN_KEYS:
+        value = _req(special, key, (int, type(None)), file=file, prefix="special_tokens.")
+        if value is not None and not 0 <= value < vocab_size:
+            raise FormatError(file=file, field=f"special_tokens.{key}", expected=f"null or id in [0, {vocab_size})", found=value)
+    counts = _req(obj, "counts", dict, file=file)
+    n_docs = _nonneg(_req(counts, "documents", int, file=file, prefix="counts."), file=file, field="counts.documents")
+    n_tokens = _nonneg(_req(counts, "tokens", int, file=file, prefix="counts."), file=file, field="counts.tokens")
+    n_images = _nonneg(_req(counts, "images", int, file=file, prefix="counts."), file=file, field="counts.images")
+    has_mask = _req(obj, "loss_mask", bool, file=file)
+    checksum_alg = _req(obj, "checksum_algorithm", str, file=file)
+    if checksum_alg != CHECKSUM_ALGORITHM:
+        raise FormatError(file=file, field="checksum_algorithm", expected=repr(CHECKSUM_ALGORITHM), found=repr(checksum_alg))
+    files = parse_files_table(obj, file=file)
+    for name in required_files(has_mask, n_images > 0):
+        if name not in files:
+            raise FormatError(f"{file}: files.{name}: required entry missing", file=file, field=f"files.{name}", expected="present", found="missing")
+    return Manifest(version, vocab_size, token_dtype, tokenizer, special, n_docs, n_tokens, n_images, has_mask, files, obj)
+
+
+def required_files(has_loss_mask: bool, has_images: bool) -> list[str]:
+    names = [TOKENS, DOC_OFFSETS]
+    if has_loss_mask:
+        names.append(LOSS_MASK)
+    if has_images:
+        names += [IMAGE_BLOBS, IMAGE_OFFSETS, IMAGE_META, DOC_IMAGE_OFFSETS, IMAGE_TOKEN_SPANS]
+    return names
+
+
+def expected_layout(m: Manifest) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """File name -> (dtype, shape) implied by the manifest's counts (spec §3).
+
+    The image blob file's length is not implied by the counts; it is checked against
+    ``image_offsets[-1]`` instead, so it is absent from this table.
+    """
+    layout = {
+        TOKENS: (m.np_token_dtype, (m.num_tokens,)),
+        DOC_OFFSETS: (OFFSET_DTYPE, (m.num_documents + 1,)),
+    }
+    if m.has_loss_mask:
+        layout[LOSS_MASK] = (MASK_DTYPE, (m.num_tokens,))
+    if m.num_images > 0:
+        layout[IMAGE_OFFSETS] = (OFFSET_DTYPE, (m.num_images + 1,))
+        layout[IMAGE_META] = (IMAGE_META_DTYPE, (m.num_images, IMAGE_META_COLUMNS))
+        layout[DOC_IMAGE_OFFSETS] = (OFFSET_DTYPE, (m.num_documents + 1,))
+        layout[IMAGE_TOKEN_SPANS] = (OFFSET_DTYPE, (m.num_images, 2))
+    return layout
+
+
+def nbytes_of(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    return int(math.prod(shape)) * np.dtype(dtype).itemsize
+
+
+# ----------------------------------------------------------------------------- pack index schema
+ALGORITHM_NAMES = ("ffd", "bfd", "first_fit_shuffle", "shuffle_and_pack", "greedy", "balanced", "pad")
+OVERSIZE_POLICIES = ("split", "truncate", "drop")
+_INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_index_name(name: str) -> str:
+    if not isinstance(name, str) or not _INDEX_NAME_RE.match(name):
+        raise FormatError(field="name", expected="1-128 chars of [A-Za-z0-9_.-], not starting with '.', '_' or '-'", found=repr(name))
+    return name
+
+
+@dataclass(frozen=True)
+class PackIndexManifest:
+    """Parsed ``packs/<name>/index.json`` (spec §4)."""
+
+    version: tuple[int, int]
+    name: str
+    capacity: int
+    algorithm: str
+    seed: int | None
+    oversize: str
+    num_packs: int
+    num_segments: int
+    materialized: bool
+    dataset: dict
+    files: dict[str, FileEntry]
+    raw: dict
+
+    @property
+    def stats(self) -> dict:
+        return self.raw.get("stats", {})
+
+    @property
+    def params(self) -> dict:
+        return self.raw.get("params", {})
+
+
+def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
+    fmt = obj.get("format")
+    if fmt != PACK_INDEX_FORMAT_NAME:
+        raise UnsupportedVersionError(file=file, field="format", expected=repr(PACK_INDEX_FORMAT_NAME), found=repr(fmt))
+    version = parse_version(_req(obj, "format_version", str, file=file), file=file)
+    name = _req(obj, "name", str, file=file)
+    try:
+        check_index_name(name)
+    except FormatError as exc:
+        raise FormatError(file=file, field="name", expected=exc.expected, found=exc.found) from None
+    capacity = _req(obj, "capacity", int, file=file)
+    if capacity < 1:
+        raise FormatError(file=file, field="capacity", expected=">= 1", found=capacity)
+    algorithm = _req(obj, "algorithm", str, file=file)
+    if algorithm not in ALGORITHM_NAMES:
+        raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))
+    seed = _req(obj, "seed", (int, type(None)), file=file)
+    oversize = _req(obj, "oversize", str, file=file)
+    if oversize not in OVERSIZE_POLICIES:
+        raise FormatError(file=file, field="oversize", expected=f"one of {list(OVERSIZE_POLICIES)}", found=repr(oversize))
+    _req(obj, "params", dict, file=file)
+    _req(obj, "stats", dict, file=file)
+    counts = _req(obj, "counts", dict, file=file)
+    n_packs = _nonneg(_req(counts, "packs", int, file=file, prefix="counts."), file=file, field="counts.packs")
+    n_segments = _nonneg(_req(counts, "segments", int, file=file, prefix="counts."), file=file, field="counts.segments")
+    materialized = _req(obj, "materialized", bool, file=file)
+    dataset = _req(obj, "dataset", dict, file=file)
+    for key in (TOKENS, DOC_OFFSETS):
+        value = _req(dataset, key, str, file=file, prefix="dataset.")
+        if not _CHECKSUM_RE.match(value):
+            raise FormatError(file=file, field=f"dataset.{key}", expected="xxh3_64 checksum string", found=repr(value))
+    files = parse_files_table(obj, file=file)
+    needed = [PACK_OFFSETS, SEGMENTS] + ([PACK_TOKEN_OFFSETS, PACKED_TOKENS] if materialized else [])
+    for fname in needed:
+        if fname not in files:
+            raise FormatError(f"{file}: files.{fname}: required entry missing", file=file, field=f"files.{fname}", expected="present", found="missing")
+    return PackIndexManifest(version, name, capacity, algorithm, seed, oversize, n_packs, n_segments, materialized, dataset, files, obj)
+
+
+def pack_index_layout(pm: PackIndexManifest, token_dtype: np.dtype, has_loss_mask: bool, num_packed_tokens: int | None) -> dict:
+    layout = {
+        PACK_OFFSETS: (OFFSET_DTYPE, (pm.num_packs + 1,)),
+        SEGMENTS: (OFFSET_DTYPE, (pm.num_segments, SEGMENT_COLUMNS)),
+    }
+    if pm.materialized:
+        layout[PACK_TOKEN_OFFSETS] = (OFFSET_DTYPE, (pm.num_packs + 1,))
+        if num_packed_tokens is not None:
+            layout[PACKED_TOKENS] = (token_dtype, (num_packed_tokens,))
+            if has_loss_mask:
+                layout[PACKED_LOSS_MASK] = (MASK_DTYPE, (num_packed_tokens,))
+    return layout

@@ -1,0 +1,185 @@
+"""Compute a pack index over a whole dataset and store it beside the token store (spec §4).
+
+Adding an index is atomic: it is written into ``packs/.<name>.packfmt-tmp-*`` and renamed to
+``packs/<name>`` when complete, so readers of other indexes (or of an older index of the same
+name) are never disturbed and a killed run never leaves an index that opens.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import format as F
+from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling
+from .errors import WriteError
+from .reader import PackIndex, Store, open_dataset
+from .version import __version__
+
+__all__ = ["build_pack_index", "relative_image_spans", "default_index_name"]
+
+#: Segments gathered per chunk when materializing (bounds the temporary index arrays).
+_MATERIALIZE_CHUNK_TOKENS = 1 << 24
+
+
+def default_index_name(algorithm: str, capacity: int, seed: int | None) -> str:
+    shuffled = algorithm in ("first_fit_shuffle", "shuffle_and_pack")
+    return f"{algorithm}-{capacity}" + (f"-s{seed}" if shuffled else "")
+
+
+def relative_image_spans(store: Store) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Image token spans relative to their document start, and the doc->image CSR offsets."""
+    images = store.images
+    if images is None:
+        return None, None
+    doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(images.doc_image_offsets))
+    spans = np.asarray(images.token_spans, dtype=np.int64) - store.doc_offsets[doc_of_image][:, None]
+    return spans, np.asarray(images.doc_image_offsets, dtype=np.int64)
+
+
+def build_pack_index(
+    dataset: Store | str | os.PathLike,
+    *,
+    capacity: int,
+    algorithm: str = "ffd",
+    name: str | None = None,
+    seed: int | None = 0,
+    max_docs_per_pack: int | None = None,
+    max_images_per_pack: int | None = None,
+    oversize: str = "split",
+    materialize: bool = False,
+    overwrite: bool = False,
+) -> PackIndex:
+    """Pack every document of ``dataset`` into packs of at most ``capacity`` tokens and store the index.
+
+    Args:
+        capacity: tokens per pack (the training sequence length).
+        algorithm: one of ``format.ALGORITHM_NAMES`` (see spec/packing.md).
+        seed: seed of the shuffled algorithms (recorded for all).
+        max_docs_per_pack: at most this many segments per pack.
+        max_images_per_pack: at most this many images per pack (the image budget).
+        oversize: what to do with documents longer than ``capacity``: ``split`` into segments,
+            ``truncate`` to the first segment, or ``drop``. Never cuts through an image's tokens.
+        materialize: also write the tokens (and loss mask) in pack order, one contiguous slice per pack.
+    Returns:
+        The new index, opened.
+    """
+    from .packing import pack_items, pack_stats, segment_documents
+
+    store = dataset if isinstance(dataset, Store) else open_dataset(dataset)
+    if algorithm not in F.ALGORITHM_NAMES:
+        raise WriteError(field="algorithm", expected=f"one of {list(F.ALGORITHM_NAMES)}", found=repr(algorithm))
+    if oversize not in F.OVERSIZE_POLICIES:
+        raise WriteError(field="oversize", expected=f"one of {list(F.OVERSIZE_POLICIES)}", found=repr(oversize))
+    if not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise WriteError(field="capacity", expected="integer >= 1", found=capacity)
+    capacity = int(capacity)
+    name = F.check_index_name(name or default_index_name(algorithm, capacity, seed))
+    t0 = time.perf_counter()
+    lengths = store.doc_lengths
+    spans, doc_image_offsets = relative_image_spans(store)
+    seg = segment_documents(lengths, capacity, oversize, image_spans=spans, doc_image_offsets=doc_image_offsets)
+    item_lengths = seg.segments[:, 2] - seg.segments[:, 1]
+    image_counts = seg.image_counts if store.num_images else None
+    result = pack_items(item_lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
+                        image_counts=image_counts, max_images_per_pack=max_images_per_pack)
+    segments = np.ascontiguousarray(seg.segments[result.order], dtype=F.OFFSET_DTYPE)
+    pack_offsets = np.ascontiguousarray(result.pack_offsets, dtype=F.OFFSET_DTYPE)
+    seconds = time.perf_counter() - t0
+    stats = pack_stats(item_lengths, result, capacity, image_counts=image_counts)
+    stats.update({
+        "documents": int(store.num_documents),
+        "documents_packed": int(np.unique(segments[:, 0]).size) if segments.size else 0,
+        "segments": int(segments.shape[0]),
+        "dropped_documents": int(seg.dropped_docs),
+        "dropped_tokens": int(seg.dropped_tokens),
+        "split_documents": int(seg.split_docs),
+        "truncated_documents": int(seg.truncated_docs),
+        "truncated_tokens": int(seg.truncated_tokens),
+        "padding_baseline_efficiency": float(lengths.clip(max=capacity).sum() / max(1, store.num_documents * capacity)),
+        "seconds": round(seconds, 6),
+    })
+
+    packs_root = store.path / F.PACKS_DIR
+    packs_root.mkdir(exist_ok=True)
+    target = packs_root / name
+    if target.exists() and not overwrite:
+        from .errors import DatasetExistsError
+
+        raise DatasetExistsError(f"{target}: pack index {name!r} already exists (use overwrite / --overwrite or another --name)",
+                                 file=str(target), expected="no existing index", found="exists")
+    remove_stale_temps(target)
+    tmp = temp_sibling(target)
+    try:
+        files = {}
+        for fname, arr in ((F.PACK_OFFSETS, pack_offsets), (F.SEGMENTS, segments)):
+            f = HashedFile(tmp / fname)
+            f.write_array(arr, F.OFFSET_DTYPE)
+            files[fname] = f.close()
+        packed_tokens = int((segments[:, 2] - segments[:, 1]).sum()) if segments.size else 0
+        if materialize:
+            files.update(_materialize(store, tmp, segments, pack_offsets))
+        index = {
+            "format": F.PACK_INDEX_FORMAT_NAME,
+            "format_version": F.FORMAT_VERSION_STR,
+            "producer": {"name": "packfmt", "version": __version__},
+            "name": name,
+            "capacity": capacity,
+            "algorithm": algorithm,
+            "seed": seed,
+            "oversize": oversize,
+            "params": {"max_docs_per_pack": max_docs_per_pack, "max_images_per_pack": max_images_per_pack},
+            "counts": {"packs": int(pack_offsets.shape[0] - 1), "segments": int(segments.shape[0]), "packed_tokens": packed_tokens},
+            "stats": stats,
+            "materialized": bool(materialize),
+            "dataset": {F.TOKENS: store.manifest.files[F.TOKENS].checksum,
+                        F.DOC_OFFSETS: store.manifest.files[F.DOC_OFFSETS].checksum},
+            "files": files,
+        }
+        with open(tmp / F.PACK_INDEX_JSON, "wb") as fh:
+            fh.write(F.canonical_json(index))
+            fh.flush()
+            os.fsync(fh.fileno())
+        publish_dir(tmp, target, overwrite=overwrite)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PackIndex(store, name)
+
+
+def _materialize(store: Store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarray) -> dict:
+    """Write tokens (and loss mask) in pack order; return their ``files`` entries."""
+    seg_len = segments[:, 2] - segments[:, 1]
+    seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
+    pack_token_offsets = seg_tok_offsets[pack_offsets]
+    out = {}
+    f = HashedFile(tmp / F.PACK_TOKEN_OFFSETS)
+    f.write_array(pack_token_offsets, F.OFFSET_DTYPE)
+    out[F.PACK_TOKEN_OFFSETS] = f.close()
+    sources = [(F.PACKED_TOKENS, store.tokens, store.manifest.np_token_dtype)]
+    if store.loss_mask is not None:
+        sources.append((F.PACKED_LOSS_MASK, store.loss_mask, F.MASK_DTYPE))
+    writers = {fname: HashedFile(tmp / fname) for fname, _, _ in sources}
+    starts = store.doc_offsets[segments[:, 0]] + segments[:, 1]
+    i = 0
+    n = segments.shape[0]
+    while i < n:
+        # take segments until the chunk holds about _MATERIALIZE_CHUNK_TOKENS tokens
+        j = int(np.searchsorted(seg_tok_offsets, seg_tok_offsets[i] + _MATERIALIZE_CHUNK_TOKENS, side="right"))
+        j = max(j - 1, i + 1)
+        j = min(j, n)
+        lens = seg_len[i:j]
+        total = int(lens.sum())
+        # gather index: for each segment, starts[k] + arange(len[k])
+        idx = np.repeat(starts[i:j] - seg_tok_offsets[i:j] + seg_tok_offsets[i], lens) + np.arange(total, dtype=np.int64)
+        for fname, src, dtype in sources:
+            writers[fname].write_array(np.asarray(src[idx]), dtype)
+        i = j
+    for fname, w in writers.items():
+        out[fname] = w.close()
+    return out
