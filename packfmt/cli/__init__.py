@@ -17,7 +17,7 @@ from ..errors import PackfmtError
 from ..version import __version__
 
 #: Subcommand name -> module under packfmt.cli. A module that is missing is simply not offered.
-COMMANDS = ("build", "pack", "validate", "inspect")
+COMMANDS = ("build", "pack", "validate", "inspect", "export")
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
