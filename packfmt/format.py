@@ -81,7 +81,7 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def parse_version(value: Any, *, file: str, field: str = "format_version") -> tuple[int, int]:
-    if not isinstance(value, str) or not re.fullmatch(r"\d+\.\d+", value):
+    if not isinstance(value, str) or not re.fullmatch(r"(0|[1-9]\d*)\.(0|[1-9]\d*)", value):
         raise FormatError(file=file, field=field, expected='"MAJOR.MINOR" string, e.g. "1.0"', found=repr(value))
     major, minor = (int(x) for x in value.split("."))
     if major != FORMAT_VERSION[0]:
@@ -107,11 +107,20 @@ def read_json(path, *, file: str) -> dict:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise FormatError(f"{file}: not valid UTF-8 JSON ({exc})", file=file, expected="JSON object", found="unparseable") from None
     if not isinstance(obj, dict):
         raise FormatError(file=file, field="<root>", expected="JSON object", found=type(obj).__name__)
+    return obj
+
+
+def _no_duplicate_keys(pairs):
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
     return obj
 
 
@@ -231,9 +240,14 @@ def parse_manifest(obj: dict, *, file: str = MANIFEST) -> Manifest:
     if checksum_alg != CHECKSUM_ALGORITHM:
         raise FormatError(file=file, field="checksum_algorithm", expected=repr(CHECKSUM_ALGORITHM), found=repr(checksum_alg))
     files = parse_files_table(obj, file=file)
-    for name in required_files(has_mask, n_images > 0):
+    needed = required_files(has_mask, n_images > 0)
+    for name in needed:
         if name not in files:
             raise FormatError(f"{file}: files.{name}: required entry missing", file=file, field=f"files.{name}", expected="present", found="missing")
+    for name in set(required_files(True, True)) - set(needed):
+        if name in files:
+            raise FormatError(f"{file}: files.{name}: listed although loss_mask/counts.images say it must be absent",
+                              file=file, field=f"files.{name}", expected="absent", found="listed")
     return Manifest(version, vocab_size, token_dtype, tokenizer, special, n_docs, n_tokens, n_images, has_mask, files, obj)
 
 
@@ -313,6 +327,9 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
     if fmt != PACK_INDEX_FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(PACK_INDEX_FORMAT_NAME), found=repr(fmt))
     version = parse_version(_req(obj, "format_version", str, file=file), file=file)
+    producer = _req(obj, "producer", dict, file=file)
+    _req(producer, "name", str, file=file, prefix="producer.")
+    _req(producer, "version", str, file=file, prefix="producer.")
     name = _req(obj, "name", str, file=file)
     try:
         check_index_name(name)
@@ -322,17 +339,22 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
     if capacity < 1:
         raise FormatError(file=file, field="capacity", expected=">= 1", found=capacity)
     algorithm = _req(obj, "algorithm", str, file=file)
-    if algorithm not in ALGORITHM_NAMES:
+    if algorithm not in ALGORITHM_NAMES and version[1] <= FORMAT_VERSION[1]:
         raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))
     seed = _req(obj, "seed", (int, type(None)), file=file)
     oversize = _req(obj, "oversize", str, file=file)
     if oversize not in OVERSIZE_POLICIES:
         raise FormatError(file=file, field="oversize", expected=f"one of {list(OVERSIZE_POLICIES)}", found=repr(oversize))
-    _req(obj, "params", dict, file=file)
+    params = _req(obj, "params", dict, file=file)
+    for key in ("max_docs_per_pack", "max_images_per_pack"):
+        value = params.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise FormatError(file=file, field=f"params.{key}", expected="null or integer >= 1", found=repr(value))
     _req(obj, "stats", dict, file=file)
     counts = _req(obj, "counts", dict, file=file)
     n_packs = _nonneg(_req(counts, "packs", int, file=file, prefix="counts."), file=file, field="counts.packs")
     n_segments = _nonneg(_req(counts, "segments", int, file=file, prefix="counts."), file=file, field="counts.segments")
+    _nonneg(_req(counts, "packed_tokens", int, file=file, prefix="counts."), file=file, field="counts.packed_tokens")
     materialized = _req(obj, "materialized", bool, file=file)
     dataset = _req(obj, "dataset", dict, file=file)
     for key in (TOKENS, DOC_OFFSETS):

@@ -81,7 +81,11 @@ def build_pack_index(
     t0 = time.perf_counter()
     lengths = store.doc_lengths
     spans, doc_image_offsets = relative_image_spans(store)
-    seg = segment_documents(lengths, capacity, oversize, image_spans=spans, doc_image_offsets=doc_image_offsets)
+    try:
+        seg = segment_documents(lengths, capacity, oversize, image_spans=spans, doc_image_offsets=doc_image_offsets)
+    except ValueError as exc:  # an image run longer than capacity cannot be placed under any policy
+        raise WriteError(f"capacity {capacity}: {exc}", field="capacity", expected=">= the longest image token run",
+                         found=capacity) from None
     item_lengths = seg.segments[:, 2] - seg.segments[:, 1]
     image_counts = seg.image_counts if store.num_images else None
     result = pack_items(item_lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,

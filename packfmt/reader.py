@@ -200,7 +200,10 @@ class ImageStore:
         return memoryview(self.blobs[self.offsets[i]:self.offsets[i + 1]])
 
     def codec(self, i: int) -> str:
-        return F.CODECS[int(self.meta[i, 2])]
+        code = int(self.meta[i, 2])
+        if code not in F.CODECS:
+            raise FormatError(file=F.IMAGE_META, field=f"[{i}].codec", expected=f"one of {sorted(F.CODECS)}", found=code)
+        return F.CODECS[code]
 
     def size(self, i: int) -> tuple[int, int]:
         return int(self.meta[i, 0]), int(self.meta[i, 1])
@@ -234,8 +237,15 @@ class PackIndex:
                     f"(expected {sm.files[key].checksum} from manifest.json, found {self.manifest.dataset[key]})",
                     file=self._label + F.PACK_INDEX_JSON, field=f"dataset.{key}", expected=sm.files[key].checksum,
                     found=self.manifest.dataset[key])
-        n_packed = self.manifest.raw.get("counts", {}).get("packed_tokens")
+        if self.manifest.name != name:
+            raise FormatError(file=self._label + F.PACK_INDEX_JSON, field="name", expected=repr(name) + " (the directory name)",
+                              found=repr(self.manifest.name))
+        n_packed = self.manifest.raw["counts"]["packed_tokens"]
         self._layout = F.pack_index_layout(self.manifest, sm.np_token_dtype, sm.has_loss_mask, n_packed)
+        for fname in self._layout:
+            if fname not in self.manifest.files:
+                raise FormatError(f"{self._label}{F.PACK_INDEX_JSON}: files.{fname}: required entry missing",
+                                  file=self._label + F.PACK_INDEX_JSON, field=f"files.{fname}", expected="present", found="missing")
         _check_files_table(self.path, self.manifest.files, self._layout, where=self._label)
 
     def _array(self, name: str) -> np.ndarray:

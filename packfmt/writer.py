@@ -14,7 +14,9 @@ directory, never something at the target path.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +82,11 @@ class DatasetWriter:
         self.token_dtype = F.TOKEN_DTYPES[self.token_dtype_name]
         self.tokenizer = dict(tokenizer or {"name": "unknown", "hash": None})
         self.tokenizer.setdefault("hash", None)
+        if not isinstance(self.tokenizer.get("name"), str):
+            raise WriteError(field="tokenizer.name", expected="string", found=repr(self.tokenizer.get("name")))
+        th = self.tokenizer["hash"]
+        if th is not None and not (isinstance(th, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", th)):
+            raise WriteError(field="tokenizer.hash", expected='null or "sha256:" + 64 hex digits', found=repr(th))
         self.special_tokens = {k: None for k in F.SPECIAL_TOKEN_KEYS}
         for key, value in (special_tokens or {}).items():
             if key not in self.special_tokens:
@@ -162,7 +169,7 @@ class DatasetWriter:
             mask = np.asarray(loss_mask)
             if mask.shape != arr.shape:
                 raise WriteError(field=f"document {doc}: loss_mask shape", expected=arr.shape, found=mask.shape)
-            if mask.size and (mask.min() < 0 or mask.max() > 1):
+            if not np.all((mask == 0) | (mask == 1)):
                 raise WriteError(field=f"document {doc}: loss_mask values", expected="0 or 1", found=f"[{mask.min()}, {mask.max()}]")
         elif loss_mask is not None:
             raise WriteError(field=f"document {doc}: loss_mask", expected="None (writer created with loss_mask=False)", found="a mask")
@@ -239,6 +246,7 @@ class DatasetWriter:
         manifest = self.manifest()
         for name, f in sorted(self._files.items()):
             manifest["files"][name] = f.close()
+        F.parse_manifest(json.loads(F.canonical_json(manifest)), file=F.MANIFEST)  # self-check before publishing
         with open(self._tmp / F.MANIFEST, "wb") as fh:
             fh.write(F.canonical_json(manifest))
             fh.flush()

@@ -1,0 +1,429 @@
+"""The format rules of spec/FORMAT.md as the reader and writer enforce them.
+
+Reader side: a manifest that breaks a rule is refused with an error naming the key; a newer minor
+version with unknown keys and files is accepted (§8). Writer side: ids outside the vocabulary,
+empty documents, bad masks and bad image spans are refused before anything is written. Plus
+pickling a Store across a spawn-started process and a write/read round-trip property.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import pickle
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import packfmt
+from packfmt import format as F
+from packfmt.errors import FormatError, TokenRangeError, UnsupportedVersionError, WriteError
+from packfmt.packindex import build_pack_index
+
+DOCS = [[5, 6, 7], [8, 9], [1]]
+
+
+# ----------------------------------------------------------------------------- helpers
+def write_ds(path: Path, docs=DOCS, *, vocab_size: int = 100, loss_mask: bool = False, **kw) -> Path:
+    with packfmt.DatasetWriter(path, vocab_size=vocab_size, loss_mask=loss_mask, **kw) as w:
+        for d in docs:
+            w.add_document(d, loss_mask=[1] * len(d) if loss_mask else None)
+    return path
+
+
+def load_manifest(path: Path) -> dict:
+    return json.loads((path / F.MANIFEST).read_text("utf-8"))
+
+
+def save_manifest(path: Path, obj: dict) -> None:
+    (path / F.MANIFEST).write_bytes(F.canonical_json(obj))
+
+
+def edit(obj: dict, dotted: str, value=None, *, delete: bool = False) -> dict:
+    """Set (or delete) a dotted key of ``obj``; ``files.tokens.bin`` style names are handled."""
+    if dotted.startswith("files."):
+        parents, last = ["files"], dotted[len("files."):]
+        if last.endswith((".bytes", ".checksum")):
+            name, field = last.rsplit(".", 1)
+            parents, last = ["files", name], field
+    else:
+        *parents, last = dotted.split(".")
+    node = obj
+    for key in parents:
+        node = node[key]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return obj
+
+
+@pytest.fixture()
+def ds(tmp_path) -> Path:
+    return write_ds(tmp_path / "ds")
+
+
+def refused(path: Path, exc_type=FormatError) -> str:
+    with pytest.raises(exc_type) as info:
+        packfmt.open(path)
+    return str(info.value)
+
+
+# ----------------------------------------------------------------------------- reader: versions
+@pytest.mark.parametrize("version", ["2.0", "0.9", "3.1"])
+def test_refuses_other_major_version(ds, version):
+    save_manifest(ds, edit(load_manifest(ds), "format_version", version))
+    message = refused(ds, UnsupportedVersionError)
+    assert version in message and "format_version" in message and "major version 1" in message
+
+
+@pytest.mark.parametrize("value", ["1", "v1.0", "1.0.0", "", 1.0, None])
+def test_refuses_malformed_version(ds, value):
+    save_manifest(ds, edit(load_manifest(ds), "format_version", value))
+    assert "format_version" in refused(ds)
+
+
+@pytest.mark.parametrize("name", ["safetensors", "packfmt-pack-index", "PACKFMT", None])
+def test_refuses_wrong_format_name(ds, name):
+    save_manifest(ds, edit(load_manifest(ds), "format", name))
+    message = refused(ds, UnsupportedVersionError)
+    assert "format" in message and "'packfmt'" in message
+
+
+def test_accepts_newer_minor_with_unknown_keys_and_files(ds):
+    m = load_manifest(ds)
+    m["format_version"] = "1.9"
+    m["future_top_level"] = {"anything": [1, 2, 3]}
+    m["counts"]["future_count"] = 7
+    m["tokenizer"]["revision"] = "abc"
+    m["special_tokens"]["sep"] = 4
+    m["files"]["tokens.bin"]["future_field"] = True
+    data = b"a file a 1.0 reader does not know"
+    (ds / "future.bin").write_bytes(data)
+    m["files"]["future.bin"] = {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64(data).hexdigest()}
+    (ds / "NOTES.txt").write_text("an unlisted stray file is not part of the dataset")
+    save_manifest(ds, m)
+    store = packfmt.open(ds)
+    assert store.manifest.version == (1, 9)
+    assert [store.document(i).tolist() for i in range(len(store))] == DOCS
+
+
+def test_unknown_listed_file_is_still_size_checked(ds):
+    m = load_manifest(ds)
+    m["format_version"] = "1.9"
+    (ds / "future.bin").write_bytes(b"12345")
+    m["files"]["future.bin"] = {"bytes": 6, "checksum": "xxh3_64:" + "0" * 16}
+    save_manifest(ds, m)
+    assert "future.bin" in refused(ds)
+
+
+# ----------------------------------------------------------------------------- reader: keys and types
+REQUIRED = ["format_version", "producer", "producer.name", "producer.version", "tokenizer", "tokenizer.name",
+            "tokenizer.hash", "vocab_size", "token_dtype", "special_tokens", "special_tokens.bos",
+            "special_tokens.eos", "special_tokens.pad", "special_tokens.image", "counts", "counts.documents",
+            "counts.tokens", "counts.images", "loss_mask", "checksum_algorithm", "files", "files.tokens.bin",
+            "files.doc_offsets.bin", "files.tokens.bin.bytes", "files.tokens.bin.checksum"]
+
+
+@pytest.mark.parametrize("key", REQUIRED)
+def test_refuses_missing_required_key(ds, key):
+    save_manifest(ds, edit(load_manifest(ds), key, delete=True))
+    message = refused(ds)
+    assert key in message and "missing" in message
+
+
+@pytest.mark.parametrize("key,value", [
+    ("vocab_size", "100"), ("vocab_size", True), ("vocab_size", 100.0), ("vocab_size", 0), ("vocab_size", 2**32 + 1),
+    ("loss_mask", 1), ("loss_mask", "false"), ("counts.documents", -1), ("counts.tokens", "5"),
+    ("counts.images", None), ("producer", "packfmt"), ("producer.version", 1), ("tokenizer", "gpt2"),
+    ("tokenizer.hash", "md5:abc"), ("tokenizer.hash", "sha256:" + "A" * 64), ("special_tokens.eos", 100),
+    ("special_tokens.bos", -1), ("special_tokens.pad", "0"), ("special_tokens.image", False), ("files", []),
+    ("files.tokens.bin", "10 bytes"), ("files.tokens.bin.bytes", "10"), ("files.tokens.bin.bytes", -10),
+])
+def test_refuses_wrong_types_and_ranges(ds, key, value):
+    save_manifest(ds, edit(load_manifest(ds), key, value))
+    message = refused(ds)
+    assert key in message, message
+
+
+@pytest.mark.parametrize("vocab,dtype", [(100, "uint32"), (65536, "uint32"), (65537, "uint16"), (100, "int32"),
+                                         (100, "uint8")])
+def test_refuses_token_dtype_inconsistent_with_vocab(ds, vocab, dtype):
+    m = edit(load_manifest(ds), "vocab_size", vocab)
+    save_manifest(ds, edit(m, "token_dtype", dtype))
+    message = refused(ds)
+    assert "token_dtype" in message and str(vocab) in message
+
+
+@pytest.mark.parametrize("checksum", ["xxh3_64:C8952709C5EA8CE1", "xxh3_64:c8952709c5ea8ce", "xxh3:c8952709c5ea8ce1",
+                                      "md5:c8952709c5ea8ce1", "c8952709c5ea8ce1", "xxh3_64:c8952709c5ea8ce1 "])
+def test_refuses_bad_checksum_string(ds, checksum):
+    save_manifest(ds, edit(load_manifest(ds), "files.tokens.bin.checksum", checksum))
+    message = refused(ds)
+    assert "files.tokens.bin.checksum" in message
+
+
+def test_refuses_other_checksum_algorithm(ds):
+    save_manifest(ds, edit(load_manifest(ds), "checksum_algorithm", "sha256"))
+    assert "checksum_algorithm" in refused(ds)
+
+
+@pytest.mark.parametrize("name", ["../tokens.bin", "sub/x.bin", "/etc/passwd", "..", ".", ".hidden", "a\\b.bin", ""])
+def test_refuses_unsafe_file_names(ds, name):
+    m = load_manifest(ds)
+    m["files"][name] = {"bytes": 0, "checksum": "xxh3_64:2d06800538d394c2"}
+    save_manifest(ds, m)
+    message = refused(ds)
+    assert "files" in message and repr(name) in message
+
+
+def test_refuses_file_size_mismatch(ds):
+    with open(ds / "tokens.bin", "ab") as f:
+        f.write(b"\x00\x00")
+    message = refused(ds)
+    assert "tokens.bin" in message and "size" in message
+
+
+def test_refuses_counts_that_disagree_with_sizes(ds):
+    save_manifest(ds, edit(load_manifest(ds), "counts.tokens", 7))
+    assert "tokens.bin" in refused(ds)
+
+
+@pytest.mark.parametrize("content", [b"", b"[]", b"\xff\xfe{", b'{"format": NaN}', b"{" * 10])
+def test_refuses_unparseable_manifest(ds, content):
+    (ds / F.MANIFEST).write_bytes(content)
+    assert "manifest.json" in refused(ds)
+
+
+def test_refuses_huge_manifest_without_parsing(ds):
+    with open(ds / F.MANIFEST, "wb") as f:
+        f.truncate(F.MAX_JSON_BYTES + 1)  # sparse: no memory used
+    message = refused(ds)
+    assert "manifest.json" in message and str(F.MAX_JSON_BYTES) in message
+
+
+def test_refuses_deeply_nested_manifest(ds):
+    (ds / F.MANIFEST).write_bytes(b'{"extra": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert "manifest.json" in refused(ds)
+
+
+def test_refuses_duplicate_keys(ds):
+    text = (ds / F.MANIFEST).read_text("utf-8")
+    (ds / F.MANIFEST).write_text(text.replace('"vocab_size": 100', '"vocab_size": 100,\n  "vocab_size": 100'), "utf-8")
+    assert "vocab_size" in refused(ds)
+
+
+def test_refuses_pack_index_renamed_directory(ds):
+    build_pack_index(ds, capacity=4, algorithm="ffd", name="a")
+    (ds / F.PACKS_DIR / "a").rename(ds / F.PACKS_DIR / "b")
+    with pytest.raises(FormatError):
+        packfmt.open(ds).pack_index("b")
+
+
+def test_refuses_pack_index_of_another_store(tmp_path):
+    a = write_ds(tmp_path / "a")
+    b = write_ds(tmp_path / "b", [[5, 6, 7], [8, 9], [2]])  # same lengths, other tokens
+    build_pack_index(a, capacity=4, algorithm="ffd", name="ix")
+    (b / F.PACKS_DIR).mkdir()
+    (b / F.PACKS_DIR / "ix").symlink_to(a / F.PACKS_DIR / "ix")
+    with pytest.raises(FormatError) as info:
+        packfmt.open(b).pack_index("ix")
+    assert "dataset.tokens.bin" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- writer: token range
+def test_writer_refuses_token_id_ge_vocab_naming_document_and_position(tmp_path):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
+    w.add_document([1, 2, 3])
+    with pytest.raises(TokenRangeError) as info:
+        w.add_document([4, 5, 100, 6])
+    message = str(info.value)
+    assert "document 1" in message and "token 2" in message and "100" in message
+    assert info.value.found == 100
+    w.add_document([7])  # the refused document left nothing behind
+    w.finalize()
+    s = packfmt.open(tmp_path / "ds")
+    assert [s.document(i).tolist() for i in range(len(s))] == [[1, 2, 3], [7]]
+
+
+@pytest.mark.parametrize("vocab,dtype,max_id", [(65536, "<u2", 65535), (65537, "<u4", 65536), (2**32, "<u4", 2**32 - 1)])
+def test_writer_dtype_boundary(tmp_path, vocab, dtype, max_id):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=vocab)
+    with pytest.raises(TokenRangeError) as info:
+        w.add_document(np.array([0, max_id + 1], dtype=np.int64))
+    assert "document 0" in str(info.value) and "token 1" in str(info.value)
+    w.add_document(np.array([0, max_id], dtype=np.int64))
+    w.finalize()
+    s = packfmt.open(tmp_path / "ds")
+    assert s.tokens.dtype == np.dtype(dtype)
+    assert s.tokens.tolist() == [0, max_id]
+    assert s.manifest.token_dtype == ("uint16" if vocab <= 65536 else "uint32")
+
+
+@pytest.mark.parametrize("tokens", [[-1, 2], [3, -70000], np.array([1, -1], dtype=np.int8)])
+def test_writer_refuses_negative_ids(tmp_path, tokens):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
+    with pytest.raises(TokenRangeError) as info:
+        w.add_document(tokens)
+    assert "document 0" in str(info.value)
+    w.abort()
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("tokens", [[], np.zeros(0, dtype=np.int64), [[1, 2]], [1.5, 2.0], [True, False]])
+def test_writer_refuses_empty_or_non_integer_documents(tmp_path, tokens):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
+    with pytest.raises(WriteError):
+        w.add_document(tokens)
+    w.abort()
+
+
+def test_writer_refuses_special_token_out_of_range(tmp_path):
+    with pytest.raises(TokenRangeError):
+        packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, special_tokens={"eos": 100})
+    with pytest.raises(WriteError):
+        packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, special_tokens={"sep": 1})
+
+
+# ----------------------------------------------------------------------------- writer: loss mask
+@pytest.mark.parametrize("mask", [[1, 1], [1, 2, 0], [0, -1, 1], [[1, 1, 1]], None])
+def test_writer_refuses_bad_loss_mask(tmp_path, mask):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, loss_mask=True)
+    with pytest.raises(WriteError) as info:
+        w.add_document([1, 2, 3], loss_mask=mask)
+    assert "loss_mask" in str(info.value)
+    w.abort()
+
+
+def test_writer_refuses_mask_without_loss_mask_flag(tmp_path):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
+    with pytest.raises(WriteError):
+        w.add_document([1, 2], loss_mask=[1, 1])
+    w.abort()
+
+
+def test_writer_refuses_fractional_loss_mask(tmp_path):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, loss_mask=True)
+    try:
+        with pytest.raises(WriteError):
+            w.add_document([1, 2], loss_mask=[0.5, 1.0])
+    finally:
+        w.abort()
+
+
+def test_loss_mask_round_trip(tmp_path):
+    with packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, loss_mask=True) as w:
+        w.add_document([1, 2, 3], loss_mask=[0, 1, 1])
+        w.add_document([4, 5], loss_mask=np.array([True, False]))
+    s = packfmt.open(tmp_path / "ds")
+    assert s.loss_mask.tolist() == [0, 1, 1, 1, 0]
+    assert s.document_loss_mask(1).tolist() == [1, 0]
+
+
+# ----------------------------------------------------------------------------- writer: images
+PNG = bytes.fromhex("89504e470d0a1a0a")  # the writer does not decode; any non-empty bytes are stored
+
+
+def _img(begin, end, *, codec="png", width=2, height=2, data=PNG):
+    return packfmt.ImageRecord(data, width, height, codec, begin, end)
+
+
+@pytest.mark.parametrize("images,what", [
+    ([_img(2, 2)], "token span"),                 # empty run
+    ([_img(3, 1)], "token span"),                 # begin > end
+    ([_img(-1, 2)], "token span"),                # before the document
+    ([_img(4, 7)], "token span"),                 # past the end (document has 6 tokens)
+    ([_img(0, 3), _img(2, 4)], "token span"),     # overlapping
+    ([_img(3, 5), _img(0, 2)], "token span"),     # out of order
+    ([_img(0, 2, codec="heic")], "codec"),
+    ([_img(0, 2, width=0)], "size"),
+    ([_img(0, 2, height=2**32)], "size"),
+    ([_img(0, 2, data=b"")], "data"),
+])
+def test_writer_refuses_bad_images(tmp_path, images, what):
+    w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
+    with pytest.raises(WriteError) as info:
+        w.add_document([1, 3, 3, 3, 3, 2], images=images)
+    assert "document 0, image" in str(info.value) and what in str(info.value)
+    w.add_document([1, 2])  # nothing of the refused document was written
+    w.finalize()
+    s = packfmt.open(tmp_path / "ds")
+    assert s.num_images == 0 and s.tokens.tolist() == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["doc_offsets.bin", "manifest.json", "tokens.bin"]
+
+
+def test_image_spans_are_global_and_adjacent_runs_allowed(tmp_path):
+    with packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100) as w:
+        w.add_document([1, 2])
+        w.add_document([3, 3, 3, 3, 9], images=[_img(0, 2), _img(2, 4, data=b"x")])
+    s = packfmt.open(tmp_path / "ds")
+    assert s.images.token_spans.tolist() == [[2, 4], [4, 6]]
+    assert s.images.doc_image_offsets.tolist() == [0, 0, 2]
+    assert s.images.offsets.tolist() == [0, 8, 9]
+
+
+# ----------------------------------------------------------------------------- atomicity
+def test_nothing_at_target_until_finalize_and_nothing_after_error(tmp_path):
+    target = tmp_path / "ds"
+    with pytest.raises(RuntimeError):
+        with packfmt.DatasetWriter(target, vocab_size=100) as w:
+            w.add_document([1, 2])
+            assert not target.exists()
+            raise RuntimeError("interrupted")
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []  # the temporary sibling is gone too
+
+
+# ----------------------------------------------------------------------------- pickling across processes
+def test_store_pickle_is_small(ds):
+    store = packfmt.open(ds)
+    _ = store.tokens, store.doc_offsets  # mapped arrays must not travel
+    blob = pickle.dumps(store)
+    assert len(blob) < 500
+    assert pickle.loads(blob).tokens.tolist() == [5, 6, 7, 8, 9, 1]
+
+
+def test_store_works_in_spawned_process(ds):
+    store = packfmt.open(ds)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        docs = pool.starmap(packfmt.Store.document, [(store, i) for i in range(len(store))])
+        tokens = pool.apply(getattr, (store, "tokens"))
+    assert [np.asarray(d).tolist() for d in docs] == DOCS
+    assert np.asarray(tokens).tolist() == [5, 6, 7, 8, 9, 1]
+
+
+# ----------------------------------------------------------------------------- property: write -> read
+documents = st.lists(st.integers(min_value=1, max_value=40), min_size=0, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=documents, big_vocab=st.booleans(), with_mask=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_write_read_round_trip(lengths, big_vocab, with_mask, seed):
+    vocab = 70_000 if big_vocab else 1_000
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, vocab, size=n) for n in lengths]
+    masks = [rng.integers(0, 2, size=n) for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ds"
+        with packfmt.DatasetWriter(path, vocab_size=vocab, loss_mask=with_mask) as w:
+            for d, m in zip(docs, masks):
+                w.add_document(d, loss_mask=m if with_mask else None)
+        s = packfmt.open(path)
+        assert len(s) == len(docs) and s.num_tokens == sum(lengths)
+        assert s.tokens.dtype == np.dtype("<u4" if big_vocab else "<u2")
+        assert s.doc_offsets.tolist() == np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).tolist()
+        for i, d in enumerate(docs):
+            np.testing.assert_array_equal(s.document(i), d)
+            if with_mask:
+                np.testing.assert_array_equal(s.document_loss_mask(i), masks[i])
+        assert (s.loss_mask is not None) == with_mask
+        for name, entry in s.manifest.files.items():
+            data = (path / name).read_bytes()
+            assert len(data) == entry.bytes
+            assert "xxh3_64:" + xxhash.xxh3_64(data).hexdigest() == entry.checksum
