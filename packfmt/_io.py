@@ -16,8 +16,8 @@ from .errors import DatasetExistsError
 CHUNK_BYTES = 8 * 1024 * 1024
 
 
-def checksum_file(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> str:
-    """``"xxh3_64:<hex>"`` of a whole file, read in bounded chunks."""
+def checksum_file(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES, on_bytes=None) -> str:
+    """``"xxh3_64:<hex>"`` of a whole file, read in bounded chunks; ``on_bytes(n)`` after each chunk."""
     h = xxhash.xxh3_64()
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(chunk_bytes)
@@ -27,6 +27,8 @@ def checksum_file(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> st
             if not n:
                 break
             h.update(view[:n])
+            if on_bytes is not None:
+                on_bytes(n)
     return "xxh3_64:" + h.hexdigest()
 
 
@@ -56,7 +58,9 @@ class HashedFile:
             self.flush()
 
     def write_array(self, arr: np.ndarray, dtype: np.dtype) -> None:
-        self.write(np.ascontiguousarray(arr, dtype=dtype).data)
+        arr = np.ascontiguousarray(arr, dtype=dtype)
+        if arr.size:
+            self.write(arr.data)
 
     def flush(self) -> None:
         if self._buf:

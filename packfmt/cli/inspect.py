@@ -1,0 +1,77 @@
+"""``packfmt inspect PATH [--json] [--plot FILE.png] [--show-pack N] [--index NAME] [--tokenizer DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "inspect", help="summarize a dataset and its pack indexes (numbers, plots, one pack's text)",
+        description="Counts, document length distribution, images, loss mask, build report, and for each pack "
+                    "index its fill efficiency next to what naive padding would cost on the same data.")
+    p.add_argument("path", help="dataset directory")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="write length / fill histograms and a token-grid picture of one batch")
+    p.add_argument("--show-pack", metavar="N", type=int, help="print pack N's segments and text (or token ids)")
+    p.add_argument("--index", metavar="NAME", help="pack index for --show-pack / --plot (default: the only or first one)")
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory or tokenizer.json for decoding "
+                                                     "(default: the manifest's tokenizer.path when it exists here)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per batch of the pad-to-longest baseline (default 8)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..inspect import format_pack, format_summary, plot_summary, summarize
+    from ..reader import open_dataset
+
+    if args.batch_size < 1:
+        print(f"packfmt inspect: error: --batch-size must be >= 1, got {args.batch_size}", file=sys.stderr)
+        return 2
+    store = open_dataset(args.path)
+    names = store.pack_index_names()
+    if args.index is not None and args.index not in names:
+        print(f"packfmt inspect: error: no pack index {args.index!r} in {store.path} (have: {names or 'none'})",
+              file=sys.stderr)
+        return 1
+    summary = summarize(store, progress=sys.stderr.isatty(), batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        print(format_summary(summary))
+    if args.plot:
+        out = plot_summary(store, summary, args.plot, index_name=args.index)
+        print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
+    if args.show_pack is not None:
+        return _show_pack(store, names, args, format_pack)
+    return 0
+
+
+def _show_pack(store, names: list[str], args: argparse.Namespace, format_pack) -> int:
+    if not names:
+        print(f"packfmt inspect: error: {store.path} has no pack index (create one with `packfmt pack`)", file=sys.stderr)
+        return 1
+    index = store.pack_index(args.index or names[0])
+    if not 0 <= args.show_pack < index.num_packs:
+        print(f"packfmt inspect: error: --show-pack {args.show_pack}: index {index.name!r} has packs "
+              f"0..{index.num_packs - 1}", file=sys.stderr)
+        return 1
+    decode = _decoder(store, args.tokenizer)
+    stream = sys.stderr if args.json else sys.stdout
+    print(format_pack(index, args.show_pack, decode), file=stream)
+    return 0
+
+
+def _decoder(store, tokenizer_arg: str | None):
+    """--tokenizer, else the manifest's tokenizer.path if it exists locally, else None (token ids)."""
+    from ..inspect import load_decoder
+
+    path = tokenizer_arg or store.manifest.tokenizer.get("path")
+    if not path or not Path(path).exists():
+        if tokenizer_arg:
+            print(f"packfmt inspect: warning: --tokenizer {tokenizer_arg}: not found; printing token ids", file=sys.stderr)
+        return None
+    return load_decoder(path)

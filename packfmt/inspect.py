@@ -1,0 +1,486 @@
+"""What is in a dataset, in numbers and pictures: ``packfmt inspect``.
+
+``summarize(store)`` returns a plain dict (JSON-ready) with the counts, the document length
+distribution, images, loss mask, the build report and, for each pack index, its packing
+efficiency next to what naive padding would cost on the same data. ``plot_summary`` draws it;
+``format_pack`` shows one pack's segments (and decoded text when a tokenizer is at hand).
+
+Padding baselines (``padding_costs``) work on *rows*: each document cut into pieces of at most
+``capacity`` tokens, in data order (so nothing is dropped):
+
+* ``pad_to_capacity``: every row padded to ``capacity`` tokens.
+* ``pad_to_longest``: consecutive rows in batches of ``batch_size``, each padded to the longest
+  row of its batch.
+* ``packed``: the index's packs, ``capacity`` slots each.
+
+Efficiency = real tokens / token slots.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import format as F
+from .reader import PackIndex, Store
+
+__all__ = ["summarize", "length_stats", "padding_costs", "index_summary", "format_summary", "format_pack",
+           "load_decoder", "plot_summary", "batch_grids"]
+
+#: Percentiles reported for document lengths (linear interpolation, numpy's default).
+PERCENTILES = (50, 90, 99)
+#: Rows per batch of the pad-to-longest baseline.
+DEFAULT_BATCH = 8
+#: Scan the loss mask in chunks of this many bytes; show a bar above PROGRESS_MIN_TOKENS.
+_CHUNK = 1 << 24
+PROGRESS_MIN_TOKENS = 1 << 28
+
+
+# ----------------------------------------------------------------------------- numbers
+def length_stats(lengths: np.ndarray) -> dict:
+    """min / mean / p50 / p90 / p99 / max of a 1-D array (percentiles: numpy linear interpolation)."""
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        return {"count": 0}
+    out = {"count": int(lengths.size), "total": int(lengths.sum()), "min": int(lengths.min()),
+           "mean": float(lengths.mean())}
+    for q, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES)):
+        out[f"p{q}"] = float(v)
+    out["max"] = int(lengths.max())
+    return out
+
+
+def row_lengths(doc_lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Documents cut into rows of at most ``capacity`` tokens, in data order. int64 ``(n_rows,)``."""
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    full, rem = np.divmod(doc_lengths, capacity)
+    per_doc = full + (rem > 0)
+    rows = np.full(int(per_doc.sum()), capacity, dtype=np.int64)
+    last = np.cumsum(per_doc) - 1
+    has_rem = rem > 0
+    rows[last[has_rem]] = rem[has_rem]
+    return rows
+
+
+def padding_costs(doc_lengths: np.ndarray, capacity: int, batch_size: int = DEFAULT_BATCH,
+                  num_packs: int | None = None, packed_tokens: int | None = None) -> dict:
+    """Token slots and efficiency of the padding baselines (and of packing, when given).
+
+    Returns ``{"pad_to_capacity": {...}, "pad_to_longest": {...}[, "packed": {...}]}``, each with
+    ``rows``, ``slots`` (token positions fed to the model), ``padding`` and ``efficiency``.
+    """
+    rows = row_lengths(doc_lengths, capacity)
+    real = int(rows.sum())
+    n = rows.shape[0]
+    n_full = n // batch_size * batch_size
+    longest = rows[:n_full].reshape(-1, batch_size).max(axis=1).sum() * batch_size if n_full else 0
+    if n > n_full:
+        longest += int(rows[n_full:].max()) * (n - n_full)
+
+    def entry(n_rows: int, slots: int, tokens: int) -> dict:
+        return {"rows": int(n_rows), "slots": int(slots), "tokens": int(tokens), "padding": int(slots - tokens),
+                "efficiency": float(tokens / slots) if slots else 1.0}
+
+    out = {"pad_to_capacity": entry(n, n * capacity, real),
+           "pad_to_longest": dict(entry(n, int(longest), real), batch_size=batch_size)}
+    if num_packs is not None and packed_tokens is not None:
+        out["packed"] = entry(num_packs, num_packs * capacity, packed_tokens)
+    return out
+
+
+def _mask_fraction(mask: np.ndarray, progress: bool) -> float:
+    n = mask.shape[0]
+    if n == 0:
+        return 0.0
+    bar = None
+    if progress and n >= PROGRESS_MIN_TOKENS:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, unit="tok", unit_scale=True, desc="loss mask", leave=False)
+    ones = 0
+    for a in range(0, n, _CHUNK):
+        chunk = mask[a:a + _CHUNK]
+        ones += int(np.count_nonzero(chunk))
+        if bar is not None:
+            bar.update(chunk.shape[0])
+    if bar is not None:
+        bar.close()
+    return ones / n
+
+
+def _image_summary(store: Store) -> dict | None:
+    images = store.images
+    if images is None:
+        return None
+    meta = np.asarray(images.meta)
+    per_doc = np.diff(np.asarray(images.doc_image_offsets))
+    codes, counts = np.unique(meta[:, 2], return_counts=True)
+    spans = np.asarray(images.token_spans)
+    span_len = spans[:, 1] - spans[:, 0]
+    return {
+        "count": int(meta.shape[0]),
+        "bytes": int(images.blobs.shape[0]),
+        "codecs": {F.CODECS.get(int(c), f"unknown({int(c)})"): int(k) for c, k in zip(codes, counts)},
+        "width": {"min": int(meta[:, 0].min()), "max": int(meta[:, 0].max())},
+        "height": {"min": int(meta[:, 1].min()), "max": int(meta[:, 1].max())},
+        "tokens_per_image": {"min": int(span_len.min()), "mean": float(span_len.mean()), "max": int(span_len.max())},
+        "per_document": {"mean": float(per_doc.mean()) if per_doc.size else 0.0,
+                         "max": int(per_doc.max()) if per_doc.size else 0,
+                         "documents_with_images": int(np.count_nonzero(per_doc))},
+    }
+
+
+def _build_report(raw: dict) -> dict | None:
+    """The manifest's ``build_report`` plus a check that records read = written + skipped."""
+    report = raw.get("build_report")
+    if not isinstance(report, dict):
+        return None
+    out = dict(report)
+    read = report.get("records_read")
+    written = report.get("documents_written", report.get("records_written"))
+    skipped = report.get("skipped")
+    if isinstance(read, int) and isinstance(written, int) and isinstance(skipped, dict):
+        total_skipped = sum(v for v in skipped.values() if isinstance(v, int))
+        out["skipped_total"] = total_skipped
+        out["consistent"] = read == written + total_skipped
+    return out
+
+
+def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = DEFAULT_BATCH) -> dict:
+    """Packing numbers of one index, with the padding baselines on the same documents."""
+    po = np.asarray(index.pack_offsets)
+    segs = np.asarray(index.segments)
+    seg_len = segs[:, 2] - segs[:, 1]
+    packed = int(seg_len.sum())
+    n_packs = int(po.shape[0] - 1)
+    cap = index.capacity
+    pack_of_seg = np.repeat(np.arange(n_packs, dtype=np.int64), np.diff(po))
+    cum = np.concatenate([[0], np.cumsum(seg_len)])
+    totals = cum[po[1:]] - cum[po[:-1]]
+    docs_per_pack = np.bincount(np.unique(pack_of_seg * max(1, len(doc_lengths)) + segs[:, 0]) // max(1, len(doc_lengths)),
+                                minlength=n_packs) if segs.size else np.zeros(n_packs, dtype=np.int64)
+    stats = index.stats
+    out = {
+        "algorithm": index.algorithm,
+        "capacity": cap,
+        "oversize": index.manifest.oversize,
+        "seed": index.manifest.seed,
+        "params": index.manifest.params,
+        "materialized": index.manifest.materialized,
+        "packs": n_packs,
+        "segments": int(segs.shape[0]),
+        "packed_tokens": packed,
+        "fill_efficiency": float(packed / (n_packs * cap)) if n_packs else 1.0,
+        "documents_per_pack": {"mean": float(docs_per_pack.mean()) if n_packs else 0.0,
+                               "max": int(docs_per_pack.max()) if n_packs else 0},
+        "segments_per_pack": {"mean": float(np.diff(po).mean()) if n_packs else 0.0,
+                              "max": int(np.diff(po).max()) if n_packs else 0},
+        "pack_tokens": length_stats(totals),
+        "oversize_counts": {k: int(stats.get(k, 0)) for k in ("split_documents", "truncated_documents",
+                                                               "truncated_tokens", "dropped_documents", "dropped_tokens")},
+        "padding": padding_costs(doc_lengths, cap, batch_size, n_packs, packed),
+    }
+    images = _images_per_pack(index, segs, po)
+    if images is not None:
+        out["images_per_pack"] = images
+    return out
+
+
+def _images_per_pack(index: PackIndex, segs: np.ndarray, po: np.ndarray) -> dict | None:
+    """Images whose token span starts inside each pack's segments (spans are globally sorted)."""
+    images = index.store.images
+    if images is None:
+        return None
+    off = index.store.doc_offsets
+    starts = np.asarray(images.token_spans)[:, 0]
+    g_begin = off[segs[:, 0]] + segs[:, 1]
+    g_end = off[segs[:, 0]] + segs[:, 2]
+    per_seg = np.searchsorted(starts, g_end, side="left") - np.searchsorted(starts, g_begin, side="left")
+    cum = np.concatenate([[0], np.cumsum(per_seg)])
+    per_pack = cum[po[1:]] - cum[po[:-1]]
+    return {"mean": float(per_pack.mean()) if per_pack.size else 0.0, "max": int(per_pack.max()) if per_pack.size else 0,
+            "total": int(per_seg.sum())}
+
+
+def summarize(store: Store | str | os.PathLike, *, progress: bool = False, batch_size: int = DEFAULT_BATCH) -> dict:
+    """Everything ``packfmt inspect`` prints, as a JSON-ready dict.
+
+    Args:
+        store: an open ``Store`` or a dataset path.
+        progress: tqdm bars on stderr for scans that take more than about a second.
+        batch_size: rows per batch of the pad-to-longest baseline.
+    """
+    if not isinstance(store, Store):
+        store = Store(store)
+    m = store.manifest
+    lengths = np.asarray(store.doc_lengths)
+    out: dict[str, Any] = {
+        "path": str(store.path),
+        "format_version": m.raw.get("format_version"),
+        "producer": m.raw.get("producer"),
+        "counts": {"documents": m.num_documents, "tokens": m.num_tokens, "images": m.num_images},
+        "token_dtype": m.token_dtype,
+        "vocab_size": m.vocab_size,
+        "tokenizer": dict(m.tokenizer),
+        "special_tokens": dict(m.special_tokens),
+        "bytes": sum(e.bytes for e in m.files.values()),
+        "document_lengths": length_stats(lengths),
+        "images": _image_summary(store),
+        "loss_mask": None,
+        "build_report": _build_report(m.raw),
+        "pack_indexes": {},
+    }
+    if store.loss_mask is not None:
+        frac = _mask_fraction(store.loss_mask, progress)
+        out["loss_mask"] = {"trained_fraction": frac, "trained_tokens": int(round(frac * m.num_tokens))}
+    for name in store.pack_index_names():
+        out["pack_indexes"][name] = index_summary(store.pack_index(name), lengths, batch_size)
+    return out
+
+
+# ----------------------------------------------------------------------------- text
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def format_summary(s: dict) -> str:
+    """Human-readable report of ``summarize``'s dict, in the glossary's words."""
+    c = s["counts"]
+    tok = s["tokenizer"]
+    lines = [
+        f"dataset   {s['path']}  (packfmt {s['format_version']}, {s['bytes']:,} bytes)",
+        f"counts    {c['documents']:,} documents, {c['tokens']:,} tokens, {c['images']:,} images",
+        f"tokens    {s['token_dtype']}, vocab_size {s['vocab_size']:,}; tokenizer {tok.get('name')!r} "
+        f"{tok.get('hash') or '(no hash)'}",
+        "special   " + ", ".join(f"{k}={v}" for k, v in s["special_tokens"].items()),
+    ]
+    d = s["document_lengths"]
+    if d.get("count"):
+        lines.append(f"doc len   min {d['min']:,}  mean {d['mean']:,.1f}  p50 {d['p50']:,.1f}  p90 {d['p90']:,.1f}  "
+                     f"p99 {d['p99']:,.1f}  max {d['max']:,}")
+    if s["loss_mask"]:
+        lm = s["loss_mask"]
+        lines.append(f"loss mask {_pct(lm['trained_fraction'])} of tokens are trained ({lm['trained_tokens']:,})")
+    im = s["images"]
+    if im:
+        codecs = ", ".join(f"{k} {v:,}" for k, v in im["codecs"].items())
+        lines.append(f"images    {im['count']:,} ({im['bytes']:,} bytes; {codecs}); width {im['width']['min']}-"
+                     f"{im['width']['max']}, height {im['height']['min']}-{im['height']['max']}; per document mean "
+                     f"{im['per_document']['mean']:.2f}, max {im['per_document']['max']}")
+    br = s["build_report"]
+    if br:
+        lines.append("build     " + _format_build_report(br))
+    for name, ix in s["pack_indexes"].items():
+        lines += _format_index(name, ix)
+    if not s["pack_indexes"]:
+        lines.append("pack indexes: none (add one with `packfmt pack PATH --capacity N`)")
+    return "\n".join(lines)
+
+
+def _format_build_report(br: dict) -> str:
+    parts = [f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
+             for k, v in br.items() if k not in ("skipped", "consistent", "skipped_total")]
+    skipped = br.get("skipped")
+    if isinstance(skipped, dict):
+        parts.append("skipped " + (", ".join(f"{k} {v:,}" for k, v in skipped.items()) or "none"))
+    if "consistent" in br:
+        parts.append("(read = written + skipped)" if br["consistent"] else "(MISMATCH: read != written + skipped)")
+    return "; ".join(parts)
+
+
+def _format_index(name: str, ix: dict) -> list[str]:
+    pad = ix["padding"]
+    oc = ix["oversize_counts"]
+    lines = [
+        f"pack index {name!r}: {ix['algorithm']}, capacity {ix['capacity']:,}, oversize={ix['oversize']}"
+        + (", materialized" if ix["materialized"] else ""),
+        f"  {ix['packs']:,} packs, {ix['segments']:,} segments, {ix['packed_tokens']:,} tokens; fill efficiency "
+        f"{_pct(ix['fill_efficiency'])}; documents per pack mean {ix['documents_per_pack']['mean']:.2f}, "
+        f"max {ix['documents_per_pack']['max']}",
+        f"  oversize: {oc['split_documents']:,} split, {oc['truncated_documents']:,} truncated "
+        f"({oc['truncated_tokens']:,} tokens), {oc['dropped_documents']:,} dropped ({oc['dropped_tokens']:,} tokens)",
+    ]
+    if "images_per_pack" in ix:
+        lines.append(f"  images per pack mean {ix['images_per_pack']['mean']:.2f}, max {ix['images_per_pack']['max']}")
+    lines.append("  same data, token slots fed to the model:")
+    for key, label in (("packed", "packed (this index)"), ("pad_to_longest", f"pad to longest (batches of "
+                                                                             f"{pad['pad_to_longest']['batch_size']})"),
+                       ("pad_to_capacity", "pad every document to capacity")):
+        e = pad[key]
+        lines.append(f"    {label:34s} {e['rows']:>10,} rows {e['slots']:>14,} slots  efficiency {_pct(e['efficiency'])}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- one pack
+def load_decoder(path: str | os.PathLike):
+    """A ``decode(ids) -> str`` callable for a local tokenizer directory or ``tokenizer.json`` (offline)."""
+    p = Path(path)
+    file = p if p.is_file() else p / "tokenizer.json"
+    if file.is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(file))
+        return lambda ids: tok.decode([int(i) for i in ids], skip_special_tokens=False)
+    from .tokenize import load_tokenizer
+
+    hf = load_tokenizer(p)
+    return lambda ids: hf.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def format_pack(index: PackIndex, p: int, decode=None) -> str:
+    """Pack ``p``: its segments, then its text (or token ids) with ``‖ doc D [b:e) ‖`` boundary markers."""
+    if not 0 <= p < index.num_packs:
+        raise IndexError(f"pack {p} out of range [0, {index.num_packs})")
+    segs = np.asarray(index.pack_segments(p))
+    total = int((segs[:, 2] - segs[:, 1]).sum()) if segs.size else 0
+    lines = [f"pack {p} of index {index.name!r}: {segs.shape[0]} segment(s), {total:,} / {index.capacity:,} tokens "
+             f"({_pct(total / index.capacity)} full)"]
+    for k, (d, b, e) in enumerate(segs.tolist()):
+        lines.append(f"  segment {k}: document {d} [{b}:{e}) ({e - b:,} tokens)")
+    lines.append("")
+    store = index.store
+    pieces = []
+    for d, b, e in segs.tolist():
+        toks = np.asarray(store.document(d)[b:e])
+        body = decode(toks) if decode is not None else " ".join(map(str, toks.tolist()))
+        pieces.append(f"‖ doc {d} [{b}:{e}) ‖ {body}")
+    lines.append("\n".join(pieces) + " ‖")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- pictures
+def batch_grids(store: Store, index: PackIndex | None, rows: int = DEFAULT_BATCH, capacity: int | None = None,
+                width: int = 1024) -> dict:
+    """Token grids of one batch under three layouts, on the same tokens.
+
+    The tokens are those of ``rows`` packs evenly spaced through ``index`` (or, without an index, the first
+    ``rows`` documents cut at ``capacity``). Each grid is int32 ``(n_rows, width)``: 0 = padding,
+    1 / 2 = alternating documents (columns are token positions scaled to ``width``).
+
+    Returns ``{layout: (grid, efficiency)}`` for ``pad_to_longest``, ``pad_to_capacity`` and ``packed``, in that order.
+    """
+    if index is not None:
+        cap = index.capacity
+        po = np.asarray(index.pack_offsets)
+        # packs evenly spaced through the index: packers sort, so the first packs are not typical
+        picks = np.unique(np.linspace(0, index.num_packs - 1, min(rows, index.num_packs)).round().astype(np.int64))
+        pack_rows = [np.asarray(index.segments[po[i]:po[i + 1]]) for i in picks]
+        segs = np.concatenate(pack_rows) if pack_rows else np.zeros((0, 3), dtype=np.int64)
+    else:
+        cap = int(capacity or max(1, int(store.doc_lengths[:rows].max())))
+        lens = np.minimum(np.asarray(store.doc_lengths[:rows]), cap)
+        segs = np.stack([np.arange(lens.size), np.zeros(lens.size, dtype=np.int64), lens], axis=1)
+        pack_rows = None
+    seg_len = segs[:, 2] - segs[:, 1]
+    width = min(width, cap)
+    out = {}
+    order = np.lexsort((segs[:, 1], segs[:, 0]))  # data order: as a padding loader would read them
+    lens_data_order = seg_len[order]
+    batches = [lens_data_order[i:i + rows] for i in range(0, lens_data_order.size, rows)]
+    longest_rows = [[x] for x in lens_data_order]
+    longest_width = np.concatenate([np.full(b.size, b.max()) for b in batches]) if batches else np.zeros(0)
+    out["pad_to_longest"] = _grid(longest_rows, cap, width, row_slots=longest_width)
+    out["pad_to_capacity"] = _grid([[x] for x in lens_data_order], cap, width)
+    if pack_rows is not None:
+        out["packed"] = _grid([r[:, 2] - r[:, 1] for r in pack_rows], cap, width)
+    return out
+
+
+def _grid(rows: list, cap: int, width: int, row_slots: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """Paint rows of segment lengths into a ``(len(rows), width)`` grid; return it and the efficiency.
+
+    Cells: 0 = padding slot, 1 / 2 = alternating documents, -1 = no slot (beyond the row's length
+    in pad-to-longest, drawn white).
+    """
+    scale = width / cap
+    grid = np.full((len(rows), width), -1, dtype=np.int32)
+    colour, used, slots = 0, 0, 0
+    for r, lens in enumerate(rows):
+        n_slots = cap if row_slots is None else int(row_slots[r])
+        grid[r, :max(1, int(round(n_slots * scale)))] = 0
+        pos = 0
+        for length in np.asarray(lens).tolist():
+            a, b = int(round(pos * scale)), max(int(round((pos + length) * scale)), int(round(pos * scale)) + 1)
+            grid[r, a:b] = 1 + colour % 2
+            colour += 1
+            pos += length
+        used += pos
+        slots += n_slots
+    return grid, (used / slots if slots else 1.0)
+
+
+def plot_summary(store: Store, summary: dict, path: str | os.PathLike, index_name: str | None = None,
+                 rows: int = DEFAULT_BATCH) -> Path:
+    """Write a PNG: document-length histogram, pack fill histograms, and one batch as token grids."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    names = list(summary["pack_indexes"])
+    index = store.pack_index(index_name or names[0]) if (index_name or names) else None
+    grids = batch_grids(store, index, rows=rows)
+    n_grid = len(grids)
+    heights = [3.0, 3.0] + [max(1.2, 0.12 * g[0].shape[0] + 0.6) for g in grids.values()]
+    fig = plt.figure(figsize=(12, sum(heights) + 1.0), layout="constrained")
+    gs = fig.add_gridspec(2 + n_grid, 1, height_ratios=heights)
+    _plot_lengths(fig.add_subplot(gs[0]), np.asarray(store.doc_lengths), summary)
+    _plot_fill(fig.add_subplot(gs[1]), store, names)
+    cmap = ListedColormap(["white", "#c8c8c8", "#1f77b4", "#ff7f0e"])  # -1 none, 0 pad, 1/2 documents
+    titles = {"packed": f"packed: index {index.name!r}" if index is not None else "packed",
+              "pad_to_longest": f"pad to longest (batches of {rows})", "pad_to_capacity": "pad every document to capacity"}
+    cap = index.capacity if index is not None else None
+    for k, (layout, (grid, eff)) in enumerate(grids.items()):
+        ax = fig.add_subplot(gs[2 + k])
+        ax.imshow(grid, cmap=cmap, vmin=-1, vmax=2, aspect="auto", interpolation="nearest")
+        ax.set_title(f"{titles[layout]}: {grid.shape[0]} rows, efficiency {100 * eff:.1f}% (gray = padding)",
+                     fontsize=10, loc="left")
+        ax.set_yticks([])
+        ax.set_xticks(np.linspace(0, grid.shape[1] - 1, 5))
+        ax.set_xticklabels([f"{int(round(x))}" for x in np.linspace(0, cap or grid.shape[1], 5)])
+        ax.set_xlabel("token position" if k == n_grid - 1 else "")
+    fig.suptitle(f"{Path(store.path).name}: {store.num_documents:,} documents, {store.num_tokens:,} tokens", fontsize=12)
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_lengths(ax, lengths: np.ndarray, summary: dict) -> None:
+    if lengths.size:
+        bins = np.unique(np.geomspace(max(1, lengths.min()), max(2, lengths.max()), 60).astype(np.int64))
+        ax.hist(lengths, bins=bins if bins.size > 1 else 10, color="#1f77b4")
+        ax.set_xscale("log")
+        for name, ix in summary["pack_indexes"].items():
+            ax.axvline(ix["capacity"], color="#d62728", linestyle="--", linewidth=1)
+            ax.text(ix["capacity"], ax.get_ylim()[1] * 0.9, f" capacity {ix['capacity']}", color="#d62728", fontsize=8)
+            break
+    d = summary["document_lengths"]
+    ax.set_title(f"document length (tokens): p50 {d.get('p50', 0):,.0f}, p90 {d.get('p90', 0):,.0f}, "
+                 f"p99 {d.get('p99', 0):,.0f}, max {d.get('max', 0):,}", fontsize=10, loc="left")
+    ax.set_ylabel("documents")
+
+
+def _plot_fill(ax, store: Store, names: list[str]) -> None:
+    if not names:
+        ax.text(0.5, 0.5, "no pack index", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    bins = np.linspace(0, 1, 41)
+    for name in names:
+        ix = store.pack_index(name)
+        po = np.asarray(ix.pack_offsets)
+        seg_len = np.asarray(ix.segments[:, 2] - ix.segments[:, 1])
+        cum = np.concatenate([[0], np.cumsum(seg_len)])
+        fill = (cum[po[1:]] - cum[po[:-1]]) / ix.capacity
+        ax.hist(fill, bins=bins, histtype="step", linewidth=1.5,
+                label=f"{name}: mean fill {100 * fill.mean():.1f}%" if fill.size else name)
+    ax.set_title("pack fill (tokens / capacity) per index", fontsize=10, loc="left")
+    ax.set_xlabel("fill")
+    ax.set_ylabel("packs")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)

@@ -1,0 +1,192 @@
+"""``packfmt inspect``: exact numbers on a known dataset, JSON, the plot, and one pack's text."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import packfmt
+from packfmt import format as F
+from packfmt.cli import main
+from packfmt.inspect import batch_grids, padding_costs, row_lengths, summarize
+from packfmt.packindex import build_pack_index
+
+LENGTHS = [10, 20, 30, 40]  # 100 tokens
+CAPACITY = 32
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 10, 10)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def known(tmp_path_factory) -> Path:
+    """4 documents of 10/20/30/40 tokens; the first half of each is masked out; doc 0 has 2 images."""
+    root = tmp_path_factory.mktemp("known") / "ds"
+    with packfmt.DatasetWriter(root, vocab_size=300, loss_mask=True, special_tokens={"image": 7},
+                               tokenizer={"name": "toy", "hash": None}) as w:
+        for d, n in enumerate(LENGTHS):
+            mask = np.r_[np.zeros(n // 2), np.ones(n - n // 2)]
+            images = [packfmt.ImageRecord(_png(6, 4), 6, 4, "png", 0, 3),
+                      packfmt.ImageRecord(_png(3, 9), 3, 9, "png", 4, 6)] if d == 0 else []
+            w.add_document(np.arange(n) + d, mask, images=images)
+        w.build_report = {"source": "jsonl", "records_read": 7, "documents_written": 4,
+                          "skipped": {"empty_text": 2, "too_long": 1}}
+    build_pack_index(root, capacity=CAPACITY, algorithm="ffd", name="ffd")
+    return root
+
+
+def test_summary_numbers_are_exact(known):
+    s = summarize(known)
+    assert s["counts"] == {"documents": 4, "tokens": 100, "images": 2}
+    assert s["token_dtype"] == "uint16" and s["vocab_size"] == 300
+    assert s["tokenizer"]["name"] == "toy" and s["special_tokens"]["image"] == 7
+    d = s["document_lengths"]
+    # numpy linear percentiles of [10, 20, 30, 40]: p50 = 25, p90 = 37, p99 = 39.7
+    assert (d["min"], d["max"], d["mean"], d["total"]) == (10, 40, 25.0, 100)
+    assert d["p50"] == pytest.approx(25.0) and d["p90"] == pytest.approx(37.0) and d["p99"] == pytest.approx(39.7)
+    assert s["loss_mask"] == {"trained_fraction": 0.5, "trained_tokens": 50}
+    im = s["images"]
+    assert im["count"] == 2 and im["codecs"] == {"png": 2}
+    assert im["width"] == {"min": 3, "max": 6} and im["height"] == {"min": 4, "max": 9}
+    assert im["per_document"] == {"mean": 0.5, "max": 2, "documents_with_images": 1}
+    assert im["bytes"] == len(_png(6, 4)) + len(_png(3, 9))
+    br = s["build_report"]
+    assert br["records_read"] == 7 and br["skipped_total"] == 3 and br["consistent"] is True
+
+
+def test_index_summary_and_padding_baselines(known):
+    ix = summarize(known)["pack_indexes"]["ffd"]
+    # rows at capacity 32: 10, 20, 30, 32, 8 -> FFD packs {32}, {30}, {20, 10}, {8}
+    assert ix["segments"] == 5 and ix["packed_tokens"] == 100 and ix["packs"] == 4
+    assert ix["fill_efficiency"] == pytest.approx(100 / 128)
+    assert ix["oversize_counts"]["split_documents"] == 1
+    assert ix["documents_per_pack"] == {"mean": 1.25, "max": 2}
+    assert ix["images_per_pack"]["total"] == 2
+    pad = ix["padding"]
+    assert pad["pad_to_capacity"] == {"rows": 5, "slots": 160, "tokens": 100, "padding": 60, "efficiency": 0.625}
+    assert pad["pad_to_longest"]["slots"] == 160  # one batch of 5 rows, longest 32
+    assert pad["packed"]["slots"] == 128
+
+
+def test_padding_costs_by_hand():
+    np.testing.assert_array_equal(row_lengths(np.array(LENGTHS), CAPACITY), [10, 20, 30, 32, 8])
+    costs = padding_costs(np.array(LENGTHS), CAPACITY, batch_size=2)
+    # batches [10, 20] -> 2 x 20, [30, 32] -> 2 x 32, [8] -> 8: 112 slots
+    assert costs["pad_to_longest"]["slots"] == 112
+    assert costs["pad_to_longest"]["efficiency"] == pytest.approx(100 / 112)
+    assert costs["pad_to_capacity"]["slots"] == 5 * CAPACITY
+
+
+def test_batch_grids_show_the_same_tokens(known):
+    store = packfmt.open(known)
+    grids = batch_grids(store, store.pack_index("ffd"), rows=8)
+    assert list(grids) == ["pad_to_longest", "pad_to_capacity", "packed"]
+    packed_grid, packed_eff = grids["packed"]
+    assert packed_grid.shape == (4, CAPACITY) and packed_eff == pytest.approx(100 / 128)
+    for grid, _ in grids.values():
+        assert int(np.count_nonzero(grid > 0)) == 100  # every token drawn once, at full resolution
+    assert grids["pad_to_capacity"][1] == pytest.approx(0.625)
+
+
+def test_cli_json_parses_and_matches_library(known, capsys):
+    assert main(["inspect", str(known), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == json.loads(json.dumps(summarize(known)))
+
+
+def test_cli_text_report(known, capsys):
+    assert main(["inspect", str(known)]) == 0
+    out = capsys.readouterr().out
+    assert "4 documents, 100 tokens, 2 images" in out
+    assert "p50 25.0" in out and "50.00% of tokens are trained" in out
+    assert "pack index 'ffd'" in out and "fill efficiency 78.12%" in out
+    assert "(read = written + skipped)" in out
+
+
+def test_cli_plot_writes_png(known, tmp_path, capsys):
+    png = tmp_path / "summary.png"
+    assert main(["inspect", str(known), "--plot", str(png)]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    from PIL import Image
+
+    with Image.open(png) as im:
+        assert im.size[0] >= 800 and im.size[1] >= 600
+
+
+def test_show_pack_without_tokenizer_prints_ids(known, capsys):
+    assert main(["inspect", str(known), "--show-pack", "2", "--index", "ffd"]) == 0
+    out = capsys.readouterr().out
+    markers = re.findall(r"‖ doc (\d+) \[(\d+):(\d+)\) ‖", out)
+    assert sorted((int(d), int(b), int(e)) for d, b, e in markers) == [(0, 0, 10), (1, 0, 20)]
+    assert "‖ doc 0 [0:10) ‖ 0 1 2 3 4 5 6 7 8 9" in out  # document d holds ids d, d+1, ...
+    assert main(["inspect", str(known), "--show-pack", "99"]) == 1
+    assert main(["inspect", str(known), "--index", "nope"]) == 1
+
+
+TEXT = """The quick brown fox jumps over the lazy dog. Packing puts several documents into one
+sequence so that no token slot is wasted on padding. A pack index records which segment of which
+document goes where. Validation checks every offset, every checksum and every segment.
+""" * 30
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory) -> tuple[Path, Path, list[str]]:
+    """A tiny byte-level BPE trained here, and a dataset of three sentences encoded with it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    base = tmp_path_factory.mktemp("tok")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok_dir = base / "tokenizer"
+    tok_dir.mkdir()
+    tok.save(str(tok_dir / "tokenizer.json"))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_dir / "tokenizer.json"))
+    docs = ["The quick brown fox jumps over the lazy dog.", "A pack index records which segment goes where.",
+            "Validation checks every checksum."]
+    root = base / "ds"
+    with packfmt.DatasetWriter(root, vocab_size=hf.vocab_size,
+                               tokenizer={"name": "tiny-bpe", "hash": None, "path": str(tok_dir)}) as w:
+        for text in docs:
+            w.add_document(hf(text)["input_ids"])
+    build_pack_index(root, capacity=64, algorithm="ffd", name="ffd-64")
+    return root, tok_dir, docs
+
+
+def test_show_pack_decodes_with_manifest_tokenizer(tokenized, capsys):
+    root, _, docs = tokenized
+    assert main(["inspect", str(root), "--show-pack", "0"]) == 0
+    out = capsys.readouterr().out
+    for d, text in enumerate(docs):
+        assert f"‖ doc {d} [0:" in out
+        assert text in out  # decoded, not token ids
+
+
+def test_show_pack_with_explicit_tokenizer(tokenized, tmp_path, capsys):
+    root, tok_dir, docs = tokenized
+    moved = tmp_path / "ds"
+    import shutil
+
+    shutil.copytree(root, moved)
+    manifest = json.loads((moved / F.MANIFEST).read_text())
+    manifest["tokenizer"]["path"] = str(tmp_path / "gone")  # the recorded path does not exist here
+    (moved / F.MANIFEST).write_bytes(F.canonical_json(manifest))
+    assert main(["inspect", str(moved), "--show-pack", "0"]) == 0
+    assert docs[0] not in capsys.readouterr().out  # no tokenizer: ids only
+    assert main(["inspect", str(moved), "--show-pack", "0", "--tokenizer", str(tok_dir)]) == 0
+    out = capsys.readouterr().out
+    assert all(text in out for text in docs)
