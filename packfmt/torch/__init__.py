@@ -1,0 +1,40 @@
+"""PyTorch reader for packfmt pack indexes (normative behaviour: spec/READER.md).
+
+    >>> from packfmt.torch import PackedDataset, collate_varlen, DistributedPackSampler
+    >>> ds = PackedDataset("data/ds", "ffd-4096")                        # doctest: +SKIP
+    >>> loader = DataLoader(ds, batch_size=8, collate_fn=collate_varlen,
+    ...                     sampler=DistributedPackSampler(ds), num_workers=2)  # doctest: +SKIP
+"""
+
+from .attention import (
+    ATTENTION_PATHS,
+    document_causal_mask,
+    flash_varlen_attention,
+    flex_document_block_mask,
+    hf_attn_implementation,
+    sdpa_document_attention,
+    select_attention,
+)
+from .collate import collate_hf, collate_padded, collate_varlen
+from .dataset import IGNORE_INDEX, PAD_DOC_ID, PackedDataset
+from .sampler import BALANCE_MODES, DistributedPackSampler, PackSampler, SamplerStateError
+
+__all__ = [
+    "PackedDataset",
+    "IGNORE_INDEX",
+    "PAD_DOC_ID",
+    "collate_varlen",
+    "collate_padded",
+    "collate_hf",
+    "document_causal_mask",
+    "flex_document_block_mask",
+    "flash_varlen_attention",
+    "sdpa_document_attention",
+    "select_attention",
+    "hf_attn_implementation",
+    "ATTENTION_PATHS",
+    "DistributedPackSampler",
+    "PackSampler",
+    "SamplerStateError",
+    "BALANCE_MODES",
+]

@@ -1,0 +1,139 @@
+"""Document-masked causal attention for packed batches (spec/READER.md §5).
+
+Three paths, one rule: query ``q`` attends key ``k`` only when both belong to the same segment
+and ``k <= q``.
+
+* ``sdpa``: a boolean block-diagonal causal mask for ``F.scaled_dot_product_attention`` (CPU
+  and GPU; O(L^2) memory, the portable fallback and the CPU training path).
+* ``flex``: a FlexAttention ``BlockMask`` (forward on CPU, training on GPU).
+* ``flash_varlen``: ``flash_attn_varlen_func`` over ``cu_seqlens`` (GPU; imported lazily).
+
+``select_attention()`` picks the fastest available; pass ``prefer=`` or set
+``PACKFMT_ATTENTION`` to override.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["document_causal_mask", "flex_document_block_mask", "flash_varlen_attention", "sdpa_document_attention",
+           "select_attention", "ATTENTION_PATHS"]
+
+ATTENTION_PATHS = ("flash_varlen", "flex", "sdpa")
+
+
+def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean ``(B, 1, L, L)`` mask, True where attention is allowed.
+
+    Args:
+        doc_ids: int ``(L,)`` or ``(B, L)``: segment id per token, -1 for padding.
+    Returns:
+        ``mask[b, 0, q, k] = doc[b, q] == doc[b, k] and k <= q and doc[b, q] >= 0``; a padding
+        query attends only to itself, so no row is empty (an all-False row makes SDPA return NaN).
+    """
+    if doc_ids.dim() == 1:
+        doc_ids = doc_ids.unsqueeze(0)
+    L = doc_ids.shape[-1]
+    same = doc_ids.unsqueeze(-1) == doc_ids.unsqueeze(-2)
+    causal = torch.ones(L, L, dtype=torch.bool, device=doc_ids.device).tril_()
+    real = (doc_ids >= 0).unsqueeze(-1)
+    eye = torch.eye(L, dtype=torch.bool, device=doc_ids.device)
+    mask = (same & causal & real) | (eye & ~real)
+    return mask.unsqueeze(1)
+
+
+def sdpa_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with the document causal mask; q/k/v ``(B, H, L, D)``."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=document_causal_mask(doc_ids), **kwargs)
+
+
+def flex_document_block_mask(doc_ids: torch.Tensor, *, num_heads: int | None = None, block_size: int = 128):
+    """FlexAttention ``BlockMask`` of the document causal rule (padding attends to padding only).
+
+    Args:
+        doc_ids: int ``(B, L)`` (or ``(L,)``), -1 for padding.
+    Returns:
+        a ``torch.nn.attention.flex_attention.BlockMask`` for ``flex_attention(q, k, v, block_mask=...)``.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if doc_ids.dim() == 1:
+        doc_ids = doc_ids.unsqueeze(0)
+    docs = doc_ids
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (docs[b, q_idx] == docs[b, kv_idx]) & (kv_idx <= q_idx)
+
+    B, L = docs.shape
+    return create_block_mask(mask_mod, B, num_heads, L, L, device=docs.device, BLOCK_SIZE=block_size)
+
+
+def flex_document_attention(q, k, v, doc_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``flex_attention`` with the document block mask; q/k/v ``(B, H, L, D)``."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=flex_document_block_mask(doc_ids), **kwargs)
+
+
+def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, *, causal: bool = True, **kwargs):
+    """Causal varlen attention over packed rows; q/k/v ``(T, H, D)``, ``cu_seqlens`` int32 ``(S+1,)``.
+
+    Uses ``flash_attn.flash_attn_varlen_func`` (imported lazily), else PyTorch's CUDA
+    ``varlen_attn``. Raises ``RuntimeError`` when neither is usable (e.g. on CPU).
+    """
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        flash_attn_varlen_func = None
+    if flash_attn_varlen_func is not None:
+        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=causal, **kwargs)
+    if q.is_cuda:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError as exc:
+            raise RuntimeError("flash_varlen: neither flash_attn nor torch.nn.attention.varlen is available") from exc
+        window = (-1, 0) if causal else (-1, -1)
+        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=window)
+    raise RuntimeError("flash_varlen: needs CUDA tensors and flash_attn (pip install flash-attn) or torch varlen_attn")
+
+
+def _flash_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        import flash_attn  # noqa: F401
+        return True
+    except ImportError:
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+            return True
+        except ImportError:
+            return False
+
+
+def select_attention(device: torch.device | str | None = None, *, prefer: str | None = None) -> str:
+    """Pick an attention path: ``"flash_varlen"``, ``"flex"`` or ``"sdpa"``.
+
+    Order: ``prefer`` (or env ``PACKFMT_ATTENTION``) when given; else flash_varlen on CUDA when
+    flash-attn or torch varlen is usable; else flex on CUDA; else sdpa (the CPU path:
+    FlexAttention has no CPU backward and its eager CPU forward is slow).
+    """
+    choice = prefer or os.environ.get("PACKFMT_ATTENTION") or None
+    if choice is not None:
+        if choice not in ATTENTION_PATHS:
+            raise ValueError(f"attention path: expected one of {ATTENTION_PATHS}, found {choice!r}")
+        return choice
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if _flash_available(dev):
+        return "flash_varlen"
+    if dev.type == "cuda":
+        return "flex"
+    return "sdpa"
+
+
+def hf_attn_implementation(path: str) -> str:
+    """The transformers ``attn_implementation`` matching an attention path."""
+    return {"flash_varlen": "flash_attention_2", "flex": "flex_attention", "sdpa": "sdpa"}[path]
