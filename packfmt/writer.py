@@ -197,6 +197,56 @@ class DatasetWriter:
         self.num_documents += 1
         return doc
 
+    def add_documents(
+        self,
+        tokens: np.ndarray,
+        doc_lengths: np.ndarray,
+        loss_mask: np.ndarray | None = None,
+    ) -> range:
+        """Append many image-free documents at once (vectorised checks); return their indices.
+
+        Args:
+            tokens: 1-D integer array, the documents' tokens concatenated.
+            doc_lengths: 1-D integer array of document lengths (each >= 1), summing to ``len(tokens)``.
+            loss_mask: 0/1 array of ``len(tokens)`` (required iff the writer has ``loss_mask=True``).
+        """
+        self._check_open()
+        first = self.num_documents
+        toks = np.asarray(tokens)
+        lengths = np.asarray(doc_lengths, dtype=np.int64)
+        if toks.ndim != 1 or lengths.ndim != 1 or toks.dtype.kind not in "iu":
+            raise WriteError(field="add_documents", expected="1-D integer tokens and 1-D lengths",
+                             found=f"tokens {toks.dtype} {toks.shape}, lengths {lengths.shape}")
+        if lengths.size and lengths.min() < 1:
+            bad = int(np.flatnonzero(lengths < 1)[0])
+            raise WriteError(field=f"document {first + bad}: length", expected=">= 1", found=int(lengths[bad]))
+        if int(lengths.sum()) != toks.size:
+            raise WriteError(field="doc_lengths", expected=f"sum == {toks.size} (len(tokens))", found=int(lengths.sum()))
+        if toks.size:
+            bad_mask = (toks < 0) | (toks >= self.vocab_size)
+            if bad_mask.any():
+                pos = int(np.flatnonzero(bad_mask)[0])
+                doc = first + int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
+                raise TokenRangeError(
+                    f"document {doc}: expected id in [0, {self.vocab_size}) (vocab_size), found {int(toks[pos])}; "
+                    f"refusing to wrap it into {self.token_dtype_name}",
+                    field=f"document {doc}", expected=f"[0, {self.vocab_size})", found=int(toks[pos]))
+        if self.has_loss_mask != (loss_mask is not None):
+            raise WriteError(field="loss_mask", expected="a mask" if self.has_loss_mask else "None", found=type(loss_mask).__name__)
+        if loss_mask is not None:
+            mask = np.asarray(loss_mask)
+            if mask.shape != toks.shape or not np.all((mask == 0) | (mask == 1)):
+                raise WriteError(field="loss_mask", expected=f"0/1 values of shape {toks.shape}", found=f"shape {mask.shape}")
+            self._files[F.LOSS_MASK].write_array(mask, F.MASK_DTYPE)
+        self._files[F.TOKENS].write_array(toks, self.token_dtype)
+        ends = self.num_tokens + np.cumsum(lengths)
+        self._files[F.DOC_OFFSETS].write_array(ends, F.OFFSET_DTYPE)
+        if self._image_files_open:
+            self._files[F.DOC_IMAGE_OFFSETS].write_array(np.full(lengths.size, self.num_images), F.OFFSET_DTYPE)
+        self.num_tokens += toks.size
+        self.num_documents += lengths.size
+        return range(first, self.num_documents)
+
     def _check_images(self, doc: int, images: list[ImageRecord], doc_len: int) -> None:
         prev_end = 0
         for k, img in enumerate(images):

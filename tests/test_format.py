@@ -427,3 +427,28 @@ def test_write_read_round_trip(lengths, big_vocab, with_mask, seed):
             data = (path / name).read_bytes()
             assert len(data) == entry.bytes
             assert "xxh3_64:" + xxhash.xxh3_64(data).hexdigest() == entry.checksum
+
+
+def test_add_documents_bulk_equals_one_by_one(tmp_path):
+    """The vectorised bulk append writes the same bytes as per-document appends."""
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 1000, size=int(rng.integers(1, 30))) for _ in range(50)]
+    masks = [rng.integers(0, 2, size=d.size) for d in docs]
+    with packfmt.DatasetWriter(tmp_path / "a", vocab_size=1000, loss_mask=True) as w:
+        for d, m in zip(docs, masks):
+            w.add_document(d, loss_mask=m)
+    with packfmt.DatasetWriter(tmp_path / "b", vocab_size=1000, loss_mask=True) as w:
+        w.add_document(docs[0], loss_mask=masks[0])
+        assert w.add_documents(np.concatenate(docs[1:]), [d.size for d in docs[1:]], np.concatenate(masks[1:])) == range(1, 50)
+    for name in ("tokens.bin", "doc_offsets.bin", "loss_mask.bin", "manifest.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_add_documents_refuses_out_of_range_and_empty(tmp_path):
+    w = packfmt.DatasetWriter(tmp_path / "c", vocab_size=100)
+    with pytest.raises(packfmt.TokenRangeError, match=r"document 1: .*found 100"):
+        w.add_documents(np.array([1, 2, 3, 100]), [2, 2])
+    with pytest.raises(packfmt.WriteError, match="length"):
+        w.add_documents(np.array([1, 2]), [2, 0])
+    w.abort()
+    assert not (tmp_path / "c").exists()
