@@ -15,6 +15,7 @@ Logs one JSON line per step on rank 0: loss, tokens/s (real tokens, all ranks) a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -41,9 +42,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
     p.add_argument("--layout", choices=["varlen", "padded"], default="varlen",
                    help="varlen: one flattened row (position_ids packing); padded: B x capacity + 4-D document mask")
+    p.add_argument("--pad-to", choices=["capacity", "longest"], default="capacity",
+                   help="padded layout: pad every row to the capacity, or to the longest row of the batch")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--attn", default="auto", choices=["auto", "sdpa", "eager", "flex_attention", "flash_attention_2"],
+                   help="transformers attention implementation (auto: flash_attention_2 for varlen on GPU when installed, else sdpa)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="steps left out of the summary throughput")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", type=Path, default=None, help="also write the step logs here (rank 0)")
@@ -78,7 +85,9 @@ def build_demo(path: Path, rank: int) -> None:
         dist.barrier()
 
 
-def attn_implementation(device: torch.device, layout: str) -> str:
+def attn_implementation(device: torch.device, layout: str, requested: str = "auto") -> str:
+    if requested != "auto":
+        return requested
     if layout == "varlen" and device.type == "cuda":
         try:
             import flash_attn  # noqa: F401
@@ -93,10 +102,11 @@ def build_model(vocab: int, args, device: torch.device, world: int):
 
     torch.manual_seed(args.seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                      num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                      num_key_value_heads=max(1, args.heads // 2),
                       max_position_embeddings=8192)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = LlamaForCausalLM._from_config(cfg, attn_implementation=attn_implementation(device, args.layout), dtype=dtype)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation=attn_implementation(device, args.layout, args.attn), dtype=dtype)
     model.to(device).train()
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -124,7 +134,8 @@ def train(args) -> list[dict]:
         build_demo(args.demo_data, rank)
         data = args.demo_data
     ds = PackedDataset(data, args.index)
-    collate = collate_hf if args.layout == "varlen" else (lambda b: collate_padded(b, length=ds.capacity))
+    pad_len = ds.capacity if args.pad_to == "capacity" else None
+    collate = collate_hf if args.layout == "varlen" else functools.partial(collate_padded, length=pad_len)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, collate_fn=collate, num_workers=args.num_workers,
                         pin_memory=device.type == "cuda", persistent_workers=args.num_workers > 0, drop_last=True)

@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""GPU training throughput: naive padding vs packed batches on the same data (issue 4).
+
+Builds a synthetic web-like dataset (lognormal lengths, mean ~800 tokens, capacity 4096), a
+``pad`` index (one document per row: the naive baseline) and an ``ffd`` index, then trains the
+same small Llama (bf16) with ``tools/train_example.py`` in each configuration and reports useful
+(non-padding) tokens per second and the speedup over pad-to-max-length.
+
+    python benchmarks/bench_gpu_train.py [--steps 30] [--out benchmarks/results/bench_gpu_train.json]
+
+Needs a CUDA GPU; exits 0 with a message otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "benchmarks")]
+
+from common import machine_info, print_table, write_json  # noqa: E402
+
+
+def build_data(path: Path, n_docs: int, capacity: int, vocab: int) -> None:
+    import packfmt
+    from packfmt.packindex import build_pack_index
+
+    rng = np.random.default_rng(0)
+    sigma = 1.0
+    mu = np.log(800) - sigma**2 / 2
+    lengths = np.clip(rng.lognormal(mu, sigma, n_docs).astype(np.int64), 16, capacity)
+    with packfmt.DatasetWriter(path, vocab_size=vocab) as w:
+        w.add_documents(rng.integers(0, vocab, int(lengths.sum())), lengths)
+    store = packfmt.open(path)
+    build_pack_index(store, capacity=capacity, algorithm="pad", name="pad")
+    build_pack_index(store, capacity=capacity, algorithm="ffd", name="ffd")
+
+
+CONFIGS = [
+    # name, index, layout, pad_to, attention
+    ("pad-to-max (naive)", "pad", "padded", "capacity", "sdpa"),
+    ("pad-to-longest", "pad", "padded", "longest", "sdpa"),
+    ("packed ffd, B x cap + doc mask (sdpa)", "ffd", "padded", "capacity", "sdpa"),
+    ("packed ffd, varlen (flex_attention)", "ffd", "varlen", None, "flex_attention"),
+    ("packed ffd, varlen (flash_attention_2)", "ffd", "varlen", None, "flash_attention_2"),
+]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--docs", type=int, default=20000)
+    p.add_argument("--capacity", type=int, default=4096)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_gpu_train.json")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_gpu_train: no CUDA GPU here; nothing measured.")
+        return 0
+    import train_example
+
+    gpu = torch.cuda.get_device_name(0)
+    tmp = Path(tempfile.mkdtemp())
+    t0 = time.perf_counter()
+    build_data(tmp / "ds", args.docs, args.capacity, 32000)
+    print(f"built {args.docs} documents + indexes in {time.perf_counter() - t0:.1f} s")
+    rows = []
+    for name, index, layout, pad_to, attn in CONFIGS:
+        argv_cfg = ["--data", str(tmp / "ds"), "--index", index, "--layout", layout, "--steps", str(args.steps),
+                    "--batch-size", str(args.batch_size), "--grad-accum", "1", "--hidden", str(args.hidden),
+                    "--layers", str(args.layers), "--heads", str(args.heads), "--attn", attn]
+        if pad_to:
+            argv_cfg += ["--pad-to", pad_to]
+        try:
+            logs = train_example.train(train_example.parse_args(argv_cfg))
+        except Exception as exc:  # e.g. flash-attn not installed
+            rows.append({"config": name, "status": f"skipped: {type(exc).__name__}: {str(exc)[:120]}"})
+            print(f"{name}: skipped ({type(exc).__name__}: {str(exc)[:200]})")
+            continue
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+        steady = logs[args.warmup:] or logs
+        rows.append({
+            "config": name, "status": "ok",
+            "useful_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
+            "padding_fraction": statistics.mean(r["padding_fraction"] for r in steady),
+            "final_loss": logs[-1]["loss"],
+        })
+    base = next((r["useful_tokens_per_s"] for r in rows if r["status"] == "ok" and r["config"].startswith("pad-to-max")), None)
+    for r in rows:
+        if r["status"] == "ok" and base:
+            r["speedup_vs_pad_to_max"] = r["useful_tokens_per_s"] / base
+    print_table(rows, ["config", "useful_tokens_per_s", "padding_fraction", "speedup_vs_pad_to_max", "final_loss", "status"],
+                title=f"training throughput on {gpu} (Llama hidden {args.hidden}, {args.layers} layers, bf16, "
+                      f"batch {args.batch_size} x {args.capacity})")
+    write_json(args.out, {"gpu": gpu, "torch": torch.__version__, "machine": machine_info(), "args": vars(args) | {"out": str(args.out)},
+                          "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
