@@ -96,3 +96,16 @@ def test_import_refuses_ids_beyond_vocab_and_bad_magic(tmp_path):
     (tmp_path / "mg.idx").write_bytes(bytes(raw))
     with pytest.raises(FormatError, match="magic"):
         read_megatron_index(tmp_path / "mg.idx")
+
+
+def test_cli_export_then_build_megatron(tmp_path, capsys):
+    from packfmt.cli import main
+
+    docs = _docs(3, 30, 2000)
+    _write(tmp_path / "src", docs, 2000)
+    assert main(["export", "megatron", str(tmp_path / "src"), str(tmp_path / "mg" / "c")]) == 0
+    assert main(["build", "megatron", str(tmp_path / "mg" / "c"), "-o", str(tmp_path / "back"), "--vocab-size", "2000"]) == 0
+    assert "30 documents" in capsys.readouterr().out
+    back = packfmt.open(tmp_path / "back")
+    assert [back.document(i).tolist() for i in range(30)] == [d.tolist() for d in docs]
+    assert main(["validate", str(tmp_path / "back"), "--deep"]) == 0

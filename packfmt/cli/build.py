@@ -1,0 +1,185 @@
+"""``packfmt build {text,chat,llava,easy-vqa} ...``: convert sources into a packfmt dataset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ..sources import FORMATS
+
+
+def _common(p: argparse.ArgumentParser, *, tokenizer_required: bool = True) -> None:
+    p.add_argument("--tokenizer", required=tokenizer_required,
+                   help="local Hugging Face tokenizer: a directory or a tokenizer.json (never downloaded)")
+    p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                   help="bad records: stop with file, line and reason (default), or count and skip them")
+    p.add_argument("--skip-log", help="also write every skipped record as one JSON line to this file")
+    p.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1); output is identical for any N")
+    p.add_argument("--batch-size", type=int, default=256, help="records per encoding batch (default 256)")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size to record (default: len(tokenizer), incl. added tokens)")
+    p.add_argument("--limit", type=int, help="read at most this many records")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT (atomically)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+    p.add_argument("--json", action="store_true", help="print the build report as JSON")
+
+
+def _inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", help="input files or folders")
+    p.add_argument("-o", "--out", required=True, help="target dataset directory")
+    p.add_argument("--format", dest="fmt", choices=FORMATS, help="input format (default: from each path)")
+    p.add_argument("--split", help="split of a DatasetDict saved with save_to_disk (default: all)")
+
+
+def _bos_eos(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--add-bos", dest="add_bos", action="store_true", default=None, help="prepend BOS to every document")
+    p.add_argument("--no-add-bos", dest="add_bos", action="store_false", help="never prepend BOS")
+    p.add_argument("--add-eos", dest="add_eos", action="store_true", default=None, help="append EOS to every document")
+    p.add_argument("--no-add-eos", dest="add_eos", action="store_false", help="never append EOS")
+
+
+def _chat_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template", help="Jinja chat template file (default: the tokenizer's)")
+    p.add_argument("--train-on", choices=("assistant", "all"), default="assistant",
+                   help="loss mask: assistant tokens only (default) or every token")
+
+
+def _image_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image-tokens", default="576",
+                   help="tokens per image: an integer (fixed, e.g. 576) or 'dynamic' (see --patch-size, --merge)")
+    p.add_argument("--patch-size", type=int, default=14, help="dynamic rule: pixels per patch side (default 14)")
+    p.add_argument("--merge", type=int, default=2, help="dynamic rule: patches merged per side (default 2)")
+    p.add_argument("--max-pixels", type=int, help="refuse images with more pixels (decompression bombs)")
+    p.add_argument("--image-token", default="<image>", help="the marker string / token of one image (default <image>)")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("build", help="convert text, chat, multimodal sources into a dataset",
+                       description="Tokenize records into a packfmt dataset (streaming, atomic, every record accounted for).")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
+
+    t = kinds.add_parser("text", help="JSONL / JSON / Parquet / HF save_to_disk / folder of .txt -> token documents")
+    _inputs(t)
+    t.add_argument("--field", default="text", help="text field of each record (default: text)")
+    t.add_argument("--template", help='combine fields, e.g. "{title}\\n{text}" (overrides --field)')
+    t.add_argument("--glob", default="*.txt", help="files of a text folder (default *.txt)")
+    _bos_eos(t)
+    _common(t)
+    t.set_defaults(func=run)
+
+    c = kinds.add_parser("chat", help="messages / conversations (OpenAI or ShareGPT) -> tokens + loss mask")
+    _inputs(c)
+    _chat_opts(c)
+    _common(c)
+    c.set_defaults(func=run)
+
+    m = kinds.add_parser("llava", help="LLaVA / {messages, images} records with images -> tokens, mask, images")
+    _inputs(m)
+    m.add_argument("--image-root", required=True, help="folder that image paths are relative to (paths may not escape it)")
+    _chat_opts(m)
+    _image_opts(m)
+    _common(m)
+    m.set_defaults(func=run)
+
+    e = kinds.add_parser("easy-vqa", help="the easy-vqa PyPI dataset (shipped multimodal example)")
+    e.add_argument("out", help="target dataset directory")
+    e.add_argument("--split", choices=("train", "test"), default="train")
+    _chat_opts(e)
+    _image_opts(e)
+    _common(e, tokenizer_required=False)
+    e.set_defaults(func=run)
+
+    g = kinds.add_parser("megatron", help="Megatron-LM / Megatron-Core PREFIX.bin + PREFIX.idx -> dataset")
+    g.add_argument("prefix", help="input prefix (reads PREFIX.bin and PREFIX.idx)")
+    g.add_argument("-o", "--out", required=True, help="target dataset directory")
+    g.add_argument("--vocab-size", type=int, required=True,
+                   help="vocabulary size (Megatron files do not record it; ids >= it are refused)")
+    g.add_argument("--tokenizer-name", default=None, help="tokenizer name to record in the manifest")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT (atomically)")
+    g.set_defaults(func=run_megatron)
+
+
+def run_megatron(args: argparse.Namespace) -> int:
+    from ..megatron import import_megatron
+    from ..reader import open_dataset
+
+    if args.vocab_size < 1:
+        print("packfmt build megatron: error: --vocab-size must be >= 1", file=sys.stderr)
+        return 2
+    tok = {"name": args.tokenizer_name, "hash": None} if args.tokenizer_name else None
+    out = import_megatron(args.prefix, args.out, vocab_size=args.vocab_size, tokenizer=tok, overwrite=args.overwrite)
+    store = open_dataset(out)
+    print(f"wrote {store.num_documents:,} documents, {store.num_tokens:,} tokens ({store.manifest.token_dtype}) to {out}")
+    return 0
+
+
+def _image_rule(args) -> dict:
+    if args.image_tokens == "dynamic":
+        return {"image_tokens": "dynamic", "patch_size": args.patch_size, "merge": args.merge}
+    try:
+        k = int(args.image_tokens)
+    except ValueError:
+        raise SystemExit(f"packfmt build: error: --image-tokens: expected an integer or 'dynamic', found {args.image_tokens!r}")
+    return {"image_tokens": k}
+
+
+def _unescape(template: str | None) -> str | None:
+    """``\\n`` and ``\\t`` typed on a command line mean newline and tab in --template."""
+    return None if template is None else template.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def _read_template(path: str | None) -> str | None:
+    return None if path is None else Path(path).read_text(encoding="utf-8")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import build as B
+
+    if args.workers < 1 or args.batch_size < 1:
+        print("packfmt build: error: --workers and --batch-size must be >= 1", file=sys.stderr)
+        return 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    common = dict(on_error=args.on_error, workers=args.workers, batch_size=args.batch_size, overwrite=args.overwrite,
+                  progress=args.progress and sys.stderr.isatty(), vocab_size=args.vocab_size, limit=args.limit,
+                  skip_log=args.skip_log)
+    try:
+        if args.kind == "text":
+            result = B.build_text(args.inputs, args.out, args.tokenizer, field=args.field, template=_unescape(args.template),
+                                  fmt=args.fmt, add_bos=args.add_bos, add_eos=args.add_eos, split=args.split,
+                                  glob=args.glob, **common)
+        elif args.kind == "chat":
+            result = B.build_chat(args.inputs, args.out, args.tokenizer, fmt=args.fmt, split=args.split,
+                                  chat_template=_read_template(args.chat_template), train_on=args.train_on, **common)
+        elif args.kind == "llava":
+            result = B.build_multimodal(args.inputs, args.out, args.tokenizer, image_root=args.image_root, fmt=args.fmt,
+                                        split=args.split, chat_template=_read_template(args.chat_template),
+                                        train_on=args.train_on, image_token=args.image_token,
+                                        max_pixels=args.max_pixels, **_image_rule(args), **common)
+        else:
+            result = B.build_easy_vqa(args.out, args.tokenizer, split=args.split,
+                                      chat_template=_read_template(args.chat_template), train_on=args.train_on,
+                                      image_token=args.image_token, max_pixels=args.max_pixels, **_image_rule(args),
+                                      **common)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print_report(result, as_json=args.json)
+    return 0
+
+
+def print_report(result, *, as_json: bool = False) -> None:
+    r = result.report
+    if as_json:
+        print(json.dumps({"path": str(result.path), "build_report": r}, indent=2))
+        return
+    skipped = sum(r["skipped"].values())
+    print(f"wrote {result.path}")
+    print(f"  {r['records_read']:,} records read = {r['documents_written']:,} written + {skipped:,} skipped")
+    for reason, n in r["skipped"].items():
+        print(f"    skipped {n:,} x {reason}")
+    print(f"  {r['tokens']:,} tokens" + (f", {r['images']:,} images" if r.get("images") else "")
+          + f" in {r['seconds']:.2f} s ({r['tokens_per_second']:,.0f} tokens/s, {r['workers']} worker(s))")
+    print(f"  tokenizer {r['tokenizer']['name']} ({r['tokenizer']['class']}, {r['tokenizer']['hash'][:19]}...)")

@@ -1,0 +1,94 @@
+"""Chat / SFT records: OpenAI ``messages`` and ShareGPT ``conversations`` -> tokens + loss mask."""
+
+from __future__ import annotations
+
+from ..errors import InputError
+from ..tokenize import ChatEncoder, TokenizerSpec
+
+#: ShareGPT / LLaVA speaker names -> chat roles.
+ROLE_NAMES = {
+    "system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
+    "bot": "assistant", "model": "assistant", "tool": "tool", "function": "tool",
+}
+
+
+def _content_text(content, where: str, image_marker: str | None) -> str:
+    """A message's content as text: a string, or OpenAI parts (text parts; image parts -> marker)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                out.append(part["text"])
+            elif kind in ("image", "image_url") and image_marker is not None:
+                out.append(image_marker)
+            else:
+                raise InputError(f"{where}: unsupported content part {str(part)[:60]!r}", reason="invalid_messages",
+                                 field=where, expected="text parts" + (" or image parts" if image_marker else ""),
+                                 found=str(kind))
+        return "".join(out)
+    raise InputError(f"{where}: content is {type(content).__name__}", reason="invalid_messages", field=where,
+                     expected="string or list of parts", found=type(content).__name__)
+
+
+def normalize_messages(obj: dict, *, image_marker: str | None = None) -> list[dict]:
+    """``[{"role", "content"}]`` from ``messages`` (role/content) or ``conversations`` (from/value).
+
+    Raises InputError (``missing_field``, ``invalid_messages``) naming the bad message.
+    """
+    key = "messages" if "messages" in obj else "conversations" if "conversations" in obj else None
+    if key is None:
+        raise InputError("no 'messages' or 'conversations' field", reason="missing_field", field="messages",
+                         expected="messages or conversations", found=f"keys {sorted(obj)[:8]}")
+    raw = obj[key]
+    if not isinstance(raw, list) or not raw:
+        raise InputError(f"{key}: expected a non-empty list", reason="invalid_messages", field=key,
+                         expected="non-empty list", found=type(raw).__name__ if raw else "empty")
+    out = []
+    for i, msg in enumerate(raw):
+        where = f"{key}[{i}]"
+        if not isinstance(msg, dict):
+            raise InputError(f"{where}: not an object", reason="invalid_messages", field=where, expected="object",
+                             found=type(msg).__name__)
+        role = msg.get("role", msg.get("from"))
+        content = msg.get("content", msg.get("value"))
+        if role not in ROLE_NAMES:
+            raise InputError(f"{where}: unknown role {role!r}", reason="invalid_messages", field=f"{where}.role",
+                             expected=f"one of {sorted(ROLE_NAMES)}", found=repr(role))
+        out.append({"role": ROLE_NAMES[role], "content": _content_text(content, f"{where}.content", image_marker)})
+    return out
+
+
+class ChatConverter:
+    """Conversations -> ``(tokens, loss mask)`` documents (loss mask stored in the dataset).
+
+    Args:
+        spec: tokenizer (and optional chat template).
+        train_on: ``"assistant"`` (mask = assistant spans, see ChatEncoder) or ``"all"``.
+    """
+
+    loss_mask = True
+    columns = None
+
+    def __init__(self, spec: TokenizerSpec, train_on: str = "assistant") -> None:
+        self.spec = spec
+        self.train_on = train_on
+        self.encoder = ChatEncoder(spec, train_on)
+
+    def prepare(self, obj: dict) -> list[dict]:
+        messages = normalize_messages(obj)
+        if self.train_on == "assistant" and not any(m["role"] == "assistant" for m in messages):
+            raise InputError("no assistant message: nothing to train on", reason="no_assistant_turn",
+                             field="messages", expected="an assistant message", found="none")
+        return messages
+
+    def encode(self, conversations: list[list[dict]]) -> list:
+        out = []
+        for res in self.encoder.encode_chat(conversations):
+            if isinstance(res, InputError):
+                out.append((res.reason, str(res)))
+            else:
+                out.append((res[0], res[1], []))
+        return out

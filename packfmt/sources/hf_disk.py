@@ -1,0 +1,92 @@
+"""Folders written by ``datasets.Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, read with pyarrow.
+
+Layout (datasets 2.x-4.x)::
+
+    folder/state.json            {"_data_files": [{"filename": "data-00000-of-00001.arrow"}, ...], ...}
+    folder/dataset_info.json     features, description, ...
+    folder/data-00000-of-00001.arrow   Arrow *streaming* IPC format (not the file format)
+
+A ``DatasetDict`` folder holds ``dataset_dict.json`` (``{"splits": [...]}``) and one such folder per
+split; pass ``split`` to pick one (default: every split in the listed order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ..errors import InputError
+from . import Raw
+
+
+def _split_dirs(root: Path, split: str | None) -> list[Path]:
+    dd = root / "dataset_dict.json"
+    if not dd.is_file():
+        return [root]
+    splits = json.loads(dd.read_text(encoding="utf-8")).get("splits", [])
+    if split is not None:
+        if split not in splits:
+            raise InputError(f"{root}: split {split!r} not found", reason="missing_split", file=str(dd),
+                             field="splits", expected=f"one of {splits}", found=split)
+        splits = [split]
+    return [root / s for s in splits]
+
+
+def data_files(root: str | os.PathLike, split: str | None = None) -> list[Path]:
+    """The Arrow files of the dataset, in the order ``state.json`` lists them."""
+    files = []
+    for d in _split_dirs(Path(root), split):
+        state = d / "state.json"
+        if not state.is_file():
+            raise InputError(f"{d}: not a save_to_disk folder (state.json missing)", reason="unsupported_format",
+                             file=str(state), expected="state.json", found="missing")
+        listed = json.loads(state.read_text(encoding="utf-8")).get("_data_files", [])
+        for entry in listed:
+            name = entry["filename"]
+            if "/" in name or "\\" in name or name.startswith("."):
+                raise InputError(f"{state}: bad data file name {name!r}", reason="unsupported_format", file=str(state),
+                                 field="_data_files", expected="plain file names", found=name)
+            files.append(d / name)
+    return files
+
+
+def _open_reader(path: Path):
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path), "r")
+    try:
+        return pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:  # very old datasets versions wrote the IPC file format
+        return pa.ipc.open_file(source)
+
+
+def _batches(reader):
+    if hasattr(reader, "num_record_batches"):  # file format
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+    else:
+        yield from reader
+
+
+def iter_hf_disk(path: str | os.PathLike, *, columns: Sequence[str] | None = None, split: str | None = None) -> Iterator[Raw]:
+    for arrow in data_files(path, split):
+        file = str(arrow)
+        reader = _open_reader(arrow)
+        names = reader.schema.names
+        keep = None if columns is None else [c for c in columns if c in names]
+        row = 0
+        for batch in _batches(reader):
+            if keep is not None:
+                batch = batch.select(keep)
+            for obj in batch.to_pylist():
+                row += 1
+                yield Raw(file, row, obj)
+
+
+def count_rows(path: str | os.PathLike, split: str | None = None) -> int:
+    total = 0
+    for arrow in data_files(path, split):
+        total += sum(b.num_rows for b in _batches(_open_reader(arrow)))
+    return total

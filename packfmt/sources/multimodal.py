@@ -1,0 +1,201 @@
+"""Multimodal records: LLaVA (``conversations`` + ``image``) and ``{messages, images}`` -> tokens, mask, images.
+
+Each ``<image>`` marker in the text stands for the record's next image (in order). The marker is
+rendered by the chat template, tokenized as one special token, and then expanded to ``k`` copies
+of the image token id, with ``k`` from the user's rule (:class:`ImageTokenRule`). Images are stored
+as their original encoded bytes (no re-encoding), with width, height and codec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..images import DEFAULT_MAX_PIXELS, sniff_image
+from ..tokenize import ChatEncoder, TokenizerError, TokenizerSpec
+from ..writer import ImageRecord
+from .chat import normalize_messages
+
+
+@dataclass(frozen=True)
+class ImageTokenRule:
+    """How many tokens one image becomes.
+
+    ``fixed`` set: always that many (e.g. 576 = (336/14)^2 for CLIP ViT-L/14 at 336 px).
+    Otherwise dynamic: ``ceil(height / (patch * merge)) * ceil(width / (patch * merge))``.
+    """
+
+    fixed: int | None = 576
+    patch_size: int = 14
+    merge: int = 2
+
+    def __post_init__(self) -> None:
+        if self.fixed is not None and self.fixed < 1:
+            raise ValueError(f"image tokens: expected >= 1, found {self.fixed}")
+        if self.patch_size < 1 or self.merge < 1:
+            raise ValueError("patch size and merge must be >= 1")
+
+    def tokens(self, width: int, height: int) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        side = self.patch_size * self.merge
+        return math.ceil(height / side) * math.ceil(width / side)
+
+    def describe(self) -> dict:
+        if self.fixed is not None:
+            return {"rule": "fixed", "tokens": self.fixed}
+        return {"rule": "dynamic", "patch_size": self.patch_size, "merge": self.merge,
+                "formula": "ceil(h/(patch*merge)) * ceil(w/(patch*merge))"}
+
+
+def _image_list(obj: dict) -> list[str]:
+    raw = obj.get("images", obj.get("image"))
+    if raw is None:
+        return []
+    items = raw if isinstance(raw, list) else [raw]
+    out = []
+    for k, item in enumerate(items):
+        path = item.get("path") if isinstance(item, dict) else item
+        if not isinstance(path, str) or not path:
+            raise InputError(f"images[{k}]: expected a path string, found {type(path).__name__}", reason="invalid_image_entry",
+                             field=f"images[{k}]", expected="relative path", found=type(path).__name__)
+        out.append(path)
+    return out
+
+
+def resolve_image(root: Path, rel: str) -> Path:
+    """``root / rel`` resolved (symlinks too); raises ``image_path_escapes_root`` if it leaves ``root``."""
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root):
+        raise InputError(f"image path {rel!r} escapes the image root {root}", reason="image_path_escapes_root",
+                         field="image", expected=f"a path inside {root}", found=rel)
+    return target
+
+
+def load_image(path: Path, rel: str, max_pixels: int) -> tuple[bytes, str, int, int]:
+    """The file's bytes and ``(codec, width, height)`` after checking it decodes."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"image {rel!r} not found ({path})", reason="missing_image", field="image",
+                         expected="an existing file", found="missing") from None
+    except OSError as exc:
+        raise InputError(f"image {rel!r} unreadable: {exc}", reason="missing_image", field="image",
+                         expected="a readable file", found=type(exc).__name__) from None
+    try:
+        codec, width, height = sniff_image(data, max_pixels=max_pixels)
+    except InputError as exc:
+        raise InputError(f"image {rel!r}: {exc}", reason=exc.reason, field="image", expected=exc.expected,
+                         found=exc.found) from None
+    return data, codec, width, height
+
+
+def expand_images(ids: np.ndarray, mask: np.ndarray, image_id: int, images: list[tuple[bytes, str, int, int]],
+                  rule: ImageTokenRule) -> tuple[np.ndarray, np.ndarray, list[ImageRecord]]:
+    """Replace the i-th image token by ``k_i`` copies; image tokens get loss mask 0."""
+    where = np.flatnonzero(ids == image_id)
+    if where.size != len(images):
+        raise InputError(f"{where.size} image tokens in the rendered text but {len(images)} images",
+                         reason="image_marker_mismatch", field="images", expected=len(images), found=int(where.size))
+    reps = np.ones(ids.size, dtype=np.int64)
+    counts = [rule.tokens(w, h) for _, _, w, h in images]
+    reps[where] = counts
+    new_ids = np.repeat(ids, reps)
+    new_mask = np.repeat(mask, reps)
+    starts = np.concatenate([[0], np.cumsum(reps)[:-1]])
+    records = []
+    for pos, k, (data, codec, w, h) in zip(where, counts, images):
+        begin = int(starts[pos])
+        new_mask[begin:begin + k] = 0
+        records.append(ImageRecord(data, w, h, codec, begin, begin + k))
+    return new_ids, new_mask, records
+
+
+class MultimodalConverter:
+    """LLaVA / ``{messages, images}`` records -> documents with images.
+
+    Args:
+        spec: tokenizer; ``spec.image_token`` must be one token of its vocabulary.
+        image_root: folder that image paths are relative to; paths may not leave it.
+        rule: image token count rule.
+        train_on: loss mask policy (image tokens are never trained on).
+        max_pixels: decompression-bomb bound (width * height).
+    """
+
+    loss_mask = True
+    columns = None
+
+    def __init__(self, spec: TokenizerSpec, image_root: str, rule: ImageTokenRule, train_on: str = "assistant",
+                 max_pixels: int | None = None) -> None:
+        self.spec = spec
+        self.root = Path(image_root).resolve()
+        self.rule = rule
+        self.train_on = train_on
+        self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS)
+        self.encoder = ChatEncoder(spec, train_on)
+        self.image_id = self.encoder.token_id(spec.image_token)
+        if self.image_id is None:
+            raise TokenizerError(f"{spec.path}: image token {spec.image_token!r} is not one token of the vocabulary "
+                                 "(add it as a special token, or pass --image-token)", file=spec.path,
+                                 field="image_token", expected="a single token", found=spec.image_token)
+
+    def prepare(self, obj: dict) -> tuple[list[dict], list[str], list[str]]:
+        marker = self.spec.image_token
+        messages = normalize_messages(obj, image_marker=marker)
+        rels = _image_list(obj)
+        markers = sum(m["content"].count(marker) for m in messages)
+        if markers != len(rels):
+            raise InputError(f"{markers} {marker} markers in the conversation but {len(rels)} images",
+                             reason="image_marker_mismatch", field="images", expected=markers, found=len(rels))
+        if self.train_on == "assistant" and not any(m["role"] == "assistant" for m in messages):
+            raise InputError("no assistant message: nothing to train on", reason="no_assistant_turn",
+                             field="messages", expected="an assistant message", found="none")
+        paths = [str(resolve_image(self.root, rel)) for rel in rels]
+        return messages, paths, rels
+
+    def _encode_one(self, payload, encoded) -> tuple:
+        messages, paths, rels = payload
+        images = [load_image(Path(p), rel, self.max_pixels) for p, rel in zip(paths, rels)]
+        if isinstance(encoded, InputError):
+            raise encoded
+        ids, mask = encoded
+        return expand_images(ids, mask, self.image_id, images, self.rule)
+
+    def encode(self, payloads: list) -> list:
+        encoded = self.encoder.encode_chat([p[0] for p in payloads])
+        out = []
+        for payload, enc in zip(payloads, encoded):
+            try:
+                out.append(self._encode_one(payload, enc))
+            except InputError as exc:
+                out.append((exc.reason, str(exc)))
+        return out
+
+
+def easy_vqa_records(split: str = "train", marker: str = "<image>"):
+    """The easy-vqa questions as ``{messages, images}`` records; returns ``(records, image_root)``.
+
+    Each question ``[question, answer, image_id]`` becomes a user turn ``"<image>\\n" + question`` and
+    an assistant turn with the answer; the image is ``<image_id>.png`` under the split's image folder.
+    """
+    import easy_vqa
+
+    from . import Raw
+
+    base = Path(easy_vqa.__file__).parent / "data" / split
+    questions_file = base / "questions.json"
+    texts, answers, image_ids = (easy_vqa.get_train_questions if split == "train" else easy_vqa.get_test_questions)()
+
+    def records():
+        for i, (q, a, image_id) in enumerate(zip(texts, answers, image_ids), start=1):
+            yield Raw(str(questions_file), i, {
+                "messages": [{"role": "user", "content": marker + "\n" + q}, {"role": "assistant", "content": a}],
+                "images": [f"{image_id}.png"],
+            })
+
+    return records(), base / "images", len(texts)
+

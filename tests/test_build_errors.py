@@ -1,0 +1,143 @@
+"""Bad input never crashes a build halfway and never disappears: a clear error, or a counted skip."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import packfmt
+from packfmt import cli
+from packfmt.build import build_text
+from packfmt.errors import InputError
+from packfmt.tokenize import load_tokenizer
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+SAMPLE_TOK = Path(packfmt.__file__).parent / "sample_data" / "tokenizer"
+GOOD = "The quick brown fox jumps over the lazy dog."
+
+#: (raw JSONL line, reason it must be skipped for)
+BAD_LINES = [
+    ('{"text": "unterminated', "malformed_json"),
+    ("[1, 2, 3]", "not_an_object"),
+    ('{"body": "no text field"}', "missing_field"),
+    ('{"text": null}', "missing_field"),
+    ('{"text": 42}', "not_a_string"),
+    ('{"text": "   \\n "}', "empty_text"),
+]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def mixed_input(tmp_path: Path) -> tuple[Path, dict]:
+    lines, expected = [], {}
+    for k, (line, reason) in enumerate(BAD_LINES):
+        lines += [json.dumps({"text": f"{GOOD} {k}"}), line]
+        expected[reason] = expected.get(reason, 0) + 1
+    lines.append(json.dumps({"text": "last good record"}))
+    return write_lines(tmp_path / "mixed.jsonl", lines), expected
+
+
+@pytest.mark.parametrize("line,reason", BAD_LINES)
+def test_fail_names_file_line_reason_and_publishes_nothing(tmp_path, line, reason):
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": GOOD}), json.dumps({"text": GOOD}), line])
+    out = tmp_path / "ds"
+    with pytest.raises(InputError) as info:
+        build_text([src], out, SAMPLE_TOK, batch_size=2)
+    err = info.value
+    assert err.reason == reason and err.line == 3 and err.file == str(src)
+    assert f"{src}:3" in str(err) and reason in str(err)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]  # no temp directory left behind
+
+
+def test_skip_counts_every_reason_and_keeps_good_records(tmp_path):
+    src, expected = mixed_input(tmp_path)
+    skip_log = tmp_path / "skips.jsonl"
+    result = build_text([src], tmp_path / "ds", SAMPLE_TOK, on_error="skip", batch_size=3, skip_log=skip_log)
+    r = result.report
+    assert r["skipped"] == expected
+    assert r["records_read"] == r["documents_written"] + sum(r["skipped"].values()) == 2 * len(BAD_LINES) + 1
+    assert r["documents_written"] == len(BAD_LINES) + 1
+    logged = [json.loads(x) for x in skip_log.read_text().splitlines()]
+    assert [x["line"] for x in logged] == [2 * k + 2 for k in range(len(BAD_LINES))]
+    assert [x["reason"] for x in logged] == [reason for _, reason in BAD_LINES]
+    tok = load_tokenizer(SAMPLE_TOK)
+    store = packfmt.open(result.path)
+    assert store.document(0).tolist() == tok(f"{GOOD} 0")["input_ids"]
+    assert store.document(len(store) - 1).tolist() == tok("last good record")["input_ids"]
+    assert store.manifest.raw["build_report"]["skipped"] == expected
+
+
+def test_skip_with_two_workers_same_report(tmp_path):
+    src, expected = mixed_input(tmp_path)
+    one = build_text([src], tmp_path / "a", SAMPLE_TOK, on_error="skip", batch_size=2)
+    two = build_text([src], tmp_path / "b", SAMPLE_TOK, on_error="skip", batch_size=2, workers=2)
+    assert one.report["skipped"] == two.report["skipped"] == expected
+    assert (one.path / "tokens.bin").read_bytes() == (two.path / "tokens.bin").read_bytes()
+
+
+def test_token_ids_not_below_vocab(tmp_path):
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": "a"}), json.dumps({"text": GOOD * 3})])
+    tok = load_tokenizer(SAMPLE_TOK)
+    small = max(tok("a")["input_ids"]) + 1  # "a" fits, the long text has larger ids
+    assert max(tok(GOOD * 3)["input_ids"]) >= small
+    with pytest.raises(InputError) as info:
+        build_text([src], tmp_path / "ds", SAMPLE_TOK, vocab_size=small)
+    assert info.value.reason == "token_out_of_range" and info.value.line == 2
+    result = build_text([src], tmp_path / "ds", SAMPLE_TOK, vocab_size=small, on_error="skip")
+    assert result.report["skipped"] == {"token_out_of_range": 1} and result.report["documents_written"] == 1
+
+
+def test_undecodable_text_file(tmp_path):
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    (folder / "a.txt").write_text(GOOD)
+    (folder / "b.txt").write_bytes(b"caf\xe9 latin-1 bytes")
+    with pytest.raises(InputError) as info:
+        build_text([folder], tmp_path / "ds", SAMPLE_TOK)
+    assert info.value.reason == "undecodable_text" and info.value.file.endswith("b.txt")
+    result = build_text([folder], tmp_path / "ds", SAMPLE_TOK, on_error="skip")
+    assert result.report["skipped"] == {"undecodable_text": 1}
+
+
+def test_nothing_written_is_an_error_not_an_empty_dataset(tmp_path):
+    src = write_lines(tmp_path / "in.jsonl", ['{"text": ""}', "not json"])
+    with pytest.raises(InputError) as info:
+        build_text([src], tmp_path / "ds", SAMPLE_TOK, on_error="skip")
+    assert info.value.reason == "nothing_written"
+    assert not (tmp_path / "ds").exists()
+
+
+def test_missing_input_and_unknown_format(tmp_path):
+    with pytest.raises(InputError) as info:
+        build_text([tmp_path / "nope.jsonl"], tmp_path / "ds", SAMPLE_TOK)
+    assert info.value.reason == "missing_input"
+    (tmp_path / "x.csv").write_text("text\nhello\n")
+    with pytest.raises(InputError) as info:
+        build_text([tmp_path / "x.csv"], tmp_path / "ds", SAMPLE_TOK)
+    assert info.value.reason == "unknown_format"
+    assert not (tmp_path / "ds").exists()
+
+
+def test_cli_exit_codes_and_messages(tmp_path, capsys):
+    src, expected = mixed_input(tmp_path)
+    out = tmp_path / "ds"
+    args = ["build", "text", str(src), "-o", str(out), "--tokenizer", str(SAMPLE_TOK), "--no-progress"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert f"{src}:2" in err and "malformed_json" in err and "--on-error skip" in err
+    assert not out.exists()
+    assert cli.main(args + ["--on-error", "skip"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{2 * len(BAD_LINES) + 1} records read = {len(BAD_LINES) + 1} written + {len(BAD_LINES)} skipped" in printed
+    for reason, n in expected.items():
+        assert f"skipped {n} x {reason}" in printed
+    assert cli.main(["build", "text", str(src), "-o", str(tmp_path / "x"), "--tokenizer", str(tmp_path / "no-tok")]) == 1
+    assert "tokenizer not found" in capsys.readouterr().err
+    assert cli.main(["build", "text", str(src), "-o", str(tmp_path / "x"), "--tokenizer", str(SAMPLE_TOK), "--workers", "0"]) == 2
