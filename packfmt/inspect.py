@@ -281,14 +281,28 @@ def format_summary(s: dict) -> str:
 
 
 def _format_build_report(br: dict) -> str:
-    parts = [f"{k} {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k} {v}"
-             for k, v in br.items() if k not in ("skipped", "consistent", "skipped_total")]
+    """One line on the record accounting, one on the source and settings (details stay in --json)."""
+    def n(key):
+        v = br.get(key)
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else "?"
+
     skipped = br.get("skipped")
-    if isinstance(skipped, dict):
-        parts.append("skipped " + (", ".join(f"{k} {v:,}" for k, v in skipped.items()) or "none"))
+    reasons = ", ".join(f"{k} {v:,}" for k, v in skipped.items()) if isinstance(skipped, dict) and skipped else "none"
+    check = ""
     if "consistent" in br:
-        parts.append("(read = written + skipped)" if br["consistent"] else "(MISMATCH: read != written + skipped)")
-    return "; ".join(parts)
+        check = " (read = written + skipped)" if br["consistent"] else " (MISMATCH: read != written + skipped)"
+    written = br.get("documents_written", br.get("records_written"))
+    line = (f"{br.get('command', br.get('source', '?'))}: {n('records_read')} records read = "
+            f"{written:,} written + {br.get('skipped_total', 0):,} skipped [{reasons}]{check}" if isinstance(written, int)
+            else f"{br.get('command', br.get('source', '?'))}: records read {n('records_read')}, skipped [{reasons}]")
+    sources = br.get("sources")
+    if isinstance(sources, list) and sources:
+        names = [str(src.get("path", src)) if isinstance(src, dict) else str(src) for src in sources[:3]]
+        line += "\n          sources " + ", ".join(names) + (f" (+{len(sources) - 3} more)" if len(sources) > 3 else "")
+    extras = [f"{k} {br[k]}" for k in ("on_error", "workers", "seconds") if k in br]
+    if extras:
+        line += "\n          " + "; ".join(extras)
+    return line
 
 
 def _format_index(name: str, ix: dict) -> list[str]:

