@@ -1,0 +1,219 @@
+"""Oversize handling: turn documents into packable segments of at most ``capacity`` tokens.
+
+Documents that fit are one segment each (vectorised). Longer documents are split, truncated or
+dropped by a small numba loop over the oversize documents only. A cut never falls strictly
+inside an image's token run (spec/packing.md, "Segmentation").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+__all__ = ["OVERSIZE_POLICIES", "Segmentation", "segment_documents"]
+
+OVERSIZE_POLICIES = ("split", "truncate", "drop")
+
+
+@dataclass(frozen=True)
+class Segmentation:
+    """Segments of documents, each at most ``capacity`` tokens.
+
+    Attributes:
+        segments: int64 (n_segments, 3) rows ``(doc, begin, end)``; token offsets relative to the
+            document start, ``0 <= begin < end <= doc_len``; sorted by ``(doc, begin)``.
+        image_counts: int64 (n_segments,) images whose token run lies inside the segment.
+        dropped_docs: documents with no segment (``drop`` policy, or empty documents).
+        dropped_tokens: tokens of the dropped documents.
+        split_docs: documents cut into two or more segments (``split`` policy).
+        truncated_docs: documents cut to their first segment (``truncate`` policy).
+        truncated_tokens: tokens removed by truncation.
+    """
+
+    segments: np.ndarray
+    image_counts: np.ndarray
+    dropped_docs: int
+    dropped_tokens: int
+    split_docs: int
+    truncated_docs: int
+    truncated_tokens: int
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 (n_segments,) tokens per segment."""
+        return self.segments[:, 2] - self.segments[:, 1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _next_cut(start, doc_len, capacity, spans, j, hi):
+    """Where the piece starting at ``start`` ends, and the first image after it.
+
+    Args:
+        start: piece start (never strictly inside an image run).
+        doc_len: document length.
+        capacity: tokens per pack.
+        spans: int64 (n_images, 2) image runs (relative to the document), sorted, disjoint.
+        j, hi: the document's images not yet assigned to a piece are rows ``j..hi-1``.
+    Returns:
+        (cut, k): the piece is ``[start, cut)`` and holds images ``j..k-1``.
+    """
+    limit = start + capacity
+    if limit >= doc_len:
+        return doc_len, hi
+    k = j
+    while k < hi and spans[k, 1] <= limit:
+        k += 1
+    if k < hi and spans[k, 0] < limit:  # limit falls strictly inside image k: cut before it
+        return spans[k, 0], k
+    return limit, k
+
+
+@njit(cache=True, nogil=True)
+def _cut_oversize(docs, doc_lengths, capacity, truncate, spans, img_off, counts, seg_off, out, out_img):
+    """Count (``counts`` given) or write (``out`` given) the pieces of each oversize document.
+
+    Args:
+        docs: int64 (k,) oversize document ids.
+        doc_lengths: int64 (n_docs,).
+        capacity: tokens per pack.
+        truncate: keep only the first piece.
+        spans, img_off: image runs and the CSR offsets of each document's images.
+        counts: int64 (k,) receives the piece counts (first pass) - size 0 on the second pass.
+        seg_off: int64 (k,) output row of each document's first piece (second pass).
+        out, out_img: the Segmentation arrays to fill (second pass).
+    """
+    for i in range(docs.shape[0]):
+        d = docs[i]
+        doc_len = doc_lengths[d]
+        j = img_off[d] if img_off.shape[0] > 0 else 0
+        hi = img_off[d + 1] if img_off.shape[0] > 0 else 0
+        start = 0
+        row = seg_off[i] if counts.shape[0] == 0 else 0
+        pieces = 0
+        while start < doc_len:
+            cut, k = _next_cut(start, doc_len, capacity, spans, j, hi)
+            if counts.shape[0] == 0:
+                out[row, 0] = d
+                out[row, 1] = start
+                out[row, 2] = cut
+                out_img[row] = k - j
+                row += 1
+            pieces += 1
+            start = cut
+            j = k
+            if truncate:
+                break
+        if counts.shape[0] > 0:
+            counts[i] = pieces
+
+
+def _check_spans(doc_lengths, capacity, image_spans, doc_image_offsets):
+    """Validate the image runs; raise ValueError on malformed or over-capacity runs."""
+    n_docs = doc_lengths.shape[0]
+    if doc_image_offsets.shape != (n_docs + 1,) or doc_image_offsets[0] != 0 \
+            or doc_image_offsets[-1] != image_spans.shape[0] or np.any(np.diff(doc_image_offsets) < 0):
+        raise ValueError(f"doc_image_offsets must be non-decreasing, shape ({n_docs + 1},), from 0 to n_images")
+    if image_spans.ndim != 2 or image_spans.shape[1] != 2:
+        raise ValueError(f"image_spans must have shape (n_images, 2), got {image_spans.shape}")
+    doc_of = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(doc_image_offsets))
+    begin, end = image_spans[:, 0], image_spans[:, 1]
+    bad = np.flatnonzero((begin < 0) | (end <= begin) | (end > doc_lengths[doc_of]))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"image {i} of document {int(doc_of[i])}: span [{int(begin[i])}, {int(end[i])}) "
+                         f"is not inside [0, {int(doc_lengths[doc_of[i]])}) or is empty")
+    same_doc = doc_of[1:] == doc_of[:-1]
+    bad = np.flatnonzero(same_doc & (begin[1:] < end[:-1]))
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise ValueError(f"image {i} of document {int(doc_of[i])}: image runs must be sorted and disjoint")
+    bad = np.flatnonzero(end - begin > capacity)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"image {i} of document {int(doc_of[i])} has a token run of {int(end[i] - begin[i])} "
+                         f"tokens, longer than the capacity {capacity}; it cannot be placed in any pack")
+
+
+def segment_documents(doc_lengths, capacity, oversize="split", *, image_spans=None,
+                      doc_image_offsets=None) -> Segmentation:
+    """Cut documents into segments of at most ``capacity`` tokens.
+
+    Args:
+        doc_lengths: int (n_docs,) tokens per document (>= 0; empty documents are dropped).
+        capacity: tokens per pack (>= 1).
+        oversize: ``"split"`` (pieces tiling the document), ``"truncate"`` (keep the first
+            piece) or ``"drop"`` (omit the document) for documents longer than ``capacity``.
+        image_spans: int (n_images, 2) ``[begin, end)`` of each image's token run, relative to
+            its document start; sorted and disjoint within a document.
+        doc_image_offsets: int (n_docs + 1,) CSR: document d owns image rows
+            ``doc_image_offsets[d]:doc_image_offsets[d + 1]``.
+    Returns:
+        The Segmentation. A piece ends at the largest position ``<= start + capacity`` that is not
+        strictly inside an image run.
+    Raises:
+        ValueError: bad arguments, or an image run longer than ``capacity``.
+    """
+    lengths = np.asarray(doc_lengths)
+    if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
+        raise ValueError("doc_lengths must be a 1-D integer array")
+    lengths = lengths.astype(np.int64, copy=False)
+    if lengths.size and lengths.min() < 0:
+        raise ValueError("doc_lengths must be >= 0")
+    if int(capacity) != capacity or capacity < 1:
+        raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+    capacity = int(capacity)
+    if oversize not in OVERSIZE_POLICIES:
+        raise ValueError(f"oversize must be one of {OVERSIZE_POLICIES}, got {oversize!r}")
+    if (image_spans is None) != (doc_image_offsets is None):
+        raise ValueError("image_spans and doc_image_offsets must be given together")
+    if image_spans is not None:
+        spans = np.asarray(image_spans, dtype=np.int64).reshape(-1, 2)
+        img_off = np.asarray(doc_image_offsets, dtype=np.int64)
+        _check_spans(lengths, capacity, spans, img_off)
+        per_doc_images = np.diff(img_off)
+    else:
+        spans = np.zeros((0, 2), dtype=np.int64)
+        img_off = np.zeros(0, dtype=np.int64)
+        per_doc_images = np.zeros(lengths.shape[0], dtype=np.int64)
+    return _segment(lengths, capacity, oversize, spans, img_off, per_doc_images)
+
+
+def _segment(lengths, capacity, oversize, spans, img_off, per_doc_images) -> Segmentation:
+    """Build the Segmentation from validated arrays."""
+    over = np.flatnonzero(lengths > capacity)
+    empty = lengths == 0
+    pieces = np.where(empty, 0, 1).astype(np.int64)
+    if oversize == "drop":
+        pieces[over] = 0
+    elif over.size:
+        counts = np.zeros(over.shape[0], dtype=np.int64)
+        _cut_oversize(over, lengths, capacity, oversize == "truncate", spans, img_off, counts,
+                      counts, np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
+        pieces[over] = counts
+    seg_off = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(pieces, out=seg_off[1:])
+    n_seg = int(seg_off[-1])
+    out = np.empty((n_seg, 3), dtype=np.int64)
+    out_img = np.empty(n_seg, dtype=np.int64)
+    fits = np.flatnonzero((lengths <= capacity) & ~empty)
+    rows = seg_off[fits]
+    out[rows, 0] = fits
+    out[rows, 1] = 0
+    out[rows, 2] = lengths[fits]
+    out_img[rows] = per_doc_images[fits]
+    if oversize != "drop" and over.size:
+        _cut_oversize(over, lengths, capacity, oversize == "truncate", spans, img_off, np.zeros(0, np.int64),
+                      seg_off[over], out, out_img)
+    over_tokens = int(lengths[over].sum())
+    kept_over = int(out[seg_off[over], 2].sum()) if oversize == "truncate" and over.size else 0
+    return Segmentation(
+        segments=out,
+        image_counts=out_img,
+        dropped_docs=int(empty.sum()) + (int(over.size) if oversize == "drop" else 0),
+        dropped_tokens=over_tokens if oversize == "drop" else 0,
+        split_docs=int(np.count_nonzero(pieces[over] > 1)) if oversize == "split" else 0,
+        truncated_docs=int(over.size) if oversize == "truncate" else 0,
+        truncated_tokens=over_tokens - kept_over if oversize == "truncate" else 0,
+    )
