@@ -13,21 +13,78 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
-from .dataset import IGNORE_INDEX, PAD_DOC_ID
+from ._kernels import fill_batch_doc_ids, fill_padding
+from .dataset import IGNORE_INDEX, PackBatch
 
 __all__ = ["collate_varlen", "collate_padded", "collate_hf"]
 
 _TOKEN_KEYS = ("input_ids", "labels", "position_ids")
+_ROW_KEYS = ("input_ids", "labels", "position_ids", "doc_ids")
 
 
-def _real(item: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The per-token tensors of an item without its padding (``doc_ids == -1``)."""
-    keep = item["doc_ids"] != PAD_DOC_ID
-    if bool(keep.all()):
-        return {k: item[k] for k in (*_TOKEN_KEYS, "doc_ids")}
-    return {k: item[k][keep] for k in (*_TOKEN_KEYS, "doc_ids")}
+def _np(t: torch.Tensor) -> np.ndarray:
+    """The numpy view of a CPU tensor (no copy)."""
+    return t.numpy()
+
+
+def _real_lengths(batch: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Segment lengths of a batch and each item's real (unpadded) token count.
+
+    Padding always follows an item's segments (``PackedDataset`` pads on the right), so an
+    item's real tokens are its first ``sum(seq_lens)`` positions.
+
+    Returns:
+        seq_lens int32 ``(S_all,)`` (every segment of every item, in order), keep bool
+        ``(S_all,)`` (``seq_lens > 0``) and real int64 ``(B,)``.
+    """
+    parts = [_np(item["seq_lens"]) for item in batch]
+    seq_lens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    csum = np.zeros(seq_lens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(seq_lens, out=csum[1:])
+    bounds = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([p.shape[0] for p in parts], out=bounds[1:])
+    return seq_lens, seq_lens > 0, csum[bounds[1:]] - csum[bounds[:-1]]
+
+
+def _label_count(labels: np.ndarray) -> torch.Tensor:
+    """int64 0-d tensor: positions of ``labels`` that are not -100."""
+    return torch.scalar_tensor(int(np.count_nonzero(labels != IGNORE_INDEX)), dtype=torch.int64)
+
+
+def _pack_ids(batch: Sequence[dict[str, Any]]) -> torch.Tensor:
+    return torch.from_numpy(np.array([int(item["pack_id"]) for item in batch], dtype=np.int64))
+
+
+def _varlen_shared(batch: PackBatch) -> dict[str, Any]:
+    """``collate_varlen`` of an intact, unpadded ``PackBatch``: views of its buffer, no copy."""
+    keep = batch.seq_lens > 0
+    lens = batch.seq_lens[keep]
+    cu = np.zeros(lens.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lens, out=cu[1:])
+    out: dict[str, Any] = dict(zip(_ROW_KEYS, batch.rows.unsqueeze(1).unbind(0)))
+    out["cu_seqlens"] = torch.from_numpy(cu)
+    out["max_seqlen"] = batch.max_seqlen
+    out["document_ids"] = torch.from_numpy(batch.document_ids[keep])
+    out["pack_ids"] = torch.from_numpy(batch.pack_ids.copy())
+    out["num_label_tokens"] = _label_count(batch.rows.numpy()[1])
+    if "images" in batch[0]:
+        out.update(_images(batch, np.concatenate([[0], np.cumsum(batch.lengths)[:-1]]).tolist()))
+    return out
+
+
+def _padded_shared(batch: PackBatch, L: int) -> dict[str, Any]:
+    """``collate_padded`` of an intact ``PackBatch`` whose items all have ``L`` columns: views, no copy."""
+    B = len(batch)
+    rows = batch.rows
+    out: dict[str, Any] = {"input_ids": rows[0].view(B, L), "labels": rows[1].view(B, L),
+                           "position_ids": rows[2].view(B, L), "doc_ids": batch.item_doc_ids.view(B, L)}
+    out["pack_ids"] = torch.from_numpy(batch.pack_ids.copy())
+    out["num_label_tokens"] = _label_count(rows.numpy()[1])
+    out.update(_images(batch, [r * L for r in range(B)]))
+    return out
 
 
 def _images(batch: Sequence[dict[str, Any]], token_offsets: Sequence[int]) -> dict[str, Any]:
@@ -54,22 +111,29 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         num_label_tokens: int64 0-d tensor.
         (images, image_spans, image_ids for multimodal stores; spans index the row of T tokens.)
     """
-    items = [_real(item) for item in batch]
-    seq_lens = torch.cat([item["seq_lens"] for item in batch]).to(torch.int32)
-    seq_lens = seq_lens[seq_lens > 0]
-    cu = torch.zeros(seq_lens.numel() + 1, dtype=torch.int32)
-    torch.cumsum(seq_lens, 0, out=cu[1:])
-    out: dict[str, Any] = {k: torch.cat([it[k] for it in items]).unsqueeze(0) for k in _TOKEN_KEYS}
-    out["doc_ids"] = torch.repeat_interleave(torch.arange(seq_lens.numel(), dtype=torch.int64), seq_lens.long()).unsqueeze(0)
-    out["cu_seqlens"] = cu
-    out["max_seqlen"] = int(seq_lens.max()) if seq_lens.numel() else 0
-    out["document_ids"] = torch.cat([item["document_ids"] for item in batch])
-    out["pack_ids"] = torch.stack([item["pack_id"] for item in batch])
-    out["num_label_tokens"] = (out["labels"] != IGNORE_INDEX).sum()
-    offsets = [0]
-    for it in items[:-1]:
-        offsets.append(offsets[-1] + it["input_ids"].shape[0])
-    out.update(_images(batch, offsets))
+    if isinstance(batch, PackBatch) and not (batch.widths != batch.lengths).any() and batch.intact():
+        return _varlen_shared(batch)
+    seq_lens, keep, real = _real_lengths(batch)
+    T = int(real.sum())
+    rows = np.empty((4, T), dtype=np.int64)  # input_ids, labels, position_ids, doc_ids
+    for k, key in enumerate(_TOKEN_KEYS):
+        parts = [_np(item[key])[:n] for item, n in zip(batch, real.tolist())]
+        if parts:
+            np.concatenate(parts, out=rows[k])
+    lens = seq_lens[keep]
+    max_seqlen = int(fill_batch_doc_ids(lens, rows[3]))  # segment index 0..S-1 over the batch
+    cu = np.zeros(lens.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lens, out=cu[1:])
+    docs = np.concatenate([_np(item["document_ids"]) for item in batch])[keep]
+    t = torch.from_numpy(rows).unsqueeze(1)  # (4, 1, T)
+    out: dict[str, Any] = dict(zip(_ROW_KEYS, t.unbind(0)))
+    out["cu_seqlens"] = torch.from_numpy(cu)
+    out["max_seqlen"] = max_seqlen
+    out["document_ids"] = torch.from_numpy(docs)
+    out["pack_ids"] = _pack_ids(batch)
+    out["num_label_tokens"] = _label_count(rows[1])
+    if "images" in batch[0]:
+        out.update(_images(batch, np.concatenate([[0], np.cumsum(real)[:-1]]).tolist()))
     return out
 
 
@@ -85,20 +149,23 @@ def collate_padded(batch: Sequence[dict[str, Any]], *, length: int | None = None
         input_ids, labels, position_ids, doc_ids: int64 ``(B, L)``.
         pack_ids: int64 ``(B,)``; num_label_tokens: int64 0-d tensor. (Images as in ``collate_varlen``, spans offset by ``row * L``.)
     """
-    L = length if length is not None else max(int(item["input_ids"].shape[0]) for item in batch)
+    lengths = [int(item["input_ids"].shape[0]) for item in batch]
+    L = length if length is not None else max(lengths)
     B = len(batch)
-    fill = {"input_ids": pad_token_id, "labels": IGNORE_INDEX, "doc_ids": PAD_DOC_ID}
-    out: dict[str, Any] = {k: torch.full((B, L), v, dtype=torch.int64) for k, v in fill.items()}
-    out["position_ids"] = torch.arange(L, dtype=torch.int64).repeat(B, 1)
-    for r, item in enumerate(batch):
-        n = int(item["input_ids"].shape[0])
+    if isinstance(batch, PackBatch) and all(n == L for n in lengths) and batch.intact():
+        return _padded_shared(batch, L)
+    rows = np.empty((4, B, L), dtype=np.int64)  # input_ids, labels, position_ids, doc_ids
+    for r, (item, n) in enumerate(zip(batch, lengths)):
         if n > L:
             raise ValueError(f"collate_padded: item {r} has {n} tokens, more than length {L}")
-        for k in (*_TOKEN_KEYS, "doc_ids"):
-            out[k][r, :n] = item[k]
-        out["position_ids"][r, n:] = torch.arange(L - n)
-    out["pack_ids"] = torch.stack([item["pack_id"] for item in batch])
-    out["num_label_tokens"] = (out["labels"] != IGNORE_INDEX).sum()
+        for k, key in enumerate(_ROW_KEYS):
+            rows[k, r, :n] = _np(item[key])
+        if n < L:
+            fill_padding(rows, r, n, pad_token_id)
+    t = torch.from_numpy(rows)
+    out: dict[str, Any] = dict(zip(_ROW_KEYS, t.unbind(0)))
+    out["pack_ids"] = _pack_ids(batch)
+    out["num_label_tokens"] = _label_count(rows[1])
     out.update(_images(batch, [r * L for r in range(B)]))
     return out
 
@@ -120,9 +187,11 @@ def collate_hf(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     v = collate_varlen(batch)
     shift = v["labels"]
-    hf_labels = torch.full_like(shift, IGNORE_INDEX)
-    hf_labels[:, 1:] = shift[:, :-1]
-    hf_labels[:, v["cu_seqlens"][:-1].long()] = IGNORE_INDEX  # a segment's first token has no in-row predecessor
+    s, cu = _np(shift)[0], _np(v["cu_seqlens"])
+    hf = np.empty_like(s)
+    hf[1:] = s[:-1]
+    hf[cu[:-1]] = IGNORE_INDEX  # a segment's first token has no in-row predecessor (hf[0] included)
+    hf_labels = torch.from_numpy(hf).unsqueeze(0)
     return {
         "input_ids": v["input_ids"],
         "position_ids": v["position_ids"],

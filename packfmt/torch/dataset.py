@@ -1,6 +1,7 @@
 """``PackedDataset``: a map-style torch Dataset over one pack index (spec/READER.md).
 
-Each item is one pack, assembled with a handful of vectorised numpy operations; nothing is
+Each item is one pack, written in one pass by a numba kernel (``_kernels.fill_pack``) into a
+single int64 ``(4, n)`` buffer whose rows are returned as the per-token tensors; nothing is
 cached per pack. The dataset pickles as (path, index name, options) only: the memmaps are
 re-opened lazily in every DataLoader worker, so fork and spawn both stay small and safe.
 """
@@ -16,8 +17,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..reader import PackIndex, Store, open_dataset
+from ._kernels import fill_pack, fill_packs, pack_length, pack_lengths
 
-__all__ = ["PackedDataset", "IGNORE_INDEX", "PAD_DOC_ID"]
+__all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID"]
 
 #: Label value of positions that are not trained on (PyTorch's cross_entropy default).
 IGNORE_INDEX = -100
@@ -146,7 +148,11 @@ class PackedDataset(Dataset):
                 "tokens": v(store.tokens), "loss_mask": v(store.loss_mask),
                 "pack_token_offsets": v(idx.pack_token_offsets), "packed_tokens": v(idx.packed_tokens),
                 "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
+                "has_images": store.images is not None,
             }
+            a = self._arrays
+            a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
+            a["pad_id"], a["capacity"] = self.pad_token_id, self.capacity
         return self._arrays
 
     def __getitem__(self, i: int) -> dict[str, Any]:
@@ -156,36 +162,72 @@ class PackedDataset(Dataset):
             raise IndexError(f"pack {i} out of range [0, {n_packs})")
         i = int(i) % n_packs
         po = a["pack_offsets"]
-        segs = a["segments"][po[i]:po[i + 1]]  # (k, 3): doc, begin, end
-        docs, begins, ends = segs[:, 0], segs[:, 1], segs[:, 2]
-        lens = ends - begins
-        starts = np.zeros_like(lens)
-        np.cumsum(lens[:-1], out=starts[1:])
-        gstart = a["doc_offsets"][docs] + begins  # global offset of each segment's first token
-        toks, mask = self._pack_tokens(a, i, gstart, starts, lens)
-        out = _assemble(a, toks, mask, docs, ends, gstart, starts, lens)
-        if self.pad_to_capacity:
-            out = _pad(out, self.capacity, self.pad_token_id)
-        out["seq_lens"] = torch.from_numpy(lens.astype(np.int32))
-        out["document_ids"] = torch.from_numpy(docs.copy())
-        out["num_label_tokens"] = (out["labels"] != IGNORE_INDEX).sum()
-        out["pack_id"] = torch.tensor(i, dtype=torch.int64)
-        if self.store.images is not None:
-            out.update(self._images(docs, begins, ends, starts))
+        lo, hi = int(po[i]), int(po[i + 1])
+        if a["pack_token_offsets"] is not None:  # materialized: the pack's tokens are one contiguous run
+            src, src_mask, src_start = a["packed_tokens"], a["packed_loss_mask"], int(a["pack_token_offsets"][i])
+            n = int(a["pack_token_offsets"][i + 1]) - src_start
+        else:
+            src, src_mask, src_start = a["tokens"], a["loss_mask"], -1
+            n = pack_length(a["segments"], lo, hi)
+        width = max(n, a["capacity"]) if self.pad_to_capacity else n
+        buf = np.empty((4, width), dtype=np.int64)  # rows: input_ids, labels, position_ids, doc_ids
+        seq_lens = np.empty(hi - lo, dtype=np.int32)
+        nlab = fill_pack(a["tokens"], a["mask_or_dummy"], a["loss_mask"] is not None, a["doc_offsets"], a["segments"],
+                         lo, hi, src, a["mask_or_dummy"] if src_mask is None else src_mask, src_start, buf, seq_lens,
+                         a["pad_id"])
+        input_ids, labels, position_ids, doc_ids = torch.from_numpy(buf).unbind(0)
+        out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "doc_ids": doc_ids,
+               "seq_lens": torch.from_numpy(seq_lens), "document_ids": torch.from_numpy(a["segments"][lo:hi, 0].copy()),
+               "num_label_tokens": torch.scalar_tensor(nlab, dtype=torch.int64),
+               "pack_id": torch.scalar_tensor(i, dtype=torch.int64)}
+        if a["has_images"]:
+            segs = a["segments"][lo:hi]
+            lens = seq_lens.astype(np.int64)
+            starts = np.zeros_like(lens)
+            np.cumsum(lens[:-1], out=starts[1:])
+            out.update(self._images(segs[:, 0], segs[:, 1], segs[:, 2], starts))
         return out
 
-    @staticmethod
-    def _pack_tokens(a: dict, i: int, gstart: np.ndarray, starts: np.ndarray, lens: np.ndarray):
-        """Tokens and loss mask of pack ``i``: views when materialized, else one gather."""
-        if a["pack_token_offsets"] is not None:
-            o = a["pack_token_offsets"]
-            lo, hi = o[i], o[i + 1]
-            mask = a["packed_loss_mask"][lo:hi] if a["packed_loss_mask"] is not None else None
-            return a["packed_tokens"][lo:hi], mask
-        n = int(lens.sum())
-        gidx = np.repeat(gstart - starts, lens) + np.arange(n, dtype=np.int64)
-        mask = a["loss_mask"][gidx] if a["loss_mask"] is not None else None
-        return a["tokens"][gidx], mask
+    def __getitems__(self, indices) -> "PackBatch":
+        """Packs ``indices`` at once (what ``DataLoader`` calls for a batch): one kernel call.
+
+        Returns a ``PackBatch``: a list of the same items ``ds[i]`` returns, whose per-token
+        tensors are views of one buffer in which the packs lie end to end, so the collates of
+        this module assemble the batch without copying the tokens again.
+        """
+        a = self._views()
+        n_packs = a["num_packs"]
+        packs = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if packs.size and (packs.min() < -n_packs or packs.max() >= n_packs):
+            bad = packs[(packs < -n_packs) | (packs >= n_packs)][0]
+            raise IndexError(f"pack {int(bad)} out of range [0, {n_packs})")
+        packs = packs % max(n_packs, 1)
+        po, segments = a["pack_offsets"], a["segments"]
+        materialized = a["pack_token_offsets"] is not None
+        if materialized:
+            pto = a["pack_token_offsets"]
+            lengths = pto[packs + 1] - pto[packs]
+            src, src_mask = a["packed_tokens"], a["packed_loss_mask"]
+        else:
+            pto, src, src_mask = a["pack_offsets"], a["tokens"], a["loss_mask"]  # pto unused
+            lengths = pack_lengths(segments, po, packs)
+        widths = np.maximum(lengths, a["capacity"]) if self.pad_to_capacity else lengths
+        nseg = po[packs + 1] - po[packs]
+        seq_bounds = np.zeros(packs.shape[0] + 1, dtype=np.int64)
+        np.cumsum(nseg, out=seq_bounds[1:])
+        total = int(widths.sum())
+        rows = np.empty((4, total), dtype=np.int64)  # input_ids, labels, position_ids, batch segment index
+        item_doc_ids = np.empty(total, dtype=np.int64)
+        seq_lens = np.empty(int(seq_bounds[-1]), dtype=np.int32)
+        num_labels = np.empty(packs.shape[0], dtype=np.int64)
+        mask = a["mask_or_dummy"]
+        longest = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["doc_offsets"], segments, po, packs, src,
+                             mask if src_mask is None else src_mask, pto, materialized, widths, rows, item_doc_ids,
+                             seq_lens, seq_bounds, num_labels, a["pad_id"])
+        seg_idx = np.repeat(po[packs] - seq_bounds[:-1], nseg) + np.arange(seq_bounds[-1], dtype=np.int64)
+        document_ids = segments[seg_idx, 0]
+        return PackBatch._build(self, packs, lengths, widths, nseg, rows, item_doc_ids, seq_lens, document_ids,
+                                num_labels, int(longest))
 
     def _images(self, docs, begins, ends, starts) -> dict[str, Any]:
         """Decoded images of the pack and their token spans inside the pack."""
@@ -212,49 +254,55 @@ class PackedDataset(Dataset):
                 "image_ids": torch.from_numpy(image_ids)}
 
 
-def _assemble(a: dict, toks, mask, docs, ends, gstart, starts, lens) -> dict[str, torch.Tensor]:
-    """input_ids, labels, position_ids, doc_ids of one unpadded pack (all int64, shape ``(n,)``)."""
-    n = toks.shape[0]
-    k = lens.shape[0]
-    input_ids = toks.astype(np.int64)
-    nxt = np.empty(n, dtype=np.int64)
-    nxt[:-1] = input_ids[1:]
-    nxt_mask = np.ones(n, dtype=bool)
-    if mask is not None:
-        nxt_mask[:-1] = np.asarray(mask[1:]).astype(bool)
-    # The last token of each segment: the document's true next token (at a cut) or nothing.
-    last = starts + lens - 1
-    doc_offsets, tokens = a["doc_offsets"], a["tokens"]
-    cut = ends < doc_offsets[docs + 1] - doc_offsets[docs]
-    after = np.minimum(gstart + lens, tokens.shape[0] - 1)  # global index of the token after the segment
-    nxt[last] = np.where(cut, tokens[after], IGNORE_INDEX)
-    if a["loss_mask"] is not None:
-        nxt_mask[last] = cut & a["loss_mask"][after].astype(bool)
-    else:
-        nxt_mask[last] = cut
-    labels = np.where(nxt_mask, nxt, IGNORE_INDEX)
-    seg_of_tok = np.repeat(np.arange(k, dtype=np.int64), lens)
-    positions = np.arange(n, dtype=np.int64) - np.repeat(starts, lens)
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(positions),
-        "doc_ids": torch.from_numpy(seg_of_tok),
-    }
+class PackBatch(list):
+    """The items of ``PackedDataset.__getitems__``: a plain list of item dicts, plus their shared layout.
 
+    Attributes (``B`` packs, ``W`` columns, ``S`` segments):
+        rows: int64 tensor ``(4, W)``: input_ids, labels, position_ids of the packs laid end to
+            end, and the batch segment index (``0..`` over non-empty segments; -1 for padding).
+        item_doc_ids: int64 tensor ``(W,)``: segment index within each pack (-1 for padding).
+        widths, lengths: int64 ``(B,)``: columns of each pack / its real tokens.
+        seq_lens: int32 ``(S,)``; document_ids: int64 ``(S,)``; pack_ids: int64 ``(B,)``.
+        max_seqlen: the longest segment.
+    The collates use the layout only while every item still holds the very tensors built here
+    (``is`` checks), so replacing an item or one of its tensors falls back to copying.
+    """
 
-def _pad(out: dict[str, torch.Tensor], capacity: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad every per-token tensor to ``capacity``."""
-    n = out["input_ids"].shape[0]
-    extra = capacity - n
-    if extra <= 0:
-        return out
-    fill = {"input_ids": pad_id, "labels": IGNORE_INDEX, "doc_ids": PAD_DOC_ID}
-    padded = {}
-    for key, t in out.items():
-        tail = torch.arange(extra, dtype=t.dtype) if key == "position_ids" else torch.full((extra,), fill[key], dtype=t.dtype)
-        padded[key] = torch.cat([t, tail])
-    return padded
+    _KEYS = ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens", "document_ids", "num_label_tokens",
+             "pack_id")
+
+    @classmethod
+    def _build(cls, ds: PackedDataset, packs, lengths, widths, nseg, rows, item_doc_ids, seq_lens, document_ids,
+               num_labels, max_seqlen: int) -> "PackBatch":
+        R, D = torch.from_numpy(rows), torch.from_numpy(item_doc_ids)
+        wl, sl = widths.tolist(), nseg.tolist()
+        cols = (R[0].split(wl), R[1].split(wl), R[2].split(wl), D.split(wl), torch.from_numpy(seq_lens).split(sl),
+                torch.from_numpy(document_ids).split(sl), torch.from_numpy(num_labels).unbind(0),
+                torch.from_numpy(packs).unbind(0))
+        batch = cls(dict(zip(cls._KEYS, values)) for values in zip(*cols))
+        batch.rows, batch.item_doc_ids, batch.widths, batch.lengths = R, D, widths, lengths
+        batch.seq_lens, batch.document_ids, batch.pack_ids, batch.max_seqlen = seq_lens, document_ids, packs, max_seqlen
+        batch._tensors = list(zip(*cols))
+        a = ds._views()
+        if a["has_images"]:
+            for item, p, ls in zip(batch, packs.tolist(), cols[4]):
+                lens = ls.numpy().astype(np.int64)
+                starts = np.zeros_like(lens)
+                np.cumsum(lens[:-1], out=starts[1:])
+                sg = a["segments"][a["pack_offsets"][p]:a["pack_offsets"][p + 1]]
+                item.update(ds._images(sg[:, 0], sg[:, 1], sg[:, 2], starts))
+        return batch
+
+    def intact(self) -> bool:
+        """Whether every item still holds exactly the tensors of the shared layout."""
+        if not hasattr(self, "_tensors") or len(self) != len(self._tensors):
+            return False
+        keys = self._KEYS
+        for item, tensors in zip(self, self._tensors):
+            for k, t in zip(keys, tensors):
+                if item.get(k) is not t:
+                    return False
+        return True
 
 
 def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
