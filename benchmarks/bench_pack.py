@@ -1,7 +1,7 @@
 """Benchmark of the packing engine: every algorithm x three length distributions x n.
 
     python benchmarks/bench_pack.py [--quick] [--out benchmarks/results/bench_pack.json]
-                                    [--real-lengths FILE.npy] [--no-trl]
+                                    [--real-lengths DATASET_DIR|FILE.npy] [--no-trl]
 
 For each (distribution, n, algorithm) it records wall seconds of ``pack_items`` (the numba
 compile is done beforehand, on a small input), packs, fill efficiency, packs / lower bound and
@@ -14,9 +14,10 @@ sorting by length, pad to the capacity) and, if ``trl`` is importable, the time 
 Distributions:
   web   lognormal (sigma 1, mean ~800 tokens after clipping to [1, 4096]), capacity 4096.
   chat  heavy-tailed, many short: 120 * (1 + Pareto(1.2)) clipped to [1, 8192], capacity 8192.
-  real  --real-lengths FILE.npy (document lengths), else a PROXY: the byte sizes / 4 of the
-        Python stdlib .py files, resampled with replacement to n documents; documents longer
-        than the capacity (4096) are split with segment_documents first.
+  real  the token lengths of a real dataset: by default the Python stdlib .py files built with
+        ``packfmt build text`` and the shipped BPE tokenizer (or --real-lengths: a packfmt
+        dataset directory or a .npy of lengths), resampled with replacement to n documents;
+        documents longer than the capacity (4096) are split with segment_documents first.
 """
 
 from __future__ import annotations
@@ -59,20 +60,40 @@ def chat_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.clip(np.round(120 * (1 + rng.pareto(1.2, n))), 1, 8192).astype(np.int64)
 
 
-def stdlib_proxy_lengths() -> np.ndarray:
-    """Byte sizes / 4 of the Python stdlib .py files (a PROXY for token counts)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    sizes = [p.stat().st_size // 4 for p in root.rglob("*.py") if p.is_file()]
-    return np.array([s for s in sizes if s > 0], dtype=np.int64)
+def real_dataset_lengths(limit: int | None = None) -> tuple[np.ndarray, str]:
+    """Token lengths of a real dataset: the Python stdlib ``.py`` files built with ``packfmt build``.
+
+    Uses the tokenizer shipped in ``packfmt/sample_data/tokenizer`` (byte-level BPE, 8k), BOS/EOS
+    added; files that are not valid UTF-8 are skipped and counted by the build report.
+    """
+    import tempfile
+
+    from packfmt.build import build_text
+    from packfmt.reader import open_dataset
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tok = Path(__file__).resolve().parents[1] / "packfmt" / "sample_data" / "tokenizer"
+    with tempfile.TemporaryDirectory() as tmp:
+        build_text([stdlib], Path(tmp) / "stdlib", tok, glob="*.py", on_error="skip", workers=1 if limit else 2, limit=limit,
+                   progress=False)
+        store = open_dataset(Path(tmp) / "stdlib")
+        lengths = np.array(store.doc_lengths, dtype=np.int64)
+    label = f"real: {lengths.size} stdlib .py files tokenized by packfmt build (BPE 8k), resampled"
+    return lengths, label
 
 
-def distributions(real_path: str | None) -> list[dict]:
+def distributions(real_path: str | None, quick: bool = False) -> list[dict]:
     """The three distributions: name, capacity, a sampler ``f(n, rng) -> doc lengths`` and a label."""
     if real_path:
-        base, label = np.load(real_path).astype(np.int64), f"real lengths from {real_path}"
+        path = Path(real_path)
+        if path.is_dir():  # a packfmt dataset
+            from packfmt.reader import open_dataset
+
+            base, label = np.array(open_dataset(path).doc_lengths), f"real lengths of the dataset {real_path}"
+        else:
+            base, label = np.load(real_path).astype(np.int64), f"real lengths from {real_path}"
     else:
-        base = stdlib_proxy_lengths()
-        label = f"PROXY: stdlib .py file bytes/4 ({base.size} files), resampled"
+        base, label = real_dataset_lengths(limit=100 if quick else None)
     base = base[base > 0]
     return [
         {"name": "web", "capacity": 4096, "sample": web_lengths,
@@ -157,10 +178,11 @@ def warm_up() -> None:
     segment_documents(lengths, 16, "split")
 
 
-def run(sizes, real_path, use_trl: bool, trl_max_n: int) -> dict:
+def run(sizes, real_path, use_trl: bool, trl_max_n: int, quick: bool = False) -> dict:
     warm_up()
     rows, baselines, trl_rows = [], [], []
-    for dist in distributions(real_path):
+    dists = distributions(real_path, quick)
+    for dist in dists:
         capacity = dist["capacity"]
         for n in sizes:
             rng = np.random.default_rng(12345)
@@ -190,7 +212,7 @@ def run(sizes, real_path, use_trl: bool, trl_max_n: int) -> dict:
                     print(f"    trl bfd (batch {batch or 'all'}): {out['seconds']:.3f}s packs={out['packs']}")
     mm_rows = multimodal(sizes)
     return {"results": rows, "padding_baselines": baselines, "trl": trl_rows, "multimodal": mm_rows,
-            "distributions": {d["name"]: d["label"] for d in distributions(real_path)}}
+            "distributions": {d["name"]: d["label"] for d in dists}}
 
 
 def multimodal_lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -270,12 +292,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="n up to 1e5 only (seconds, for tests)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="JSON output path")
-    ap.add_argument("--real-lengths", default=None, help=".npy of real document lengths (tokens)")
+    ap.add_argument("--real-lengths", default=None,
+                    help="a packfmt dataset directory or a .npy of document lengths (default: build the stdlib)")
     ap.add_argument("--no-trl", action="store_true", help="skip the trl comparison")
     args = ap.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
     t0 = time.perf_counter()
-    report = run(sizes, args.real_lengths, not args.no_trl, TRL_MAX_N_QUICK if args.quick else TRL_MAX_N)
+    report = run(sizes, args.real_lengths, not args.no_trl, TRL_MAX_N_QUICK if args.quick else TRL_MAX_N, args.quick)
     report["environment"] = environment()
     report["quick"] = args.quick
     report["total_seconds"] = time.perf_counter() - t0

@@ -23,6 +23,7 @@ what was found::
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -128,13 +129,15 @@ class _Collector:
 
 
 # ----------------------------------------------------------------------------- entry point
-def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False) -> Report:
+def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False, decode_images: bool = True) -> Report:
     """Validate the dataset at ``path``; return a :class:`Report` with every problem found.
 
     Args:
         path: dataset directory.
         deep: also read every byte (checksums, token range, mask values, pack coverage).
         progress: show tqdm progress bars on stderr for a deep pass over more than 256 MiB.
+        decode_images: with ``deep``, decode every image and compare its size with image_meta (V20);
+            the one deep check whose cost grows with pixels rather than bytes.
     """
     root = Path(path)
     report = Report(str(root), deep)
@@ -148,6 +151,7 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
         return report
     report.checked.update(documents=manifest.num_documents, tokens=manifest.num_tokens, images=manifest.num_images)
     ds = _DatasetChecks(root, manifest, out)
+    ds.decode_images = decode_images
     ds.structural()
     indexes = [_IndexChecks(ds, name) for name in _index_dirs(root, out)]
     for ix in indexes:
@@ -309,6 +313,7 @@ class _DatasetChecks:
     def __init__(self, root: Path, manifest: F.Manifest, out: _Collector) -> None:
         self.root, self.m, self.out = root, manifest, out
         self.sizes_ok: dict[str, bool] = {}  # file -> on-disk size agrees with manifest and counts
+        self.decode_images = True  # V20 in the deep pass
         self.doc_offsets_ok = False
         self.spans_ok = False
 
@@ -392,6 +397,8 @@ class _DatasetChecks:
         if self.m.num_images > 0:
             self._image_meta()
             self._image_spans()
+            if self.decode_images:
+                self._image_decode(progress=bar is not None)
 
     def _token_range(self, bar) -> None:
         tokens = self.array(F.TOKENS)
@@ -439,6 +446,41 @@ class _DatasetChecks:
         bad_size = np.flatnonzero((meta[:, 0] < 1) | (meta[:, 1] < 1))
         if bad_size.size:
             self.out.add(F.IMAGE_META, "width/height (columns 0, 1)", ">= 1 pixel", f"0 at images {_listed(bad_size)}")
+
+    def _image_decode(self, progress: bool) -> None:
+        """V20: every blob decodes with its codec to exactly width x height pixels (bounded)."""
+        from .images import DEFAULT_MAX_PIXELS, decode_image
+
+        blobs_entry = self.m.files.get(F.IMAGE_BLOBS)
+        offsets, meta = self.array(F.IMAGE_OFFSETS), self.array(F.IMAGE_META)
+        if blobs_entry is None or offsets is None or meta is None or not self.sizes_ok.get(F.IMAGE_BLOBS, True):
+            return
+        blobs = _map_file(self.root / F.IMAGE_BLOBS, F.BLOB_DTYPE, (blobs_entry.bytes,))
+        offsets, meta = np.asarray(offsets), np.asarray(meta)
+        if offsets[0] != 0 or offsets[-1] != blobs.shape[0] or (np.diff(offsets) < 0).any():
+            return  # reported structurally
+        bad: list[int] = []
+        first_reason = ""
+        it = range(meta.shape[0])
+        if progress:
+            from tqdm import tqdm
+
+            it = tqdm(it, desc="decode images", unit="img", file=sys.stderr, leave=False)
+        for i in it:
+            code = int(meta[i, 2])
+            if code not in F.CODECS:
+                continue  # reported by _image_meta
+            try:
+                decode_image(bytes(blobs[offsets[i]:offsets[i + 1]]), F.CODECS[code], int(meta[i, 0]), int(meta[i, 1]),
+                             max_pixels=DEFAULT_MAX_PIXELS)
+            except Exception as exc:  # any decoder failure is a finding, never a crash
+                if not bad:
+                    first_reason = f"{type(exc).__name__}: {exc}"
+                bad.append(i)
+        if bad:
+            arr = np.array(bad)
+            self.out.add(F.IMAGE_BLOBS, f"image {bad[0]}", "a blob that decodes with its codec to width x height of image_meta",
+                         f"{len(bad)} image(s) that do not ({_listed(arr)}); first: {first_reason}")
 
     def _image_spans(self) -> None:
         spans, dio, off = self.array(F.IMAGE_TOKEN_SPANS), self.array(F.DOC_IMAGE_OFFSETS), self.array(F.DOC_OFFSETS)

@@ -391,3 +391,23 @@ def test_index_with_every_document_dropped(tmp_path):
     build_pack_index(tmp_path / "ds", capacity=2, algorithm="ffd", name="empty", oversize="drop")
     report = validate(tmp_path / "ds", deep=True)
     assert report.ok, report.format()
+
+
+def test_deep_decodes_every_image(tmp_path):
+    """V20: a blob that is not the image its meta claims is found by --deep (the checksums still match)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (3, 2), (10, 20, 30)).save(buf, format="PNG")
+    good = buf.getvalue()
+    with packfmt.DatasetWriter(tmp_path / "ds", vocab_size=VOCAB) as w:
+        w.add_document([1, 2, 3, 4], images=[packfmt.ImageRecord(good, 3, 2, "png", 1, 3)])
+        w.add_document([5, 6, 7], images=[packfmt.ImageRecord(b"\x89PNG not really", 3, 2, "png", 0, 2)])
+        w.add_document([8, 9], images=[packfmt.ImageRecord(good, 4, 2, "png", 0, 1)])  # meta says 4x2, pixels are 3x2
+    report = validate(tmp_path / "ds", deep=True)
+    assert not report.ok
+    [problem] = [p for p in report.errors if p.file == "image_blobs.bin"]
+    assert "2 image(s)" in problem.found and "1" in problem.found and "2" in problem.found
+    assert validate(tmp_path / "ds", deep=True, decode_images=False).ok
+    assert main(["validate", str(tmp_path / "ds"), "--deep", "--skip-image-decode", "--quiet"]) == 0
+    assert main(["validate", str(tmp_path / "ds"), "--deep", "--quiet"]) == 1
