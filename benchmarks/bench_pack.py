@@ -74,7 +74,13 @@ def real_dataset_lengths(limit: int | None = None) -> tuple[np.ndarray, str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     tok = Path(__file__).resolve().parents[1] / "packfmt" / "sample_data" / "tokenizer"
     with tempfile.TemporaryDirectory() as tmp:
-        build_text([stdlib], Path(tmp) / "stdlib", tok, glob="*.py", on_error="skip", workers=1 if limit else 2, limit=limit,
+        src = Path(tmp) / "src"  # the stdlib's own files only (not site-packages), as a flat folder of links
+        src.mkdir()
+        for f in sorted(stdlib.rglob("*.py")):
+            rel = f.relative_to(stdlib)
+            if rel.parts[0] != "site-packages" and f.is_file():
+                (src / "__".join(rel.parts)).symlink_to(f)
+        build_text([src], Path(tmp) / "stdlib", tok, glob="*.py", on_error="skip", workers=1 if limit else 2, limit=limit,
                    progress=False)
         store = open_dataset(Path(tmp) / "stdlib")
         lengths = np.array(store.doc_lengths, dtype=np.int64)
