@@ -412,6 +412,12 @@ def _image_rule(image_tokens: int | str, patch_size: int, merge: int):
     return ImageTokenRule(int(image_tokens), patch_size, merge)
 
 
+def _image_encoding(image_encoding: str, image_max_side: int | None, jpeg_quality: int):
+    from .images import ImageEncoding
+
+    return ImageEncoding(image_encoding, image_max_side, jpeg_quality)
+
+
 def build_multimodal(
     inputs: Sequence[str | os.PathLike],
     out: str | os.PathLike,
@@ -422,6 +428,9 @@ def build_multimodal(
     patch_size: int = 14,
     merge: int = 2,
     max_pixels: int | None = None,
+    image_max_side: int | None = None,
+    image_encoding: str = "original",
+    jpeg_quality: int = 90,
     image_token: str = "<image>",
     chat_template: str | None = None,
     train_on: str = "assistant",
@@ -436,6 +445,12 @@ def build_multimodal(
         image_tokens: tokens per image: an int (fixed) or ``"dynamic"``
             (``ceil(h/(patch_size*merge)) * ceil(w/(patch_size*merge))``).
         max_pixels: refuse images with more pixels (decompression bombs); default Pillow's bound.
+        image_max_side: downsize (Lanczos, aspect kept) images whose longer side exceeds this many
+            pixels, then re-encode them (to ``image_encoding``, or their own format if png/jpeg/webp,
+            else png). Width, height and the dynamic token count use the stored (resized) size.
+        image_encoding: ``"original"`` (keep the file's bytes) or force a re-encode of every image:
+            ``"png"``, ``"jpeg"``, ``"webp"``, ``"rgb8+zstd"`` (raw RGB pixels in a zstd frame).
+        jpeg_quality: quality in [1, 100] of jpeg / webp re-encodes.
         image_token: marker string in the text; must be one token of the tokenizer.
         **kw: as :func:`build_text`.
     """
@@ -443,10 +458,11 @@ def build_multimodal(
 
     spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token)
     rule = _image_rule(image_tokens, patch_size, merge)
-    factory = partial(MultimodalConverter, spec, str(image_root), rule, train_on, max_pixels)
+    encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
+    factory = partial(MultimodalConverter, spec, str(image_root), rule, train_on, max_pixels, encoding)
     settings = {"train_on": train_on, "chat_template": "custom" if chat_template else "tokenizer",
                 "image_root": str(Path(image_root).resolve()), "image_tokens": rule.describe(),
-                "image_token": image_token, "max_pixels": max_pixels}
+                "image_token": image_token, "max_pixels": max_pixels, **encoding.describe()}
     return _build_records("multimodal", factory, inputs, out, fmt=fmt, split=split, settings=settings, **kw)
 
 
@@ -459,6 +475,9 @@ def build_easy_vqa(
     patch_size: int = 14,
     merge: int = 2,
     max_pixels: int | None = None,
+    image_max_side: int | None = None,
+    image_encoding: str = "original",
+    jpeg_quality: int = 90,
     image_token: str = "<image>",
     chat_template: str | None = None,
     train_on: str = "assistant",
@@ -467,6 +486,7 @@ def build_easy_vqa(
     """Convert the PyPI ``easy-vqa`` dataset (64x64 PNG shapes, questions with one-word answers).
 
     ``tokenizer`` defaults to the shipped sample tokenizer (which has ``<image>`` and a chat template).
+    Image options are those of :func:`build_multimodal`.
     """
     from .sources.multimodal import MultimodalConverter, easy_vqa_records
 
@@ -475,10 +495,12 @@ def build_easy_vqa(
     records, root, total = easy_vqa_records(split, image_token)
     spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token)
     rule = _image_rule(image_tokens, patch_size, merge)
-    factory = partial(MultimodalConverter, spec, str(root), rule, train_on, max_pixels)
+    encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
+    factory = partial(MultimodalConverter, spec, str(root), rule, train_on, max_pixels, encoding)
     converter = factory()
     settings = {"train_on": train_on, "split": split, "image_root": str(root), "image_tokens": rule.describe(),
-                "image_token": image_token, "batch_size": kw.get("batch_size", 256),
+                "image_token": image_token, "max_pixels": max_pixels, **encoding.describe(),
+                "batch_size": kw.get("batch_size", 256),
                 "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
     base = {"command": "easy-vqa", "sources": [{"path": str(root.parent), "format": "easy_vqa"}], "settings": settings}
     return run_build(records, converter, factory, out, report_base=base, total=total, **kw)

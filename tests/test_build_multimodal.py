@@ -232,3 +232,235 @@ def test_cli_llava_and_easy_vqa(tmp_path, image_root, capsys):
                      "--no-progress"]) == 0
     assert "20 records read = 20 written + 0 skipped" in capsys.readouterr().out
     assert cli.main(["build", "easy-vqa", str(tmp_path / "x"), "--image-tokens", "many"]) == 2
+
+
+# ----------------------------------------------------------------------------- resize / re-encode options
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+from packfmt.errors import FormatError  # noqa: E402
+from packfmt.images import ImageEncoding, decode_image, encode_image, fit_size  # noqa: E402
+from packfmt.validate import validate  # noqa: E402
+
+#: (file name, (width, height), Pillow mode): smooth pictures, so that jpeg error is meaningful.
+BIG = [("wide.png", (400, 250), "RGB"), ("tall.jpg", (90, 300), "RGB"), ("gray.png", (200, 200), "L"),
+       ("alpha.png", (150, 100), "RGBA"), ("old.bmp", (260, 130), "RGB"), ("small.png", (40, 30), "RGB"),
+       ("pic.webp", (160, 120), "RGB")]
+
+
+def smooth_pixels(w: int, h: int, channels: int, seed: int) -> np.ndarray:
+    """Gradients plus mild noise: (h, w, channels) uint8."""
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), ((x + y) * 127 // max(w + h, 1))], -1)
+    base = np.concatenate([base, np.full((h, w, 1), 200)], -1)[:, :, :channels]
+    noise = np.random.default_rng(seed).integers(-4, 5, base.shape)
+    return np.clip(base + noise, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture()
+def big_root(tmp_path) -> Path:
+    root = tmp_path / "big"
+    root.mkdir()
+    for k, (name, (w, h), mode) in enumerate(BIG):
+        px = smooth_pixels(w, h, {"RGB": 3, "L": 1, "RGBA": 4}[mode], k)
+        im = Image.fromarray(px[:, :, 0] if mode == "L" else px, mode)
+        im.save(root / name, **({"quality": 92} if name.endswith(".jpg") else {}))
+    return root
+
+
+def big_records() -> list[dict]:
+    names = [name for name, _, _ in BIG]
+    return [{"messages": [{"role": "user", "content": "<image> and <image>"}, {"role": "assistant", "content": "Two."}],
+             "images": names[k:k + 2]} for k in range(0, len(names), 2) if len(names[k:k + 2]) == 2] + [
+        {"messages": [{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "One."}],
+         "images": [names[-1]]}]
+
+
+def source_pixels(path: Path) -> np.ndarray:
+    """What decode_image returns for the original file: RGB / L (H, W, 1) / RGBA."""
+    return decode_image(path.read_bytes(), "png", *Image.open(path).size) if path.suffix == ".png" else \
+        np.asarray(Image.open(path).convert("RGB"))
+
+
+def build_big(tmp_path, big_root, name, **kw):
+    src = tmp_path / "big.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in big_records()))
+    return build_multimodal([src], tmp_path / name, SAMPLE_TOK, image_root=big_root, **kw)
+
+
+def stored_images(path) -> list[tuple[str, tuple[int, int], np.ndarray]]:
+    """``(codec, (w, h), decoded pixels)`` of each stored image, in order."""
+    images = packfmt.open(path).images
+    return [(images.codec(i), images.size(i), images.decode(i)) for i in range(len(images.offsets) - 1)]
+
+
+def image_names() -> list[str]:
+    return [n for r in big_records() for n in r["images"]]
+
+
+def assert_deep_valid(path) -> None:
+    report = validate(path, deep=True)
+    assert report.ok, report.errors
+    assert cli.main(["validate", "--deep", "--quiet", str(path)]) == 0
+
+
+@pytest.mark.parametrize("encoding", ["original", "png", "jpeg", "webp", "rgb8+zstd"])
+def test_resize_caps_long_side_keeps_aspect_and_drives_dynamic_tokens(tmp_path, big_root, encoding):
+    result = build_big(tmp_path, big_root, "ds", image_max_side=128, image_encoding=encoding, image_tokens="dynamic",
+                       patch_size=14, merge=2)
+    store = packfmt.open(result.path)
+    sizes = dict((name, size) for name, size, _ in BIG)
+    spans = store.images.token_spans
+    for i, (name, (codec, (w, h), px)) in enumerate(zip(image_names(), stored_images(result.path))):
+        W, H = sizes[name]
+        assert px.shape[:2] == (h, w)  # recorded size = decoded size
+        if max(W, H) <= 128:
+            assert (w, h) == (W, H)
+        else:
+            assert max(w, h) == 128
+            long, short = (W, H) if W >= H else (H, W)
+            assert min(w, h) == max(1, round(short * 128 / long))  # aspect kept up to rounding
+        assert int(spans[i, 1] - spans[i, 0]) == math.ceil(h / 28) * math.ceil(w / 28)  # stored size, not source
+        resized = max(W, H) > 128
+        own = {".png": "png", ".jpg": "jpeg", ".webp": "webp", ".bmp": "bmp"}[Path(name).suffix]
+        if encoding != "original":
+            assert codec == encoding
+        elif resized:
+            assert codec == (own if own != "bmp" else "png")
+        else:
+            assert codec == own and bytes(store.images.data(i)) == (big_root / name).read_bytes()
+    s = result.report["settings"]
+    assert (s["image_max_side"], s["image_encoding"], s["jpeg_quality"]) == (128, encoding, 90)
+    assert_deep_valid(result.path)
+
+
+def test_png_and_rgb8_zstd_reencodes_are_pixel_exact(tmp_path, big_root):
+    png = stored_images(build_big(tmp_path, big_root, "png", image_encoding="png").path)
+    raw_path = build_big(tmp_path, big_root, "raw", image_encoding="rgb8+zstd").path
+    raw = stored_images(raw_path)
+    import zstandard
+
+    images = packfmt.open(raw_path).images
+    for i, name in enumerate(image_names()):
+        src = source_pixels(big_root / name)
+        assert png[i][0] == "png" and np.array_equal(png[i][2], src), name
+        rgb = np.asarray(Image.open(big_root / name).convert("RGB"))
+        assert raw[i][0] == "rgb8+zstd" and raw[i][1] == (rgb.shape[1], rgb.shape[0])
+        assert np.array_equal(raw[i][2], rgb), name
+        # layout of spec §3.4: the frame's content is the (H, W, 3) array in C order
+        assert zstandard.ZstdDecompressor().decompress(bytes(images.data(i))) == rgb.tobytes()
+    assert_deep_valid(raw_path)
+
+
+def test_jpeg_reencode_within_tolerance_and_quality_honoured(tmp_path, big_root):
+    hi = build_big(tmp_path, big_root, "q95", image_encoding="jpeg", jpeg_quality=95).path
+    lo = build_big(tmp_path, big_root, "q30", image_encoding="jpeg", jpeg_quality=30).path
+    for i, name in enumerate(image_names()):
+        codec, (w, h), px = stored_images(hi)[i]
+        ref = np.asarray(Image.open(big_root / name).convert("RGB" if px.shape[2] == 3 else "L"))
+        ref = ref if ref.ndim == 3 else ref[:, :, None]
+        assert codec == "jpeg" and px.shape == ref.shape
+        assert np.abs(px.astype(int) - ref.astype(int)).mean() < 3.0, name
+    assert packfmt.open(lo).images.blobs.size < packfmt.open(hi).images.blobs.size
+    assert packfmt.open(hi).manifest.raw["build_report"]["settings"]["jpeg_quality"] == 95
+    assert_deep_valid(hi)
+
+
+@pytest.mark.parametrize("encoding", ["png", "jpeg", "webp", "rgb8+zstd"])
+def test_reencoded_builds_are_byte_identical(tmp_path, big_root, encoding):
+    a = build_big(tmp_path, big_root, "a", image_max_side=100, image_encoding=encoding).path
+    b = build_big(tmp_path, big_root, "b", image_max_side=100, image_encoding=encoding, workers=2, batch_size=1).path
+    for name in ("image_blobs.bin", "image_meta.bin", "image_offsets.bin", "tokens.bin"):
+        assert (Path(a) / name).read_bytes() == (Path(b) / name).read_bytes(), name
+
+
+def test_cli_image_options(tmp_path, big_root, capsys):
+    src = tmp_path / "big.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in big_records()))
+    out = tmp_path / "ds"
+    base = ["build", "llava", str(src), "-o", str(out), "--tokenizer", str(SAMPLE_TOK), "--image-root", str(big_root),
+            "--no-progress"]
+    assert cli.main(base + ["--image-max-side", "64", "--image-encoding", "rgb8+zstd", "--image-tokens", "dynamic",
+                            "--patch-size", "8", "--merge", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["build_report"]
+    assert report["settings"]["image_encoding"] == "rgb8+zstd" and report["settings"]["image_max_side"] == 64
+    store = packfmt.open(out)
+    for i in range(store.num_images):
+        w, h = store.images.size(i)
+        assert max(w, h) <= 64 and store.images.codec(i) == "rgb8+zstd"
+        assert int(np.diff(store.images.token_spans[i])[0]) == math.ceil(h / 8) * math.ceil(w / 8)
+    assert_deep_valid(out)
+    assert cli.main(["build", "easy-vqa", str(tmp_path / "e"), "--limit", "10", "--image-max-side", "32",
+                     "--image-encoding", "jpeg", "--jpeg-quality", "80", "--no-progress"]) == 0
+    e = packfmt.open(tmp_path / "e")
+    assert {e.images.size(i) for i in range(e.num_images)} == {(32, 32)}
+    assert e.manifest.raw["build_report"]["settings"]["jpeg_quality"] == 80
+    for bad in (["--image-max-side", "0"], ["--jpeg-quality", "101"]):
+        assert cli.main(["build", "easy-vqa", str(tmp_path / "x"), "--limit", "2", *bad]) == 2
+    assert cli.main(["build", "easy-vqa", str(tmp_path / "x"), "--image-encoding", "gif"]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_unreencodable_image_is_a_counted_skip(tmp_path):
+    root = tmp_path / "imgs"
+    root.mkdir()
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(root / "ok.png")
+    Image.new("RGB", (20000, 1), (1, 2, 3)).save(root / "long.png")  # webp refuses sides > 16383
+    recs = [{"messages": [{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "x"}],
+             "images": [n]} for n in ("ok.png", "long.png")]
+    src = write_json(tmp_path / "r.json", recs)
+    result = build_multimodal([src], tmp_path / "ds", SAMPLE_TOK, image_root=root, image_encoding="webp",
+                              on_error="skip")
+    assert result.report["skipped"] == {"image_reencode_failed": 1} and result.report["documents_written"] == 1
+
+
+def test_decode_rgb8_zstd_bounds_and_frames():
+    import zstandard
+
+    px = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    frame = zstandard.ZstdCompressor().compress(px.tobytes())
+    assert np.array_equal(decode_image(frame, "rgb8+zstd", 5, 4), px)
+    big = zstandard.ZstdCompressor(level=19).compress(bytes(50_000_000))  # ~2 KB claiming 50 MB
+    with pytest.raises(FormatError, match="frame of 50000000 bytes"):
+        decode_image(big, "rgb8+zstd", 5, 4)
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(1000))
+    with pytest.raises(FormatError):
+        decode_image(unsized, "rgb8+zstd", 5, 4)
+    with pytest.raises(FormatError, match="trailing"):
+        decode_image(frame + b"junk", "rgb8+zstd", 5, 4)
+    with pytest.raises(FormatError):
+        decode_image(frame[:-3], "rgb8+zstd", 5, 4)
+
+
+@hsettings(max_examples=30, deadline=None)
+@given(w=st.integers(1, 40), h=st.integers(1, 40), mode=st.sampled_from(["RGB", "L", "RGBA"]),
+       target=st.sampled_from(["png", "rgb8+zstd"]), seed=st.integers(0, 2**16))
+def test_lossless_reencodes_round_trip(w, h, mode, target, seed):
+    px = np.random.default_rng(seed).integers(0, 256, (h, w, {"RGB": 3, "L": 1, "RGBA": 4}[mode]), dtype=np.uint8)
+    im = Image.fromarray(px[:, :, 0] if mode == "L" else px, mode)
+    buf = __import__("io").BytesIO()
+    im.save(buf, format="PNG")
+    data, codec, w2, h2 = encode_image(buf.getvalue(), "png", w, h, target=target)
+    assert (codec, w2, h2) == (target, w, h)
+    out = decode_image(data, codec, w, h)
+    want = px if target == "png" else np.asarray(im.convert("RGB"))
+    assert np.array_equal(out, want)
+    assert encode_image(buf.getvalue(), "png", w, h, target=target)[0] == data  # deterministic
+
+
+@hsettings(max_examples=50, deadline=None)
+@given(w=st.integers(1, 5000), h=st.integers(1, 5000), n=st.integers(1, 2000))
+def test_fit_size(w, h, n):
+    w2, h2 = fit_size(w, h, n)
+    assert 1 <= w2 <= w and 1 <= h2 <= h
+    if max(w, h) <= n:
+        assert (w2, h2) == (w, h)
+    else:
+        assert max(w2, h2) == n
+        assert abs(w2 * h - h2 * w) <= max(w, h)  # aspect ratio kept up to rounding of the short side
+
+
+def test_image_encoding_rejects_bad_settings():
+    for kw in ({"codec": "gif"}, {"max_side": 0}, {"jpeg_quality": 0}):
+        with pytest.raises(ValueError):
+            ImageEncoding(**kw)
+    assert ImageEncoding().is_identity and not ImageEncoding(max_side=10).is_identity

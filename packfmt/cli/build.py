@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..images import IMAGE_ENCODINGS
 from ..sources import FORMATS
 
 
@@ -48,11 +49,21 @@ def _chat_opts(p: argparse.ArgumentParser) -> None:
 
 def _image_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-tokens", default="576",
-                   help="tokens per image: an integer (fixed, e.g. 576) or 'dynamic' (see --patch-size, --merge)")
+                   help="tokens per image: an integer (fixed, e.g. 576) or 'dynamic' (see --patch-size, --merge; "
+                        "computed from the stored size, i.e. after --image-max-side)")
     p.add_argument("--patch-size", type=int, default=14, help="dynamic rule: pixels per patch side (default 14)")
     p.add_argument("--merge", type=int, default=2, help="dynamic rule: patches merged per side (default 2)")
     p.add_argument("--max-pixels", type=int, help="refuse images with more pixels (decompression bombs)")
     p.add_argument("--image-token", default="<image>", help="the marker string / token of one image (default <image>)")
+    p.add_argument("--image-max-side", type=int, metavar="N",
+                   help="downsize (Lanczos, aspect kept) images whose longer side exceeds N pixels and re-encode them "
+                        "(to --image-encoding, else their own format if png/jpeg/webp, else png); the recorded width/height "
+                        "and the dynamic --image-tokens count use the stored (resized) size")
+    p.add_argument("--image-encoding", choices=IMAGE_ENCODINGS, default="original",
+                   help="original: store each file's bytes (default); png, jpeg, webp: re-encode every image; "
+                        "rgb8+zstd: raw RGB pixels (height*width*3 bytes, row-major) in one zstd frame")
+    p.add_argument("--jpeg-quality", type=int, default=90, metavar="Q",
+                   help="quality 1-100 of jpeg and webp re-encodes (default 90)")
 
 
 def add_parser(sub) -> None:
@@ -116,13 +127,19 @@ def run_megatron(args: argparse.Namespace) -> int:
 
 
 def _image_rule(args) -> dict:
+    """Image keyword arguments of build_multimodal / build_easy_vqa (SystemExit on a bad value)."""
+    if args.image_max_side is not None and args.image_max_side < 1:
+        raise SystemExit(f"packfmt build: error: --image-max-side: expected >= 1, found {args.image_max_side}")
+    if not 1 <= args.jpeg_quality <= 100:
+        raise SystemExit(f"packfmt build: error: --jpeg-quality: expected 1-100, found {args.jpeg_quality}")
+    enc = {"image_max_side": args.image_max_side, "image_encoding": args.image_encoding, "jpeg_quality": args.jpeg_quality}
     if args.image_tokens == "dynamic":
-        return {"image_tokens": "dynamic", "patch_size": args.patch_size, "merge": args.merge}
+        return {"image_tokens": "dynamic", "patch_size": args.patch_size, "merge": args.merge, **enc}
     try:
         k = int(args.image_tokens)
     except ValueError:
         raise SystemExit(f"packfmt build: error: --image-tokens: expected an integer or 'dynamic', found {args.image_tokens!r}")
-    return {"image_tokens": k}
+    return {"image_tokens": k, **enc}
 
 
 def _unescape(template: str | None) -> str | None:

@@ -3,7 +3,9 @@
 Each ``<image>`` marker in the text stands for the record's next image (in order). The marker is
 rendered by the chat template, tokenized as one special token, and then expanded to ``k`` copies
 of the image token id, with ``k`` from the user's rule (:class:`ImageTokenRule`). Images are stored
-as their original encoded bytes (no re-encoding), with width, height and codec.
+as their original encoded bytes by default, or resized / re-encoded per an
+:class:`~packfmt.images.ImageEncoding`, with width, height and codec as stored (the token count
+uses the stored size).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..images import DEFAULT_MAX_PIXELS, sniff_image
+from ..images import DEFAULT_MAX_PIXELS, ImageEncoding, sniff_image
 from ..tokenize import ChatEncoder, TokenizerError, TokenizerSpec
 from ..writer import ImageRecord
 from .chat import normalize_messages
@@ -94,6 +96,15 @@ def load_image(path: Path, rel: str, max_pixels: int) -> tuple[bytes, str, int, 
     return data, codec, width, height
 
 
+def reencode_image(encoding: ImageEncoding, image: tuple[bytes, str, int, int], rel: str) -> tuple[bytes, str, int, int]:
+    """``encoding.apply`` to one loaded image; an encoder failure is an ``image_reencode_failed`` InputError."""
+    try:
+        return encoding.apply(*image)
+    except Exception as exc:  # Pillow / libwebp raise many types
+        raise InputError(f"image {rel!r}: cannot re-encode to {encoding.codec}: {exc}", reason="image_reencode_failed",
+                         field="image", expected=f"an image {encoding.codec} can store", found=type(exc).__name__) from None
+
+
 def expand_images(ids: np.ndarray, mask: np.ndarray, image_id: int, images: list[tuple[bytes, str, int, int]],
                   rule: ImageTokenRule) -> tuple[np.ndarray, np.ndarray, list[ImageRecord]]:
     """Replace the i-th image token by ``k_i`` copies; image tokens get loss mask 0."""
@@ -123,19 +134,21 @@ class MultimodalConverter:
         image_root: folder that image paths are relative to; paths may not leave it.
         rule: image token count rule.
         train_on: loss mask policy (image tokens are never trained on).
-        max_pixels: decompression-bomb bound (width * height).
+        max_pixels: decompression-bomb bound (width * height) of the source images.
+        encoding: resize / re-encode policy (default: original bytes).
     """
 
     loss_mask = True
     columns = None
 
     def __init__(self, spec: TokenizerSpec, image_root: str, rule: ImageTokenRule, train_on: str = "assistant",
-                 max_pixels: int | None = None) -> None:
+                 max_pixels: int | None = None, encoding: ImageEncoding | None = None) -> None:
         self.spec = spec
         self.root = Path(image_root).resolve()
         self.rule = rule
         self.train_on = train_on
         self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS)
+        self.encoding = encoding or ImageEncoding()
         self.encoder = ChatEncoder(spec, train_on)
         self.image_id = self.encoder.token_id(spec.image_token)
         if self.image_id is None:
@@ -162,6 +175,8 @@ class MultimodalConverter:
         images = [load_image(Path(p), rel, self.max_pixels) for p, rel in zip(paths, rels)]
         if isinstance(encoded, InputError):
             raise encoded
+        if not self.encoding.is_identity:
+            images = [reencode_image(self.encoding, image, rel) for image, rel in zip(images, rels)]
         ids, mask = encoded
         return expand_images(ids, mask, self.image_id, images, self.rule)
 
