@@ -144,3 +144,61 @@ def test_pack_sampler_is_a_seeded_permutation(ds):
     a, b = list(PackSampler(ds, seed=4)), list(PackSampler(ds, seed=4))
     assert a == b and sorted(a) == list(range(len(ds))) and a != sorted(a)
     assert list(PackSampler(ds, shuffle=False)) == list(range(len(ds)))
+
+
+def test_loaded_position_belongs_to_its_epoch(ds):
+    """A loaded position serves one iterator of its own epoch; any other epoch starts at 0."""
+    def make():
+        return DistributedPackSampler(ds, RANKS, 2, seed=4)
+
+    e0, e1 = make().epoch_indices(0).tolist(), make().epoch_indices(1).tolist()
+    s = make()
+    it = iter(s)
+    head = [next(it) for _ in range(6)]
+    mid = s.state_dict()
+    assert head == e0[:6] and mid["epoch"] == 0 and mid["yielded"] == 6
+
+    fresh = make()
+    fresh.load_state_dict(mid)
+    assert fresh.epoch == 0 and fresh.state_dict()["yielded"] == 6  # a mid-epoch state selects its epoch
+    fresh.set_epoch(1)
+    assert fresh.state_dict()["yielded"] == 0  # nothing of epoch 1 is done yet
+    assert list(fresh) == e1
+    fresh.set_epoch(0)
+    assert list(fresh) == e0  # the position was for one resumed iteration only
+
+    fresh = make()
+    fresh.load_state_dict(mid)
+    assert list(fresh) == e0[6:] and list(fresh) == e0
+
+
+def test_state_after_set_epoch_counts_the_new_epoch(ds):
+    s = DistributedPackSampler(ds, RANKS, 0, seed=4)
+    assert len(list(s)) == len(s) and s.state_dict()["yielded"] == len(s)
+    s.set_epoch(1)
+    state = s.state_dict()  # checkpoint taken between set_epoch and the first batch
+    assert state["epoch"] == 1 and state["yielded"] == 0
+    fresh = DistributedPackSampler(ds, RANKS, 0, seed=4)
+    fresh.load_state_dict(state)
+    assert list(fresh) == s.epoch_indices(1).tolist()
+
+
+def test_state_saved_at_epoch_end(ds):
+    """A finished epoch's state: the epoch chosen by set_epoch before loading runs in full."""
+    def make():
+        return DistributedPackSampler(ds, RANKS, 3, seed=4)
+
+    s = make()
+    s.set_epoch(2)
+    list(s)
+    done = s.state_dict()
+    assert done["yielded"] == len(s)
+    nxt = make()
+    nxt.set_epoch(3)  # StatefulDataLoader loads its state inside iter(loader), after set_epoch
+    nxt.load_state_dict(done)
+    assert nxt.epoch == 3 and list(nxt) == make().epoch_indices(3).tolist()
+    same = make()
+    same.load_state_dict(done)  # no set_epoch: the saved epoch, with nothing left in it
+    assert same.epoch == 2 and list(same) == []
+    same.set_epoch(3)
+    assert list(same) == make().epoch_indices(3).tolist()

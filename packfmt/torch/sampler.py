@@ -4,7 +4,9 @@
 ``torch.utils.data.DistributedSampler`` (every rank gets exactly ``len(sampler)`` packs, so every
 rank runs the same number of batches and no rank hangs at the end of an epoch) and optionally
 balances the tokens (or images) each rank receives. It implements torchdata's ``Stateful``
-protocol: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly.
+protocol: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly, through a plain
+DataLoader (``state_dict(num_consumed=...)``) or torchdata's ``StatefulDataLoader`` with or without
+workers (tests/test_torch_stateful.py).
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ class DistributedPackSampler(Sampler[int]):
         self.fingerprint = getattr(dataset, "fingerprint", None)
         self._weights = self._pack_weights(dataset, balance)
         self.epoch = 0
-        self._start = 0      # index to resume from in the current epoch
-        self._yielded = 0    # indices handed out by the current iterator
+        self._epoch_set = False  # set_epoch was called on this sampler
+        self._resume: tuple[int, int] | None = None  # (epoch, position) for the next __iter__ of that epoch
+        self._iter_epoch = 0     # epoch of the newest iterator
+        self._yielded = 0        # indices that iterator handed out (its position in the epoch)
         self._cache: tuple[int, np.ndarray] | None = None  # (epoch, assignment): one int64 array
 
     @staticmethod
@@ -85,10 +89,13 @@ class DistributedPackSampler(Sampler[int]):
         return self.total_size // self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the permutation of ``epoch`` (call before iterating, as with DistributedSampler)."""
-        if int(epoch) != self.epoch:
-            self._start = 0
+        """Select the permutation of ``epoch`` (call before iterating, as with DistributedSampler).
+
+        A position loaded by ``load_state_dict`` is kept for its own epoch only: selecting
+        another epoch makes the next iteration start at that epoch's beginning.
+        """
         self.epoch = int(epoch)
+        self._epoch_set = True
 
     # ------------------------------------------------------------------ order
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
@@ -111,13 +118,23 @@ class DistributedPackSampler(Sampler[int]):
         return out
 
     def __iter__(self) -> Iterator[int]:
+        """This rank's packs of ``self.epoch``, from the loaded position if one is pending for it.
+
+        The start is fixed when ``iter()`` is called (not at the first ``next()``), and a
+        loaded position serves one iterator only: after a finished epoch the next one starts at 0.
+        """
         indices = self.epoch_indices()
-        start = self._start
-        self._yielded = start
+        start = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            start = self._resume[1]
+        self._resume = None
+        self._iter_epoch, self._yielded = self.epoch, start
+        return self._iterate(indices, start)
+
+    def _iterate(self, indices: np.ndarray, start: int) -> Iterator[int]:
         for j in range(start, indices.shape[0]):
-            self._yielded = j + 1
+            self._yielded = j + 1  # set before the yield: a state taken now counts this index
             yield int(indices[j])
-        self._start = 0  # a finished epoch restarts at 0 next time
 
     # ------------------------------------------------------------------ torchdata Stateful protocol
     def state_dict(self, num_consumed: int | None = None) -> dict[str, Any]:
@@ -126,9 +143,13 @@ class DistributedPackSampler(Sampler[int]):
         Args:
             num_consumed: indices actually consumed in this epoch. A plain DataLoader pulls
                 indices ahead of the training loop (prefetch), so pass the number of samples the
-                loop has consumed; torchdata's StatefulDataLoader tracks this itself.
+                loop has consumed. torchdata's StatefulDataLoader needs no argument: it calls
+                ``state_dict()`` right after drawing each batch's indices and keeps the snapshot
+                that matches the batch the loop last received.
+        Returns:
+            ``{epoch, yielded, ...}`` (spec/READER.md §6): ``yielded`` indices of ``epoch`` are done.
         """
-        yielded = self._yielded if num_consumed is None else int(num_consumed)
+        yielded = self._position() if num_consumed is None else int(num_consumed)
         if not 0 <= yielded <= len(self):
             raise ValueError(f"num_consumed: expected in [0, {len(self)}], found {yielded}")
         return {"epoch": self.epoch, "yielded": yielded, "seed": self.seed, "shuffle": self.shuffle,
@@ -136,7 +157,15 @@ class DistributedPackSampler(Sampler[int]):
                 "rank": self.rank, "num_packs": self.num_packs, "fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next ``__iter__`` yields the packs after the saved position. Strict."""
+        """Resume: the next ``__iter__`` of the saved epoch yields the packs after the saved position.
+
+        Strict: raises ``SamplerStateError`` if the state belongs to another dataset, pack index
+        or sampler configuration. A mid-epoch state also selects its epoch (no ``set_epoch``
+        needed). A state saved at the end of its epoch (``yielded == len(self)``) leaves an epoch
+        chosen by an earlier ``set_epoch`` in place, so a training loop that calls
+        ``set_epoch(e + 1)`` and then restores a StatefulDataLoader checkpoint taken after epoch
+        ``e`` runs epoch ``e + 1`` in full; if that is still epoch ``e``, it yields nothing more.
+        """
         missing = [k for k in self.STATE_KEYS if k not in state]
         if missing:
             raise SamplerStateError(field=f"state[{missing[0]!r}]", expected="present", found="missing")
@@ -150,9 +179,18 @@ class DistributedPackSampler(Sampler[int]):
         yielded = int(state["yielded"])
         if not 0 <= yielded <= len(self):
             raise SamplerStateError(field="yielded", expected=f"in [0, {len(self)}]", found=yielded)
-        self.epoch = int(state["epoch"])
-        self._start = yielded
-        self._yielded = yielded
+        epoch = int(state["epoch"])
+        self._resume = (epoch, yielded)
+        if yielded < len(self) or not self._epoch_set:
+            self.epoch = epoch
+        # else: the saved epoch is complete, and set_epoch already chose the epoch that comes next
+        # (StatefulDataLoader loads the state inside iter(loader), after the loop's set_epoch).
+
+    def _position(self) -> int:
+        """Indices of ``self.epoch`` already handed out (or loaded as done)."""
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return self._resume[1]
+        return self._yielded if self._iter_epoch == self.epoch else 0
 
 
 def _deal_balanced(rounds: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -7,13 +7,13 @@ engine), so tests can exercise split documents, shuffled segment orders and odd 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 import numpy as np
 
 from .. import format as F
 from .._io import HashedFile, publish_dir, temp_sibling
+from ..errors import WriteError
 from ..reader import PackIndex, Store, open_dataset
+from ..writer import DatasetWriter
 from ..version import __version__
 
 __all__ = ["next_fit_segments", "write_pack_index", "write_flat_dataset"]
@@ -78,26 +78,22 @@ def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pac
 
 def write_flat_dataset(path: str | os.PathLike, tokens: np.ndarray, doc_offsets: np.ndarray, *, vocab_size: int,
                        loss_mask: np.ndarray | None = None) -> Store:
-    """Write a text-only dataset from whole arrays at once (fast path for millions of documents)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(path)
-    dtype_name = F.token_dtype_for_vocab(vocab_size)
-    arrays = [(F.TOKENS, tokens, F.TOKEN_DTYPES[dtype_name]), (F.DOC_OFFSETS, doc_offsets, F.OFFSET_DTYPE)]
-    if loss_mask is not None:
-        arrays.append((F.LOSS_MASK, loss_mask, F.MASK_DTYPE))
-    files = {}
-    for fname, arr, dtype in arrays:
-        f = HashedFile(tmp / fname)
-        f.write_array(arr, dtype)
-        files[fname] = f.close()
-    manifest = {
-        "format": F.FORMAT_NAME, "format_version": F.FORMAT_VERSION_STR,
-        "producer": {"name": "packfmt", "version": __version__}, "tokenizer": {"name": "synthetic", "hash": None},
-        "vocab_size": int(vocab_size), "token_dtype": dtype_name, "special_tokens": {k: None for k in F.SPECIAL_TOKEN_KEYS},
-        "counts": {"documents": int(len(doc_offsets) - 1), "tokens": int(len(tokens)), "images": 0},
-        "loss_mask": loss_mask is not None, "checksum_algorithm": F.CHECKSUM_ALGORITHM, "files": files,
-    }
-    (tmp / F.MANIFEST).write_bytes(F.canonical_json(manifest))
-    publish_dir(tmp, path, overwrite=False)
+    """Write a text-only dataset from whole arrays at once (fast path for millions of documents).
+
+    Goes through the public ``DatasetWriter.add_documents`` (vectorised range and length checks,
+    atomic publish), with tokenizer ``{"name": "synthetic", "hash": None}``.
+
+    Args:
+        tokens: 1-D integer array, every document's tokens concatenated.
+        doc_offsets: int ``(D + 1,)``, starting at 0 and ending at ``len(tokens)``; document d is
+            ``tokens[doc_offsets[d]:doc_offsets[d + 1]]`` (non-empty).
+        loss_mask: optional 0/1 array of ``len(tokens)``.
+    """
+    doc_offsets = np.asarray(doc_offsets, dtype=np.int64)
+    if doc_offsets.ndim != 1 or doc_offsets.size == 0 or doc_offsets[0] != 0:
+        raise WriteError(field="doc_offsets", expected="1-D, starting at 0", found=f"shape {doc_offsets.shape}, "
+                         f"first {doc_offsets[:1].tolist()}")
+    with DatasetWriter(path, vocab_size=vocab_size, tokenizer={"name": "synthetic", "hash": None},
+                       loss_mask=loss_mask is not None) as writer:
+        writer.add_documents(tokens, np.diff(doc_offsets), loss_mask)
     return open_dataset(path)
