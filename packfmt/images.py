@@ -16,6 +16,10 @@ from .format import PIL_FORMATS
 DEFAULT_MAX_PIXELS = 178_956_970
 
 
+#: codec name -> the Pillow format that must decode it (a PNG stored as "jpeg" is refused).
+_PIL_NAME = {codec: pil for pil, codec in PIL_FORMATS.items()}
+
+
 def decode_image(data: bytes, codec: str, width: int, height: int, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode one stored image to a uint8 array of shape (height, width, channels)."""
     if width * height > max_pixels:
@@ -27,11 +31,19 @@ def decode_image(data: bytes, codec: str, width: int, height: int, *, max_pixels
         return np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 3)
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as im:
-        if im.size != (width, height):
-            raise FormatError(field="image size", expected=f"{width}x{height} (image_meta)", found=f"{im.size[0]}x{im.size[1]}")
-        im = im.convert("RGB") if im.mode not in ("RGB", "L", "RGBA") else im
-        arr = np.asarray(im, dtype=np.uint8)
+    try:
+        with Image.open(io.BytesIO(data), formats=[_PIL_NAME[codec]] if codec in _PIL_NAME else None) as im:
+            if im.size != (width, height):
+                raise FormatError(field="image size", expected=f"{width}x{height} (image_meta)",
+                                  found=f"{im.size[0]}x{im.size[1]}")
+            im = im.convert("RGB") if im.mode not in ("RGB", "L", "RGBA") else im
+            arr = np.asarray(im, dtype=np.uint8)
+    except FormatError:
+        raise
+    except Exception as exc:  # Pillow raises many types for corrupt data; none may escape as a crash
+        raise FormatError(f"image data: expected a decodable {codec} image, found undecodable bytes "
+                          f"({type(exc).__name__}: {exc})", field="image data", expected=f"decodable {codec}",
+                          found=type(exc).__name__) from None
     return arr if arr.ndim == 3 else arr[:, :, None]
 
 
