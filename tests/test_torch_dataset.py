@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import tempfile
@@ -211,3 +212,129 @@ def test_works_with_index_from_build_pack_index(tmp_path):
     for d, b, e in seen:
         covered[d] += e - b
     assert covered == {d: len(doc) for d, doc in enumerate(docs)}
+
+
+# ----------------------------------------------------------------------------- one buffer per batch, int32 mode
+def _storages(batch) -> set[int]:
+    return {v.untyped_storage().data_ptr() for v in batch.values() if isinstance(v, torch.Tensor)}
+
+
+def _assert_same_batch(got, want, int32=False):
+    assert list(got) == list(want)
+    for k, w in want.items():
+        g = got[k]
+        if isinstance(w, torch.Tensor):
+            narrow = int32 and k in ("input_ids", "position_ids", "doc_ids")
+            assert g.dtype == (torch.int32 if narrow else w.dtype), k
+            assert g.shape == w.shape and torch.equal(g.long(), w.long()), k
+        else:
+            assert g == w, k
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(corpus)
+def test_int32_index_dtype_equals_int64_everywhere(case):
+    """int32 mode: the same values as int64 in items, __getitems__ items and every collate (both paths)."""
+    seed, lengths, capacity, with_mask, materialize, pad, vocab = case
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, vocab, n).tolist() for n in lengths]
+    masks = [rng.integers(0, 2, n).tolist() if with_mask else None for n in lengths]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = make_store(Path(tmp), docs, masks, vocab)
+        segs, po = next_fit_segments(store.doc_lengths, capacity, order=rng.permutation(len(docs)))
+        write_pack_index(store, segs, po, capacity=capacity, name="p", materialize=materialize)
+        d64 = PackedDataset(store, "p", pad_to_capacity=pad)
+        d32 = PackedDataset(store, "p", pad_to_capacity=pad, index_dtype=torch.int32)
+        packs = rng.integers(0, len(d64), 5).tolist()
+        for i in packs:
+            _assert_same_batch(d32[i], d64[i], int32=True)
+        for a, b in zip(d32.__getitems__(packs), d64.__getitems__(packs)):
+            _assert_same_batch(a, b, int32=True)
+        for collate in (collate_varlen, collate_hf, lambda b: collate_padded(b, length=capacity),
+                        lambda b: collate_padded(b, length=capacity + 3, pad_token_id=7)):
+            want = collate(d64.__getitems__(packs))
+            for got in (collate(d32.__getitems__(packs)), collate([d32[i] for i in packs])):
+                _assert_same_batch(got, want, int32=True)
+                assert len(_storages(got)) == 1  # one buffer per batch, both paths
+
+
+def test_int32_rejected_options(chat):
+    with pytest.raises(ValueError, match="index_dtype"):
+        PackedDataset(chat, "p", index_dtype=torch.int16)
+    ds = pickle.loads(pickle.dumps(PackedDataset(chat, "p", index_dtype=torch.int32)))
+    assert ds.index_dtype == torch.int32 and ds[0]["input_ids"].dtype == torch.int32
+
+
+def _dupfd_count(obj, monkeypatch) -> int:
+    """How many file descriptors torch's multiprocessing pickler would send for ``obj``."""
+    import multiprocessing.reduction as mr
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
+
+    calls = []
+    real = mr.DupFd
+    monkeypatch.setattr(mr, "DupFd", lambda fd: calls.append(fd) or real(fd))
+    mr.ForkingPickler(io.BytesIO()).dump(obj)
+    monkeypatch.setattr(mr, "DupFd", real)
+    return len(calls)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_batch_is_one_storage_and_one_shared_segment(chat, monkeypatch, index_dtype):
+    """Every collate returns views of one buffer, which torch's pickler sends as ONE fd."""
+    ds = PackedDataset(chat, "p", index_dtype=index_dtype)
+    dsp = PackedDataset(chat, "p", pad_to_capacity=True, index_dtype=index_dtype)
+    batches = [collate_varlen(ds.__getitems__([0, 1])), collate_hf(ds.__getitems__([1, 0])),
+               collate_padded(dsp.__getitems__([0, 0]), length=4), collate_padded(ds.__getitems__([0, 1])),
+               collate_varlen([ds[0], ds[1]]),
+               collate_padded([ds[0], ds[1]])]
+    for b in batches:
+        assert len(_storages(b)) == 1
+        assert _dupfd_count(b, monkeypatch) == 1
+    item = ds[1]
+    assert len(_storages(item)) == 1 and _dupfd_count(item, monkeypatch) == 1
+    # Counter-check that the counter counts: two separate storages send two fds.
+    assert _dupfd_count({"a": torch.zeros(3), "b": torch.zeros(3)}, monkeypatch) == 2
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_worker_batches_arrive_as_one_storage(chat, index_dtype):
+    """Real DataLoader workers: each batch reaches the main process as one shared storage, values intact."""
+    from torch.utils.data import DataLoader
+
+    ds = PackedDataset(chat, "p", index_dtype=index_dtype)
+    for collate in (collate_varlen, collate_hf):
+        want = [collate(ds.__getitems__([i])) for i in range(len(ds))]
+        dl = DataLoader(ds, batch_size=1, collate_fn=collate, num_workers=2)
+        got = list(dl)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _assert_same_batch(g, w)
+            assert len(_storages(g)) == 1 and g["input_ids"].is_shared()
+
+
+def test_to_and_pin_memory_copy_each_buffer_once(chat):
+    """``SharedBatch.to`` / ``pin_memory`` rebuild the views on ONE copy of the buffer."""
+    from torch.utils.data import DataLoader
+
+    ds = PackedDataset(chat, "p")
+    b = collate_hf(ds.__getitems__([0, 1]))
+    moved = b.to("meta")
+    assert list(moved) == list(b) and moved["max_length_q"] == b["max_length_q"]
+    assert all(v.device.type == "meta" for v in moved.values() if isinstance(v, torch.Tensor))
+    assert len({v.untyped_storage().nbytes() for v in moved.values() if isinstance(v, torch.Tensor)}) == 1
+    assert moved["cu_seq_lens_q"].shape == b["cu_seq_lens_q"].shape
+    # The same rebuild on CPU: a copied span gives equal values, all views of one new storage.
+    copied = b._map(lambda t: t.clone(), lambda v: v)
+    _assert_same_batch(copied, b)
+    assert len(_storages(copied)) == 1 and _storages(copied) != _storages(b)
+    assert copied["cu_seq_lens_q"].data_ptr() == copied["cu_seq_lens_k"].data_ptr()
+    # A replaced value is its own group; the rest still share one storage.
+    b["labels"] = b["labels"].clone()
+    copied = b._map(lambda t: t.clone(), lambda v: v)
+    _assert_same_batch(copied, b)
+    assert len(_storages(copied)) == 2
+    # pin_memory=True still works end to end (on a CPU-only build torch skips pinning with a warning).
+    with pytest.warns(UserWarning) if not torch.accelerator.is_available() else contextlib.nullcontext():
+        got = list(DataLoader(ds, batch_size=2, collate_fn=collate_varlen, num_workers=1, pin_memory=True))
+    _assert_same_batch(got[0], collate_varlen(ds.__getitems__([0, 1])))

@@ -179,3 +179,26 @@ def test_flex_block_mask_forward_matches_per_document_sdpa():
     assert (sdpa - ref).abs().max().item() <= TOL
     plain = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert (plain - ref).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("via", ["__getitems__", "items"])
+def test_int32_index_dtype_through_transformers_matches_documents_alone(packed, model, via):
+    """``index_dtype=torch.int32``: int32 input_ids/position_ids, int64 labels; same logits and loss."""
+    store, ds64 = packed
+    ds = PackedDataset(store, "nf", index_dtype=torch.int32)
+    packs = list(range(len(ds)))
+    items = ds.__getitems__(packs) if via == "__getitems__" else [ds[i] for i in packs]
+    batch = collate_hf(items)
+    assert batch["input_ids"].dtype == torch.int32 and batch["position_ids"].dtype == torch.int32
+    assert batch["labels"].dtype == torch.int64 and batch["shift_labels"].dtype == torch.int64
+    ref_logits, ref_labels = reference(store, model, batch_segments(ds, [ds[i] for i in packs]))
+    with torch.no_grad():
+        out = model(**batch)
+        out64 = model(**collate_hf(ds64.__getitems__(packs)))
+    diff = (out.logits[0] - ref_logits).abs().max().item()
+    print(f"int32 hf path ({via}): max |logit diff| = {diff:.3e}")
+    assert diff <= TOL
+    assert torch.equal(out.logits, out64.logits)  # bit-identical to the int64 batch
+    assert torch.equal(batch["shift_labels"][0], ref_labels)
+    assert abs(out.loss.item() - pooled_loss(ref_logits, ref_labels).item()) <= TOL
+    assert abs(out.loss.item() - out64.loss.item()) <= TOL

@@ -2,7 +2,9 @@
 
 ``fill_pack`` writes the four per-token rows of one pack (input_ids, labels, position_ids,
 doc_ids) in a single pass over its segments, reading tokens straight from the memmaps.
-``fill_varlen`` and ``fill_padded`` lay out a whole batch from its items in one call.
+``fill_packs`` lays out a whole batch of packs end to end in one call, with its
+``cu_seqlens``; ``fill_padding`` pads a row of the padded collate. The rows are separate
+arrays so that input_ids / position_ids / doc_ids may be int64 or int32 (labels stay int64).
 All kernels are ``cache=True`` (compiled once per dtype combination, then loaded from
 ``__pycache__``) and ``nogil=True``.
 """
@@ -20,8 +22,8 @@ PAD_DOC = -1
 
 @njit(cache=True, nogil=True)
 def fill_pack(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi,
-              src, src_mask, src_start, out, seq_lens, pad_id):
-    """Fill ``out`` (int64 ``(4, N)``) with pack ``segments[seg_lo:seg_hi]``; return the label count.
+              src, src_mask, src_start, ids, labels, pos, dids, seq_lens, docs, pad_id):
+    """Fill the four per-token rows of pack ``segments[seg_lo:seg_hi]``; return the label count.
 
     Args:
         tokens: the store's token array (any unsigned int dtype), ``(num_tokens,)``.
@@ -33,26 +35,28 @@ def fill_pack(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
         src, src_mask: where the pack's tokens / mask are read: the materialized pack tokens
             (then ``src_start`` is the pack's first token there) or ``tokens`` / ``loss_mask``
             themselves (then ``src_start < 0`` and each segment is read at its global offset).
-        out: int64 ``(4, N)`` with ``N >= n`` (the pack's tokens); rows input_ids, labels,
-            position_ids, doc_ids. Positions ``[n, N)`` are filled as padding (``pad_id``,
-            -100, ``0, 1, ...``, -1).
+        ids, pos, dids: ``(N,)`` int64 or int32 rows input_ids, position_ids, doc_ids, with
+            ``N >= n`` (the pack's tokens); labels: int64 ``(N,)``. Positions ``[n, N)`` are
+            filled as padding (``pad_id``, -100, ``0, 1, ...``, -1).
         seq_lens: int32 ``(seg_hi - seg_lo,)``, receives each segment's length.
+        docs: int64 ``(seg_hi - seg_lo,)``, receives each segment's global document id.
         pad_id: token id of padding positions.
 
     Returns:
         The number of positions whose label is not -100.
     """
     return _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start,
-                     out[0], out[1], out[2], out[3], 0, out.shape[1], seq_lens, 0, pad_id)
+                     ids, labels, pos, dids, 0, ids.shape[0], seq_lens, docs, 0, pad_id)
 
 
 @njit(cache=True, nogil=True)
 def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets, packs, src, src_mask,
-               pack_token_offsets, materialized, widths, rows, item_doc_ids, seq_lens, seq_bounds, num_labels, pad_id):
+               pack_token_offsets, materialized, widths, ids, labels, pos, batch_seg, item_doc_ids, seq_lens, docs,
+               seq_bounds, num_labels, cu_seqlens, kept_docs, pad_id):
     """Fill a whole batch of packs, laid end to end, in one call (``PackedDataset.__getitems__``).
 
     Pack ``packs[b]`` occupies columns ``[W_b, W_b + widths[b])`` with ``W_b = sum(widths[:b])``
-    (``widths[b]`` is its token count, or ``capacity`` when padded).
+    (``widths[b]`` is its token count, or ``capacity`` when padded). ``W = sum(widths)``.
 
     Args:
         tokens, loss_mask, has_mask, doc_offsets, segments, src, src_mask: as in ``fill_pack``.
@@ -61,46 +65,55 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
         pack_token_offsets: int64 ``(P + 1,)``: first token of every pack in ``src`` (materialized only).
         materialized: whether ``src`` holds the materialized pack tokens.
         widths: int64 ``(B,)``.
-        rows: int64 ``(4, sum(widths))``: input_ids, labels, position_ids and the *batch* segment
-            index of every position (``0..S-1`` over the non-empty segments of the batch, -1 for padding).
-        item_doc_ids: int64 ``(sum(widths),)``: segment index within its pack (-1 for padding).
-        seq_lens: int32 ``(sum of the packs' segment counts,)``; seq_bounds: int64 ``(B + 1,)``,
-            where pack ``b``'s segments start in ``seq_lens``.
+        ids, pos: ``(W,)`` int64 or int32 input_ids and position_ids; labels: int64 ``(W,)``.
+        batch_seg: ``(W,)``: the *batch* segment index of every position (``0..S-1`` over the
+            non-empty segments of the batch, -1 for padding).
+        item_doc_ids: ``(W,)``: segment index within its pack (-1 for padding).
+        seq_lens: int32 ``(S_all,)`` (the packs' segments, empty ones included); docs: int64
+            ``(S_all,)``, their global document ids; seq_bounds: int64 ``(B + 1,)``, where pack
+            ``b``'s segments start in ``seq_lens``.
         num_labels: int64 ``(B,)``, receives each pack's label count.
+        cu_seqlens: int32 ``(S_all + 1,)``, receives ``0`` then the cumulative lengths of the
+            ``S`` non-empty segments (entries past ``S`` are left untouched).
+        kept_docs: int64 ``(S_all,)``, receives the document ids of the non-empty segments.
 
     Returns:
-        The longest segment of the batch (0 when there is none).
+        ``(longest segment (0 when none), S)``.
     """
     p = 0
-    batch_seg = 0
+    batch_seg_i = 0
     longest = 0
+    real = 0  # real (unpadded) tokens so far
+    cu_seqlens[0] = 0
     for b in range(packs.shape[0]):
         i = packs[b]
         lo = pack_offsets[i]
         hi = pack_offsets[i + 1]
         start = pack_token_offsets[i] if materialized else -1
         num_labels[b] = _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, lo, hi, src, src_mask, start,
-                                  rows[0], rows[1], rows[2], item_doc_ids, p, widths[b], seq_lens, seq_bounds[b],
-                                  pad_id)
+                                  ids, labels, pos, item_doc_ids, p, widths[b], seq_lens, docs, seq_bounds[b], pad_id)
         q = p
         for k in range(seq_bounds[b], seq_bounds[b + 1]):
             ln = seq_lens[k]
             if ln > 0:
                 for j in range(ln):
-                    rows[3, q + j] = batch_seg
-                batch_seg += 1
+                    batch_seg[q + j] = batch_seg_i
+                kept_docs[batch_seg_i] = docs[k]
+                batch_seg_i += 1
                 q += ln
+                real += ln
+                cu_seqlens[batch_seg_i] = real
                 if ln > longest:
                     longest = ln
         for j in range(p + widths[b] - q):
-            rows[3, q + j] = PAD_DOC
+            batch_seg[q + j] = PAD_DOC
         p += widths[b]
-    return longest
+    return longest, batch_seg_i
 
 
 @njit(cache=True, nogil=True)
 def _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start,
-              ids, labels, pos, dids, p0, width, seq_lens, sl0, pad_id):
+              ids, labels, pos, dids, p0, width, seq_lens, docs, sl0, pad_id):
     """Write one pack at columns ``[p0, p0 + width)`` of the four 1-D rows; return its label count."""
     p = p0
     nlab = 0
@@ -115,6 +128,7 @@ def _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
         r = src_start + (p - p0) if src_start >= 0 else g  # where the segment starts in src
         k = s - seg_lo
         seq_lens[sl0 + k] = ln
+        docs[sl0 + k] = d
         if ln <= 0:
             continue
         for j in range(ln):  # one fused pass: the fastest layout measured (one loop, three streams)
@@ -177,13 +191,13 @@ def pack_length(segments, seg_lo, seg_hi):
 
 
 @njit(cache=True, nogil=True)
-def fill_padding(rows, r, n, pad_id):
-    """Pad row ``r`` of int64 ``(4, B, L)`` ``rows`` from column ``n``: pad_id, -100, 0, 1, ..., -1."""
-    for j in range(rows.shape[2] - n):
-        rows[0, r, n + j] = pad_id
-        rows[1, r, n + j] = IGNORE
-        rows[2, r, n + j] = j
-        rows[3, r, n + j] = PAD_DOC
+def fill_padding(ids, labels, pos, dids, r, n, pad_id):
+    """Pad row ``r`` of the ``(B, L)`` arrays from column ``n``: pad_id, -100, 0, 1, ..., -1."""
+    for j in range(ids.shape[1] - n):
+        ids[r, n + j] = pad_id
+        labels[r, n + j] = IGNORE
+        pos[r, n + j] = j
+        dids[r, n + j] = PAD_DOC
 
 
 @njit(cache=True, nogil=True)

@@ -1,13 +1,16 @@
 """``PackedDataset``: a map-style torch Dataset over one pack index (spec/READER.md).
 
-Each item is one pack, written in one pass by a numba kernel (``_kernels.fill_pack``) into a
-single int64 ``(4, n)`` buffer whose rows are returned as the per-token tensors; nothing is
-cached per pack. The dataset pickles as (path, index name, options) only: the memmaps are
+Each item is one pack, written in one pass by a numba kernel (``_kernels.fill_pack``); a batch
+(``__getitems__``) is written by one kernel call (``_kernels.fill_packs``). Every item and every
+batch lives in ONE byte buffer (an ``_Arena``) whose typed slots are returned as tensor views, so
+a DataLoader worker sends it to the main process as one shared-memory segment (allocated in
+shared memory directly inside workers, as ``default_collate`` does); nothing is cached per pack. The dataset pickles as (path, index name, options) only: the memmaps are
 re-opened lazily in every DataLoader worker, so fork and spawn both stay small and safe.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -19,12 +22,82 @@ from torch.utils.data import Dataset
 from ..reader import PackIndex, Store, open_dataset
 from ._kernels import fill_pack, fill_packs, pack_length, pack_lengths
 
-__all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID"]
+__all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DTYPES"]
 
 #: Label value of positions that are not trained on (PyTorch's cross_entropy default).
 IGNORE_INDEX = -100
 #: ``doc_ids`` value of padding positions.
 PAD_DOC_ID = -1
+#: Accepted ``index_dtype`` of ``PackedDataset`` and the numpy dtype of each.
+INDEX_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
+_INT32_LIMIT = 2**31  # int32 index mode: every token id and position must be < this
+_ALIGN = 64  # byte alignment of every slot of an arena (a cache line; any dtype's alignment)
+
+
+def _alloc(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of ``nbytes``: in shared memory inside a DataLoader worker, else ordinary memory."""
+    if torch.utils.data.get_worker_info() is not None:
+        return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes), 0, (nbytes,))
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+class _Arena:
+    """One byte buffer holding named typed arrays, each at a 64-byte aligned offset.
+
+    ``array(name)`` is the numpy view (for the kernels), ``tensor(name)`` a torch view of the
+    same bytes; every tensor view shares the single storage ``base``, which is what makes a batch
+    cross the worker -> main process boundary as one shared-memory segment (torch's pickler
+    memoizes the storage, see tests/test_torch_dataset.py::test_batch_is_one_storage).
+
+    Args:
+        slots: ``(name, numpy dtype, shape)`` in layout order.
+    """
+
+    __slots__ = ("base", "_np", "_slots", "_typed", "_typed_np")
+
+    def __init__(self, slots) -> None:
+        self._slots: dict[str, tuple[int, np.dtype, tuple[int, ...], int]] = {}
+        pos = 0
+        for name, dt, shape in slots:
+            dt = _NP_DTYPES[dt]
+            pos = -(-pos // _ALIGN) * _ALIGN
+            n = math.prod(shape)
+            self._slots[name] = (pos // dt.itemsize, dt, shape, n)  # offset in elements of dt
+            pos += n * dt.itemsize
+        self.base = _alloc(-(-max(pos, 1) // _ALIGN) * _ALIGN)
+        self._np = self.base.numpy()
+        self._typed: dict[Any, torch.Tensor] = {}
+        self._typed_np: dict[Any, np.ndarray] = {}
+
+    def array(self, name: str) -> np.ndarray:
+        off, dt, shape, n = self._slots[name]
+        typed = self._typed_np.get(dt)
+        if typed is None:
+            typed = self._typed_np[dt] = self._np.view(dt)
+        return typed[off:off + n] if len(shape) == 1 else typed[off:off + n].reshape(shape)  # 0-d: a view too
+
+    def tensor(self, name: str) -> torch.Tensor:
+        off, dt, shape, n = self._slots[name]
+        typed = self._typed.get(dt)
+        if typed is None:
+            typed = self._typed[dt] = self.base.view(_TORCH_OF[dt.type])
+        if len(shape) == 1:
+            return typed[off:off + n]
+        if not shape:
+            return typed[off]
+        return typed.as_strided(shape, _contiguous_strides(shape), off)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+_NP_DTYPES = {t: np.dtype(t) for t in (np.int64, np.int32, np.uint8)}
+_TORCH_OF = {np.int64: torch.int64, np.int32: torch.int32, np.uint8: torch.uint8}
 
 
 class PackedDataset(Dataset):
@@ -37,13 +110,18 @@ class PackedDataset(Dataset):
             label -100, ``doc_ids`` -1, positions 0..pad_len-1 so it forms its own isolated run).
         image_transform: optional callable applied to each decoded image, a uint8 tensor
             ``(H, W, C)``; its result is returned in ``images`` instead. Must be picklable for workers.
+        index_dtype: ``torch.int64`` (default) or ``torch.int32``: dtype of ``input_ids``,
+            ``position_ids`` and ``doc_ids`` (and of the same keys in every collate). int32 halves
+            their bytes; ``labels`` stay int64 (``cross_entropy`` needs Long targets). int32
+            requires ``vocab_size <= 2**31`` and ``capacity < 2**31``.
 
-    Item (``ds[i]``), with ``n`` tokens in the pack (``capacity`` when padded) and ``k`` segments:
-        input_ids: int64 ``(n,)``.
+    Item (``ds[i]``), with ``n`` tokens in the pack (``capacity`` when padded) and ``k`` segments;
+    all its tensors are views of one buffer:
+        input_ids: ``index_dtype`` ``(n,)``.
         labels: int64 ``(n,)``: the next token of the same document, -100 where there is none or
             it is not a training target (spec/READER.md §2).
-        position_ids: int64 ``(n,)``: 0-based offset within the segment.
-        doc_ids: int64 ``(n,)``: segment index within the pack, ``0..k-1``; -1 for padding.
+        position_ids: ``index_dtype`` ``(n,)``: 0-based offset within the segment.
+        doc_ids: ``index_dtype`` ``(n,)``: segment index within the pack, ``0..k-1``; -1 for padding.
         seq_lens: int32 ``(k,)``: token count of each segment (padding excluded).
         document_ids: int64 ``(k,)``: global document id of each segment.
         num_label_tokens: int64 scalar: count of ``labels != -100``.
@@ -59,13 +137,20 @@ class PackedDataset(Dataset):
         *,
         pad_to_capacity: bool = False,
         image_transform: Callable[[torch.Tensor], Any] | None = None,
+        index_dtype: torch.dtype = torch.int64,
     ) -> None:
+        if index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype: expected torch.int64 or torch.int32, found {index_dtype!r}")
         store = path_or_store if isinstance(path_or_store, Store) else open_dataset(path_or_store)
         idx = index if isinstance(index, PackIndex) else store.pack_index(index)
         self.path = str(Path(store.path))
         self.index_name = idx.name
         self.pad_to_capacity = bool(pad_to_capacity)
         self.image_transform = image_transform
+        self.index_dtype = index_dtype
+        if index_dtype == torch.int32 and (store.vocab_size > _INT32_LIMIT or idx.capacity >= _INT32_LIMIT):
+            raise ValueError(f"index_dtype=torch.int32: expected vocab_size <= 2**31 and capacity < 2**31, "
+                             f"found vocab_size {store.vocab_size}, capacity {idx.capacity} ({store.path})")
         self._store: Store | None = store
         self._index: PackIndex | None = idx
         self._arrays: dict[str, Any] | None = None  # ndarray views of the memmaps, per process
@@ -73,9 +158,10 @@ class PackedDataset(Dataset):
     # ------------------------------------------------------------------ pickling / lazy opening
     def __getstate__(self) -> dict:
         return {"path": self.path, "index_name": self.index_name, "pad_to_capacity": self.pad_to_capacity,
-                "image_transform": self.image_transform}
+                "image_transform": self.image_transform, "index_dtype": self.index_dtype}
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("index_dtype", torch.int64)
         self.__dict__.update(state)
         self._store = None
         self._index = None
@@ -170,16 +256,20 @@ class PackedDataset(Dataset):
             src, src_mask, src_start = a["tokens"], a["loss_mask"], -1
             n = pack_length(a["segments"], lo, hi)
         width = max(n, a["capacity"]) if self.pad_to_capacity else n
-        buf = np.empty((4, width), dtype=np.int64)  # rows: input_ids, labels, position_ids, doc_ids
-        seq_lens = np.empty(hi - lo, dtype=np.int32)
-        nlab = fill_pack(a["tokens"], a["mask_or_dummy"], a["loss_mask"] is not None, a["doc_offsets"], a["segments"],
-                         lo, hi, src, a["mask_or_dummy"] if src_mask is None else src_mask, src_start, buf, seq_lens,
-                         a["pad_id"])
-        input_ids, labels, position_ids, doc_ids = torch.from_numpy(buf).unbind(0)
-        out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "doc_ids": doc_ids,
-               "seq_lens": torch.from_numpy(seq_lens), "document_ids": torch.from_numpy(a["segments"][lo:hi, 0].copy()),
-               "num_label_tokens": torch.scalar_tensor(nlab, dtype=torch.int64),
-               "pack_id": torch.scalar_tensor(i, dtype=torch.int64)}
+        I, k = INDEX_DTYPES[self.index_dtype], hi - lo
+        ar = _Arena([("labels", np.int64, (width,)), ("rows", I, (3, width)), ("seq_lens", np.int32, (k,)),
+                     ("document_ids", np.int64, (k,)), ("scalars", np.int64, (2,))])  # scalars: labels, pack
+        seq_lens, rows, scalars = ar.array("seq_lens"), ar.array("rows"), ar.array("scalars")
+        scalars[0] = fill_pack(a["tokens"], a["mask_or_dummy"], a["loss_mask"] is not None, a["doc_offsets"],
+                               a["segments"], lo, hi, src, a["mask_or_dummy"] if src_mask is None else src_mask,
+                               src_start, rows[0], ar.array("labels"), rows[1], rows[2], seq_lens,
+                               ar.array("document_ids"), a["pad_id"])
+        scalars[1] = i
+        input_ids, position_ids, doc_ids = ar.tensor("rows").unbind(0)
+        num_label_tokens, pack_id = ar.tensor("scalars").unbind(0)
+        out = {"input_ids": input_ids, "labels": ar.tensor("labels"), "position_ids": position_ids, "doc_ids": doc_ids,
+               "seq_lens": ar.tensor("seq_lens"), "document_ids": ar.tensor("document_ids"),
+               "num_label_tokens": num_label_tokens, "pack_id": pack_id}
         if a["has_images"]:
             segs = a["segments"][lo:hi]
             lens = seq_lens.astype(np.int64)
@@ -215,19 +305,18 @@ class PackedDataset(Dataset):
         nseg = po[packs + 1] - po[packs]
         seq_bounds = np.zeros(packs.shape[0] + 1, dtype=np.int64)
         np.cumsum(nseg, out=seq_bounds[1:])
-        total = int(widths.sum())
-        rows = np.empty((4, total), dtype=np.int64)  # input_ids, labels, position_ids, batch segment index
-        item_doc_ids = np.empty(total, dtype=np.int64)
-        seq_lens = np.empty(int(seq_bounds[-1]), dtype=np.int32)
-        num_labels = np.empty(packs.shape[0], dtype=np.int64)
-        mask = a["mask_or_dummy"]
-        longest = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["doc_offsets"], segments, po, packs, src,
-                             mask if src_mask is None else src_mask, pto, materialized, widths, rows, item_doc_ids,
-                             seq_lens, seq_bounds, num_labels, a["pad_id"])
-        seg_idx = np.repeat(po[packs] - seq_bounds[:-1], nseg) + np.arange(seq_bounds[-1], dtype=np.int64)
-        document_ids = segments[seg_idx, 0]
-        return PackBatch._build(self, packs, lengths, widths, nseg, rows, item_doc_ids, seq_lens, document_ids,
-                                num_labels, int(longest))
+        ar = _Arena(_batch_slots(int(widths.sum()), int(seq_bounds[-1]), packs.shape[0],
+                                 INDEX_DTYPES[self.index_dtype]))
+        mask, arr = a["mask_or_dummy"], ar.array
+        num_labels = arr("num_labels")
+        longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["doc_offsets"], segments, po, packs,
+                                   src, mask if src_mask is None else src_mask, pto, materialized, widths,
+                                   arr("input_ids"), arr("labels"), arr("position_ids"), arr("doc_ids"),
+                                   arr("item_doc_ids"), arr("seq_lens"), arr("document_ids"), seq_bounds, num_labels,
+                                   arr("cu_seqlens"), arr("kept_document_ids"), a["pad_id"])
+        arr("pack_ids")[:] = packs
+        arr("num_label_tokens")[()] = num_labels.sum()
+        return PackBatch._build(self, ar, packs, lengths, widths, nseg, int(longest), int(kept))
 
     def _images(self, docs, begins, ends, starts) -> dict[str, Any]:
         """Decoded images of the pack and their token spans inside the pack."""
@@ -257,13 +346,15 @@ class PackedDataset(Dataset):
 class PackBatch(list):
     """The items of ``PackedDataset.__getitems__``: a plain list of item dicts, plus their shared layout.
 
-    Attributes (``B`` packs, ``W`` columns, ``S`` segments):
-        rows: int64 tensor ``(4, W)``: input_ids, labels, position_ids of the packs laid end to
-            end, and the batch segment index (``0..`` over non-empty segments; -1 for padding).
-        item_doc_ids: int64 tensor ``(W,)``: segment index within each pack (-1 for padding).
+    Attributes (``B`` packs, ``W`` columns, ``S_all`` segments of which ``S`` are non-empty):
+        arena: the ``_Arena`` holding everything (slots of ``_batch_slots``): input_ids, labels,
+            position_ids of the packs laid end to end; doc_ids, the batch segment index (``0..S-1``;
+            -1 for padding); cu_seqlens, kept_document_ids, pack_ids, num_label_tokens (the
+            ``collate_varlen`` values); hf_labels (room for ``collate_hf``); item_doc_ids (segment
+            index within each pack), seq_lens, document_ids, num_labels (the items' values).
         widths, lengths: int64 ``(B,)``: columns of each pack / its real tokens.
-        seq_lens: int32 ``(S,)``; document_ids: int64 ``(S,)``; pack_ids: int64 ``(B,)``.
-        max_seqlen: the longest segment.
+        seq_lens: int32 ``(S_all,)``; document_ids: int64 ``(S_all,)``; pack_ids: int64 ``(B,)``
+            (numpy views of the arena). max_seqlen: the longest segment; num_segments: ``S``.
     The collates use the layout only while every item still holds the very tensors built here
     (``is`` checks), so replacing an item or one of its tensors falls back to copying.
     """
@@ -272,16 +363,17 @@ class PackBatch(list):
              "pack_id")
 
     @classmethod
-    def _build(cls, ds: PackedDataset, packs, lengths, widths, nseg, rows, item_doc_ids, seq_lens, document_ids,
-               num_labels, max_seqlen: int) -> "PackBatch":
-        R, D = torch.from_numpy(rows), torch.from_numpy(item_doc_ids)
+    def _build(cls, ds: PackedDataset, ar: _Arena, packs, lengths, widths, nseg, max_seqlen: int,
+               num_segments: int) -> "PackBatch":
+        t = ar.tensor
         wl, sl = widths.tolist(), nseg.tolist()
-        cols = (R[0].split(wl), R[1].split(wl), R[2].split(wl), D.split(wl), torch.from_numpy(seq_lens).split(sl),
-                torch.from_numpy(document_ids).split(sl), torch.from_numpy(num_labels).unbind(0),
-                torch.from_numpy(packs).unbind(0))
+        cols = (t("input_ids").split(wl), t("labels").split(wl), t("position_ids").split(wl),
+                t("item_doc_ids").split(wl), t("seq_lens").split(sl), t("document_ids").split(sl),
+                t("num_labels").unbind(0), t("pack_ids").unbind(0))
         batch = cls(dict(zip(cls._KEYS, values)) for values in zip(*cols))
-        batch.rows, batch.item_doc_ids, batch.widths, batch.lengths = R, D, widths, lengths
-        batch.seq_lens, batch.document_ids, batch.pack_ids, batch.max_seqlen = seq_lens, document_ids, packs, max_seqlen
+        batch.arena, batch.widths, batch.lengths = ar, widths, lengths
+        batch.seq_lens, batch.document_ids, batch.pack_ids = ar.array("seq_lens"), ar.array("document_ids"), packs
+        batch.max_seqlen, batch.num_segments = max_seqlen, num_segments
         batch._tensors = list(zip(*cols))
         a = ds._views()
         if a["has_images"]:
@@ -303,6 +395,19 @@ class PackBatch(list):
                 if item.get(k) is not t:
                     return False
         return True
+
+
+def _batch_slots(W: int, S: int, B: int, index_np) -> list[tuple[str, Any, tuple[int, ...]]]:
+    """Arena layout of a ``PackedDataset.__getitems__`` batch: ``W`` columns, ``S`` segments, ``B`` packs.
+
+    What ``collate_varlen`` returns comes first (so a span of the buffer holds exactly it), then
+    ``collate_hf``'s extra labels, then what only the items use.
+    """
+    return [("labels", np.int64, (W,)), ("input_ids", index_np, (W,)), ("position_ids", index_np, (W,)),
+            ("doc_ids", index_np, (W,)), ("cu_seqlens", np.int32, (S + 1,)), ("kept_document_ids", np.int64, (S,)),
+            ("pack_ids", np.int64, (B,)), ("num_label_tokens", np.int64, ()), ("hf_labels", np.int64, (W,)),
+            ("item_doc_ids", index_np, (W,)), ("seq_lens", np.int32, (S,)), ("document_ids", np.int64, (S,)),
+            ("num_labels", np.int64, (B,))]
 
 
 def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
