@@ -29,12 +29,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 
 from .errors import InputError
 from .sources import Raw, count_records, detect_format, iter_records
 from .tokenize import TextEncoder, TokenizerSpec
-from .writer import DatasetWriter, ImageRecord
+from .writer import DatasetWriter
 
 __all__ = ["BuildResult", "TextConverter", "build_text", "build_chat", "build_multimodal", "build_easy_vqa", "run_build",
            "ON_ERROR_POLICIES"]

@@ -52,17 +52,24 @@ corpus = st.integers(1, 2**31 - 1).flatmap(lambda seed: st.tuples(
 ))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(corpus)
-def test_items_and_collates_match_reference(case):
+def _case_store(tmp: Path, case):
+    """Write the documents of a ``corpus`` case and a next-fit pack index "p" over them."""
     seed, lengths, capacity, with_mask, materialize, pad, vocab = case
     rng = np.random.default_rng(seed)
     docs = [rng.integers(0, vocab, n).tolist() for n in lengths]
     masks = [rng.integers(0, 2, n).tolist() if with_mask else None for n in lengths]
+    store = make_store(tmp, docs, masks, vocab)
+    segs, po = next_fit_segments(store.doc_lengths, capacity, order=rng.permutation(len(docs)))
+    write_pack_index(store, segs, po, capacity=capacity, name="p", materialize=materialize)
+    return store, rng, docs, masks, segs, po
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(corpus)
+def test_items_and_collates_match_reference(case):
+    seed, lengths, capacity, with_mask, materialize, pad, vocab = case
     with tempfile.TemporaryDirectory() as tmp:
-        store = make_store(Path(tmp), docs, masks, vocab)
-        segs, po = next_fit_segments(store.doc_lengths, capacity, order=rng.permutation(len(docs)))
-        write_pack_index(store, segs, po, capacity=capacity, name="p", materialize=materialize)
+        store, rng, docs, masks, segs, po = _case_store(Path(tmp), case)
         ds = PackedDataset(store, "p", pad_to_capacity=pad)
         assert len(ds) == len(po) - 1
         items = []
@@ -236,13 +243,8 @@ def _assert_same_batch(got, want, int32=False):
 def test_int32_index_dtype_equals_int64_everywhere(case):
     """int32 mode: the same values as int64 in items, __getitems__ items and every collate (both paths)."""
     seed, lengths, capacity, with_mask, materialize, pad, vocab = case
-    rng = np.random.default_rng(seed)
-    docs = [rng.integers(0, vocab, n).tolist() for n in lengths]
-    masks = [rng.integers(0, 2, n).tolist() if with_mask else None for n in lengths]
     with tempfile.TemporaryDirectory() as tmp:
-        store = make_store(Path(tmp), docs, masks, vocab)
-        segs, po = next_fit_segments(store.doc_lengths, capacity, order=rng.permutation(len(docs)))
-        write_pack_index(store, segs, po, capacity=capacity, name="p", materialize=materialize)
+        store, rng, docs, masks, segs, po = _case_store(Path(tmp), case)
         d64 = PackedDataset(store, "p", pad_to_capacity=pad)
         d32 = PackedDataset(store, "p", pad_to_capacity=pad, index_dtype=torch.int32)
         packs = rng.integers(0, len(d64), 5).tolist()
