@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._common import id_dtype, image_classes
+from ._common import id_dtype, image_classes, run_end
 from ._trees import pow2_at_least, range_min, set_leaf_min
 
 __all__ = ["best_fit"]
@@ -107,9 +107,7 @@ def _best_fit_kernel(lengths, images, seq, thresholds, capacity, max_items, max_
         item = seq[pos]
         length = lengths[item]
         m = images[item] if has_img else 0
-        end = pos + 1
-        while end < n and lengths[seq[end]] == length and (not has_img or images[seq[end]] == m):
-            end += 1
+        end = run_end(seq, lengths, images, pos, has_img)
         k = np.searchsorted(thresholds, m)
         while pos < end:
             best_r = empty

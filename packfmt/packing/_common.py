@@ -30,6 +30,22 @@ def id_dtype(n_items: int) -> type:
 _COUNTING_SORT_MAX_CAPACITY = 1 << 24
 
 
+@njit(cache=True, nogil=True, inline="always")
+def run_end(seq, lengths, images, pos, has_img):
+    """End (exclusive) of the run of items from ``seq[pos]`` on with equal length and image count.
+
+    FFD/BFD place such a run together: equal items are interchangeable, so placing them as a run
+    gives the textbook result while searching the tree once per run where possible.
+    """
+    n = seq.shape[0]
+    length = lengths[seq[pos]]
+    m = images[seq[pos]] if has_img else 0
+    end = pos + 1
+    while end < n and lengths[seq[end]] == length and (not has_img or images[seq[end]] == m):
+        end += 1
+    return end
+
+
 @njit(cache=True, nogil=True)
 def _counting_sort_desc(lengths, capacity, hist, out):
     """Stable counting sort of item indices by length, descending.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._common import id_dtype, image_classes
+from ._common import id_dtype, image_classes, run_end
 from ._trees import leftmost_ge, pow2_at_least, rebuild_max, set_leaf_max
 
 __all__ = ["FirstFitPacker", "first_fit"]
@@ -67,9 +67,7 @@ def _first_fit_kernel(lengths, images, seq, thresholds, capacity, max_items, max
         item = seq[pos]
         length = lengths[item]
         m = images[item] if has_img else 0
-        end = pos + 1
-        while end < n and lengths[seq[end]] == length and (not has_img or images[seq[end]] == m):
-            end += 1
+        end = run_end(seq, lengths, images, pos, has_img)
         k = np.searchsorted(thresholds, m)
         while pos < end:
             p = leftmost_ge(trees[k], size, length)
