@@ -17,6 +17,10 @@ moves the same amount of data. Rows:
   32, ``prefetch_factor`` 2 (default) or 4. A worker's batch crosses to the main process as one
   shared-memory buffer; its cost is dominated by first-touching fresh pages (~0.8 ms/MiB here).
 * ``int32``: ``PackedDataset(..., index_dtype=torch.int32)`` (input_ids/position_ids/doc_ids int32).
+* ``slim``: ``PackedDataset(..., fields=("input_ids", "labels"))``: no position_ids / doc_ids rows
+  (a consumer rebuilds them from cu_seqlens on the device).
+* ``native ids``: ``PackedDataset(..., input_ids_dtype="native")``: input_ids in the store's width
+  (uint16 here), upcast on the device by the consumer.
 * HF ``datasets`` + ``DataCollatorWithFlattening`` on the same segments, when installed.
 
 ``ratio`` divides by the baseline of the same layout (materialized or gathered). The machine
@@ -202,7 +206,14 @@ def main(argv=None) -> int:
                 f"ds.__getitems__ + collate_varlen, {tag}": batch_reader(ds, collate_varlen),
                 f"ds.__getitems__ + collate_hf, {tag}": batch_reader(ds, collate_hf),
             }
+            slim = PackedDataset(store, name, fields=("input_ids", "labels"))
+            native = PackedDataset(store, name, input_ids_dtype="native")
+            native_slim = PackedDataset(store, name, input_ids_dtype="native", fields=("input_ids", "labels"))
+            cases[f"ds.__getitems__ + collate_varlen, slim, {tag}"] = batch_reader(slim, collate_varlen)
+            cases[f"ds.__getitems__ + collate_varlen, native ids, {tag}"] = batch_reader(native, collate_varlen)
+            cases[f"ds.__getitems__ + collate_varlen, native ids, slim, {tag}"] = batch_reader(native_slim, collate_varlen)
             if tag == "materialized":
+                cases[f"ds[i] + collate_varlen, native ids (zero-copy items), {tag}"] = reader(native, collate_varlen)
                 dsp = PackedDataset(store, name, pad_to_capacity=True)
                 cases[f"ds.__getitems__ + collate_padded, pad_to_capacity, {tag}"] = batch_reader(
                     dsp, lambda b: collate_padded(b, length=args.capacity))
@@ -219,6 +230,8 @@ def main(argv=None) -> int:
                     cases[f"DataLoader varlen, workers=2, batch {BATCH}, not persistent, {tag}"] = loader(
                         ds, collate_varlen, 2, BATCH, persistent=False)
                     cases[f"DataLoader hf, workers=2, batch {BATCH}, {tag}"] = loader(ds, collate_hf, 2, BATCH)
+                    cases[f"DataLoader varlen, workers=2, batch {BATCH}, native ids, slim, {tag}"] = loader(
+                        native_slim, collate_varlen, 2, BATCH)
             for k, fn in cases.items():
                 if fn is None:
                     continue

@@ -248,6 +248,8 @@ def test_int32_index_dtype_equals_int64_everywhere(case):
         d64 = PackedDataset(store, "p", pad_to_capacity=pad)
         d32 = PackedDataset(store, "p", pad_to_capacity=pad, index_dtype=torch.int32)
         packs = rng.integers(0, len(d64), 5).tolist()
+        for d in (d32, d64):
+            collate_hf(d.__getitems__(packs))  # from now on batches reserve collate_hf's labels
         for i in packs:
             _assert_same_batch(d32[i], d64[i], int32=True)
         for a, b in zip(d32.__getitems__(packs), d64.__getitems__(packs)):
@@ -286,6 +288,11 @@ def test_batch_is_one_storage_and_one_shared_segment(chat, monkeypatch, index_dt
     """Every collate returns views of one buffer, which torch's pickler sends as ONE fd."""
     ds = PackedDataset(chat, "p", index_dtype=index_dtype)
     dsp = PackedDataset(chat, "p", pad_to_capacity=True, index_dtype=index_dtype)
+    # collate_hf's unshifted labels get room in the batch buffer once the dataset has seen collate_hf
+    # in this process (a batch made before that holds no unused bytes, so it gets its own tensor).
+    first = collate_hf(ds.__getitems__([1, 0]))
+    assert len(_storages(first)) == 2 and ds._hf_room
+    assert "hf_labels" not in PackedDataset(chat, "p").__getitems__([0]).arena
     batches = [collate_varlen(ds.__getitems__([0, 1])), collate_hf(ds.__getitems__([1, 0])),
                collate_padded(dsp.__getitems__([0, 0]), length=4), collate_padded(ds.__getitems__([0, 1])),
                collate_varlen([ds[0], ds[1]]),
@@ -320,6 +327,7 @@ def test_to_and_pin_memory_copy_each_buffer_once(chat):
     from torch.utils.data import DataLoader
 
     ds = PackedDataset(chat, "p")
+    collate_hf(ds.__getitems__([0, 1]))  # the dataset now reserves room for collate_hf's labels
     b = collate_hf(ds.__getitems__([0, 1]))
     moved = b.to("meta")
     assert list(moved) == list(b) and moved["max_length_q"] == b["max_length_q"]

@@ -8,25 +8,31 @@
 
 from .attention import (
     ATTENTION_PATHS,
+    doc_ids_from_cu_seqlens,
     document_causal_mask,
     flash_varlen_attention,
     flex_document_block_mask,
     hf_attn_implementation,
+    position_ids_from_cu_seqlens,
     sdpa_document_attention,
     select_attention,
 )
 from .collate import collate_hf, collate_padded, collate_varlen
-from .dataset import IGNORE_INDEX, PAD_DOC_ID, PackedDataset
+from .dataset import FIELDS, IGNORE_INDEX, PAD_DOC_ID, PackBatch, PackedDataset
 from .sampler import BALANCE_MODES, DistributedPackSampler, PackSampler, SamplerStateError
 
 __all__ = [
     "PackedDataset",
+    "PackBatch",
+    "FIELDS",
     "IGNORE_INDEX",
     "PAD_DOC_ID",
     "collate_varlen",
     "collate_padded",
     "collate_hf",
     "document_causal_mask",
+    "position_ids_from_cu_seqlens",
+    "doc_ids_from_cu_seqlens",
     "flex_document_block_mask",
     "flash_varlen_attention",
     "sdpa_document_attention",

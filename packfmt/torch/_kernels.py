@@ -1,10 +1,10 @@
 """One-pass numba kernels of the torch reader (spec/READER.md §1-§4).
 
-``fill_pack`` writes the four per-token rows of one pack (input_ids, labels, position_ids,
-doc_ids) in a single pass over its segments, reading tokens straight from the memmaps.
+``fill_pack`` writes the per-token rows of one pack (input_ids, labels, position_ids,
+doc_ids; which of them is chosen by a ``rows`` bit set) in a single pass over its segments, reading tokens straight from the memmaps.
 ``fill_packs`` lays out a whole batch of packs end to end in one call, with its
-``cu_seqlens``; ``fill_padding`` pads a row of the padded collate. The rows are separate
-arrays so that input_ids / position_ids / doc_ids may be int64 or int32 (labels stay int64).
+``cu_seqlens``. The rows are separate arrays so that input_ids may be int64, int32 or the
+store's own width and position_ids / doc_ids int64 or int32 (labels stay int64).
 All kernels are ``cache=True`` (compiled once per dtype combination, then loaded from
 ``__pycache__``) and ``nogil=True``.
 """
@@ -14,16 +14,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["fill_pack", "fill_packs", "pack_length", "pack_lengths", "fill_batch_doc_ids", "fill_padding", "IGNORE", "PAD_DOC"]
+__all__ = ["fill_pack", "fill_packs", "fill_item_doc_ids", "ROW_IDS", "ROW_POS", "ROW_DIDS", "pack_length", "plan_batch", "BATCH_SLOTS", "fill_batch_doc_ids", "IGNORE", "PAD_DOC"]
 
 IGNORE = -100
 PAD_DOC = -1
 
 
+#: ``rows`` bit flags of the kernels: which optional per-token rows to write.
+ROW_IDS = 1  # input_ids (off when they are a zero-copy view of the source instead)
+ROW_POS = 2  # position_ids
+ROW_DIDS = 4  # doc_ids (segment index within the pack)
+
+
 @njit(cache=True, nogil=True)
 def fill_pack(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi,
-              src, src_mask, src_start, ids, labels, pos, dids, seq_lens, docs, pad_id):
-    """Fill the four per-token rows of pack ``segments[seg_lo:seg_hi]``; return the label count.
+              src, src_mask, src_start, rows, ids, labels, pos, dids, seq_lens, docs, pad_id):
+    """Fill the per-token rows of pack ``segments[seg_lo:seg_hi]``; return the label count.
 
     Args:
         tokens: the store's token array (any unsigned int dtype), ``(num_tokens,)``.
@@ -35,9 +41,11 @@ def fill_pack(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
         src, src_mask: where the pack's tokens / mask are read: the materialized pack tokens
             (then ``src_start`` is the pack's first token there) or ``tokens`` / ``loss_mask``
             themselves (then ``src_start < 0`` and each segment is read at its global offset).
-        ids, pos, dids: ``(N,)`` int64 or int32 rows input_ids, position_ids, doc_ids, with
-            ``N >= n`` (the pack's tokens); labels: int64 ``(N,)``. Positions ``[n, N)`` are
-            filled as padding (``pad_id``, -100, ``0, 1, ...``, -1).
+        rows: bit set of ``ROW_IDS | ROW_POS | ROW_DIDS``: the rows to write (labels always).
+        ids, pos, dids: ``(N,)`` rows input_ids (any integer dtype that holds the tokens),
+            position_ids, doc_ids, with ``N >= n`` (the pack's tokens); labels: int64 ``(N,)``.
+            Positions ``[n, N)`` are filled as padding (``pad_id``, -100, ``0, 1, ...``, -1).
+            A row not in ``rows`` is not touched (it may be a 1-element dummy).
         seq_lens: int32 ``(seg_hi - seg_lo,)``, receives each segment's length.
         docs: int64 ``(seg_hi - seg_lo,)``, receives each segment's global document id.
         pad_id: token id of padding positions.
@@ -46,58 +54,121 @@ def fill_pack(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
         The number of positions whose label is not -100.
     """
     return _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start,
-                     ids, labels, pos, dids, 0, ids.shape[0], seq_lens, docs, 0, pad_id)
+                     rows, ids, labels, pos, dids, 0, labels.shape[0], seq_lens, docs, 0, pad_id)
+
+
+#: Order of the batch slots in the ``offsets`` argument of ``fill_packs`` (element offsets into
+#: the typed view of the one batch buffer that holds each slot).
+BATCH_SLOTS = ("labels", "input_ids", "position_ids", "doc_ids", "item_doc_ids", "seq_lens", "document_ids",
+               "num_labels", "cu_seqlens", "kept_document_ids", "pack_ids", "num_label_tokens")
+
+
+@njit(cache=True, nogil=True)
+def plan_batch(indices, num_packs, pack_offsets, pack_token_offsets, segments, materialized, capacity, pad):
+    """Check and lay out a batch of pack indices (negative ones count from the end).
+
+    Returns:
+        ``(packs, lengths, widths, seq_bounds, cols, bad)``: int64 ``(B,)`` normalised pack
+        indices, real tokens and columns of each pack (``max(length, capacity)`` when ``pad``),
+        ``(B + 1,)`` where each pack's segments start among the batch's segments and where its
+        columns start, and ``bad``: the position of the first out-of-range index, or -1.
+    """
+    B = indices.shape[0]
+    packs = np.empty(B, dtype=np.int64)
+    lengths = np.empty(B, dtype=np.int64)
+    widths = np.empty(B, dtype=np.int64)
+    seq_bounds = np.zeros(B + 1, dtype=np.int64)
+    cols = np.zeros(B + 1, dtype=np.int64)
+    for b in range(B):
+        i = indices[b]
+        if i < -num_packs or i >= num_packs:
+            return packs, lengths, widths, seq_bounds, cols, b
+        if i < 0:
+            i += num_packs
+        packs[b] = i
+        lo = pack_offsets[i]
+        hi = pack_offsets[i + 1]
+        n = pack_token_offsets[i + 1] - pack_token_offsets[i] if materialized else pack_length(segments, lo, hi)
+        lengths[b] = n
+        widths[b] = max(n, capacity) if pad else n
+        seq_bounds[b + 1] = seq_bounds[b] + hi - lo
+        cols[b + 1] = cols[b] + widths[b]
+    return packs, lengths, widths, seq_bounds, cols, -1
 
 
 @njit(cache=True, nogil=True)
 def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets, packs, src, src_mask,
-               pack_token_offsets, materialized, widths, ids, labels, pos, batch_seg, item_doc_ids, seq_lens, docs,
-               seq_bounds, num_labels, cu_seqlens, kept_docs, pad_id):
+               pack_token_offsets, materialized, widths, seq_bounds, rows, batch_rows, b64, b32, bI, bJ, offsets,
+               pad_id):
     """Fill a whole batch of packs, laid end to end, in one call (``PackedDataset.__getitems__``).
 
     Pack ``packs[b]`` occupies columns ``[W_b, W_b + widths[b])`` with ``W_b = sum(widths[:b])``
-    (``widths[b]`` is its token count, or ``capacity`` when padded). ``W = sum(widths)``.
+    (``widths[b]`` is its token count, or ``capacity`` when padded). ``W = sum(widths)``,
+    ``S_all = seq_bounds[-1]`` segments (empty ones included), ``B`` packs.
 
     Args:
         tokens, loss_mask, has_mask, doc_offsets, segments, src, src_mask: as in ``fill_pack``.
         pack_offsets: int64 ``(P + 1,)``: segment range of every pack.
-        packs: int64 ``(B,)``: pack indices of the batch.
+        packs: int64 ``(B,)``: pack indices of the batch (``plan_batch``).
         pack_token_offsets: int64 ``(P + 1,)``: first token of every pack in ``src`` (materialized only).
         materialized: whether ``src`` holds the materialized pack tokens.
-        widths: int64 ``(B,)``.
-        ids, pos: ``(W,)`` int64 or int32 input_ids and position_ids; labels: int64 ``(W,)``.
-        batch_seg: ``(W,)``: the *batch* segment index of every position (``0..S-1`` over the
-            non-empty segments of the batch, -1 for padding).
-        item_doc_ids: ``(W,)``: segment index within its pack (-1 for padding).
-        seq_lens: int32 ``(S_all,)`` (the packs' segments, empty ones included); docs: int64
-            ``(S_all,)``, their global document ids; seq_bounds: int64 ``(B + 1,)``, where pack
-            ``b``'s segments start in ``seq_lens``.
-        num_labels: int64 ``(B,)``, receives each pack's label count.
-        cu_seqlens: int32 ``(S_all + 1,)``, receives ``0`` then the cumulative lengths of the
-            ``S`` non-empty segments (entries past ``S`` are left untouched).
-        kept_docs: int64 ``(S_all,)``, receives the document ids of the non-empty segments.
+        widths, seq_bounds: from ``plan_batch``.
+        rows: as in ``fill_pack``; ``ROW_DIDS`` there selects ``item_doc_ids``.
+        batch_rows: ``ROW_DIDS`` to write ``doc_ids`` (the batch segment index), else 0.
+        b64, b32, bI, bJ: int64, int32, index-dtype and input_ids-dtype views of one buffer.
+        offsets: int64 ``(12,)``: element offset of every slot of ``BATCH_SLOTS`` in its view:
+            labels (b64, W), input_ids (bJ, W), position_ids (bI, W), doc_ids (bI, W: the *batch*
+            segment index ``0..S-1`` over the non-empty segments, -1 for padding), item_doc_ids
+            (bI, W: segment index within its pack, -1 for padding), seq_lens (b32, S_all),
+            document_ids (b64, S_all), num_labels (b64, B), cu_seqlens (b32, ``0`` then the
+            cumulative lengths of the ``S`` non-empty segments; entries past ``S`` untouched),
+            kept_document_ids (b64, the documents of the non-empty segments), pack_ids (b64, B),
+            num_label_tokens (b64, 1). A slot of a row that is not written may have any offset.
 
     Returns:
         ``(longest segment (0 when none), S)``.
     """
+    B = packs.shape[0]
+    W = 0
+    for b in range(B):
+        W += widths[b]
+    S_all = seq_bounds[B]
+    labels = b64[offsets[0]:offsets[0] + W]
+    ids = bJ[offsets[1]:offsets[1] + W] if (rows & ROW_IDS) != 0 else bJ[0:1]
+    pos = bI[offsets[2]:offsets[2] + W] if (rows & ROW_POS) != 0 else bI[0:1]
+    batch_seg = bI[offsets[3]:offsets[3] + W] if (batch_rows & ROW_DIDS) != 0 else bI[0:1]
+    item_doc_ids = bI[offsets[4]:offsets[4] + W] if (rows & ROW_DIDS) != 0 else bI[0:1]
+    seq_lens = b32[offsets[5]:offsets[5] + S_all]
+    docs = b64[offsets[6]:offsets[6] + S_all]
+    num_labels = b64[offsets[7]:offsets[7] + B]
+    cu_seqlens = b32[offsets[8]:offsets[8] + S_all + 1]
+    kept_docs = b64[offsets[9]:offsets[9] + S_all]
+    pack_ids = b64[offsets[10]:offsets[10] + B]
     p = 0
     batch_seg_i = 0
     longest = 0
     real = 0  # real (unpadded) tokens so far
+    total_labels = 0
     cu_seqlens[0] = 0
-    for b in range(packs.shape[0]):
+    write_seg = (batch_rows & ROW_DIDS) != 0
+    for b in range(B):
         i = packs[b]
+        pack_ids[b] = i
         lo = pack_offsets[i]
         hi = pack_offsets[i + 1]
         start = pack_token_offsets[i] if materialized else -1
         num_labels[b] = _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, lo, hi, src, src_mask, start,
-                                  ids, labels, pos, item_doc_ids, p, widths[b], seq_lens, docs, seq_bounds[b], pad_id)
+                                  rows, ids, labels, pos, item_doc_ids, p, widths[b], seq_lens, docs, seq_bounds[b],
+                                  pad_id)
+        total_labels += num_labels[b]
         q = p
         for k in range(seq_bounds[b], seq_bounds[b + 1]):
             ln = seq_lens[k]
             if ln > 0:
-                for j in range(ln):
-                    batch_seg[q + j] = batch_seg_i
+                if write_seg:
+                    bv = batch_seg[q:q + ln]
+                    for j in range(ln):
+                        bv[j] = batch_seg_i
                 kept_docs[batch_seg_i] = docs[k]
                 batch_seg_i += 1
                 q += ln
@@ -105,19 +176,25 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
                 cu_seqlens[batch_seg_i] = real
                 if ln > longest:
                     longest = ln
-        for j in range(p + widths[b] - q):
-            batch_seg[q + j] = PAD_DOC
+        if write_seg:
+            bv = batch_seg[q:p + widths[b]]
+            for j in range(bv.shape[0]):
+                bv[j] = PAD_DOC
         p += widths[b]
+    b64[offsets[11]] = total_labels
     return longest, batch_seg_i
 
 
 @njit(cache=True, nogil=True)
 def _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start,
-              ids, labels, pos, dids, p0, width, seq_lens, docs, sl0, pad_id):
-    """Write one pack at columns ``[p0, p0 + width)`` of the four 1-D rows; return its label count."""
+              rows, ids, labels, pos, dids, p0, width, seq_lens, docs, sl0, pad_id):
+    """Write one pack at columns ``[p0, p0 + width)`` of the 1-D rows; return its label count."""
     p = p0
     nlab = 0
     ntok = tokens.shape[0]
+    w_ids = (rows & ROW_IDS) != 0
+    w_pos = (rows & ROW_POS) != 0
+    w_dids = (rows & ROW_DIDS) != 0
     for s in range(seg_lo, seg_hi):
         d = segments[s, 0]
         b = segments[s, 1]
@@ -131,35 +208,83 @@ def _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
         docs[sl0 + k] = d
         if ln <= 0:
             continue
-        for j in range(ln):  # one fused pass: the fastest layout measured (one loop, three streams)
-            ids[p + j] = src[r + j]
-            pos[p + j] = j
-            dids[p + j] = k
+        # Loops index slices from 0: with ``p + j`` numba cannot prove the index non-negative, keeps a
+        # wraparound branch per element and the loop does not vectorize (measured 10x slower).
+        sv = src[r:r + ln]
+        lv = labels[p:p + ln]
+        iv = ids[p:p + ln] if w_ids else ids[0:0]
+        pv = pos[p:p + ln] if w_pos else pos[0:0]
+        dv = dids[p:p + ln] if w_dids else dids[0:0]
+        # One fused pass per row set (each loop vectorizes; a branch inside would not).
+        if w_ids and w_pos and w_dids:
+            for j in range(ln):
+                iv[j] = sv[j]
+                pv[j] = j
+                dv[j] = k
+        elif w_ids and w_pos:
+            for j in range(ln):
+                iv[j] = sv[j]
+                pv[j] = j
+        elif w_ids and w_dids:
+            for j in range(ln):
+                iv[j] = sv[j]
+                dv[j] = k
+        else:
+            for j in range(iv.shape[0]):
+                iv[j] = sv[j]
+            for j in range(pv.shape[0]):
+                pv[j] = j
+            for j in range(dv.shape[0]):
+                dv[j] = k
         if has_mask:
+            mv = src_mask[r:r + ln]
             for j in range(ln - 1):
-                if src_mask[r + j + 1] == 0:
-                    labels[p + j] = IGNORE
-                else:
-                    labels[p + j] = ids[p + j + 1]
-                    nlab += 1
+                keep = mv[j + 1] != 0
+                lv[j] = sv[j + 1] if keep else IGNORE
+                nlab += keep
         else:
             for j in range(ln - 1):
-                labels[p + j] = ids[p + j + 1]
+                lv[j] = sv[j + 1]
             nlab += ln - 1
         # Last token of the segment: the document's true next token at a cut, else nothing.
         nxt = g + ln
         if e < doc_len and nxt < ntok and not (has_mask and loss_mask[nxt] == 0):
-            labels[p + ln - 1] = tokens[nxt]
+            lv[ln - 1] = tokens[nxt]
             nlab += 1
         else:
-            labels[p + ln - 1] = IGNORE
+            lv[ln - 1] = IGNORE
         p += ln
-    for j in range(p0 + width - p):
-        ids[p + j] = pad_id
-        labels[p + j] = IGNORE
-        pos[p + j] = j
-        dids[p + j] = PAD_DOC
+    npad = p0 + width - p
+    lv = labels[p:p + npad]
+    for j in range(npad):
+        lv[j] = IGNORE
+    if w_ids:
+        iv = ids[p:p + npad]
+        for j in range(npad):
+            iv[j] = pad_id
+    if w_pos:
+        pv = pos[p:p + npad]
+        for j in range(npad):
+            pv[j] = j
+    if w_dids:
+        dv = dids[p:p + npad]
+        for j in range(npad):
+            dv[j] = PAD_DOC
     return nlab
+
+
+@njit(cache=True, nogil=True)
+def fill_item_doc_ids(seq_lens, out):
+    """Write segment index ``k`` over segment ``k``'s run of ``out`` (empty segments count), -1 after."""
+    p = 0
+    for k in range(seq_lens.shape[0]):
+        v = out[p:p + seq_lens[k]]
+        for j in range(v.shape[0]):
+            v[j] = k
+        p += seq_lens[k]
+    v = out[p:]
+    for j in range(v.shape[0]):
+        v[j] = PAD_DOC
 
 
 @njit(cache=True, nogil=True)
@@ -173,8 +298,9 @@ def fill_batch_doc_ids(seq_lens, out):
     longest = 0
     for s in range(seq_lens.shape[0]):
         ln = seq_lens[s]
-        for j in range(ln):
-            out[p + j] = s
+        v = out[p:p + ln]
+        for j in range(v.shape[0]):
+            v[j] = s
         p += ln
         if ln > longest:
             longest = ln
@@ -188,22 +314,3 @@ def pack_length(segments, seg_lo, seg_hi):
     for s in range(seg_lo, seg_hi):
         n += segments[s, 2] - segments[s, 1]
     return n
-
-
-@njit(cache=True, nogil=True)
-def fill_padding(ids, labels, pos, dids, r, n, pad_id):
-    """Pad row ``r`` of the ``(B, L)`` arrays from column ``n``: pad_id, -100, 0, 1, ..., -1."""
-    for j in range(ids.shape[1] - n):
-        ids[r, n + j] = pad_id
-        labels[r, n + j] = IGNORE
-        pos[r, n + j] = j
-        dids[r, n + j] = PAD_DOC
-
-
-@njit(cache=True, nogil=True)
-def pack_lengths(segments, pack_offsets, packs):
-    """int64 ``(B,)``: token count of every pack in ``packs`` (from the segment table)."""
-    out = np.empty(packs.shape[0], dtype=np.int64)
-    for b in range(packs.shape[0]):
-        out[b] = pack_length(segments, pack_offsets[packs[b]], pack_offsets[packs[b] + 1])
-    return out

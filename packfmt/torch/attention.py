@@ -19,10 +19,41 @@ import os
 import torch
 import torch.nn.functional as F
 
-__all__ = ["document_causal_mask", "flex_document_block_mask", "flash_varlen_attention", "sdpa_document_attention",
+__all__ = ["position_ids_from_cu_seqlens", "doc_ids_from_cu_seqlens", "document_causal_mask", "flex_document_block_mask", "flash_varlen_attention", "sdpa_document_attention",
            "select_attention", "ATTENTION_PATHS"]
 
 ATTENTION_PATHS = ("flash_varlen", "flex", "sdpa")
+
+
+def doc_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """``doc_ids`` of a varlen row, rebuilt from ``cu_seqlens`` on its device (no host sync).
+
+    For batches of a ``PackedDataset(fields=("input_ids", "labels"))``: the rows left out of the
+    batch are derived where they are used instead of crossing worker queues and PCIe.
+
+    Args:
+        cu_seqlens: int32/int64 ``(S + 1,)``, ``cu_seqlens[0] = 0``, strictly increasing.
+        total: ``T = cu_seqlens[-1]`` as a Python int (e.g. ``input_ids.shape[-1]``), so the
+            output size is known without reading the device tensor.
+    Returns:
+        int64 ``(1, T)``: segment index ``0..S-1`` of every position.
+    """
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    seg = torch.arange(lens.shape[0], device=cu_seqlens.device)
+    return seg.repeat_interleave(lens, output_size=total).unsqueeze(0)
+
+
+def position_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """``position_ids`` of a varlen row (0 at every segment start), rebuilt from ``cu_seqlens`` on its device.
+
+    Equal to ``collate_varlen``'s ``position_ids`` (spec/READER.md §3); see ``doc_ids_from_cu_seqlens``.
+
+    Returns:
+        int64 ``(1, T)``.
+    """
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    starts = cu_seqlens[:-1].long().repeat_interleave(lens, output_size=total)
+    return (torch.arange(total, device=cu_seqlens.device) - starts).unsqueeze(0)
 
 
 def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:

@@ -20,12 +20,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ._kernels import fill_batch_doc_ids, fill_padding
-from .dataset import IGNORE_INDEX, PackBatch, _Arena
+from ._kernels import fill_batch_doc_ids
+from .dataset import _NP_OF, IGNORE_INDEX, PAD_DOC_ID, PackBatch, _Arena
 
 __all__ = ["collate_varlen", "collate_padded", "collate_hf", "SharedBatch"]
 
-_TOKEN_KEYS = ("input_ids", "labels", "position_ids")
 _ROW_KEYS = ("input_ids", "labels", "position_ids", "doc_ids")
 
 
@@ -120,21 +119,36 @@ def _fill_pack_ids(batch: Sequence[dict[str, Any]], ar: _Arena) -> None:
 
 
 def _index_np(batch: Sequence[dict[str, Any]]):
-    """numpy dtype of the batch's input_ids / position_ids / doc_ids (the items' own dtype)."""
-    return np.int32 if batch and batch[0]["input_ids"].dtype == torch.int32 else np.int64
+    """numpy dtype of the batch's position_ids / doc_ids (the items' own index dtype)."""
+    for key in ("position_ids", "doc_ids"):
+        if batch and key in batch[0]:
+            return np.int32 if batch[0][key].dtype == torch.int32 else np.int64
+    return np.int64
+
+
+def _ids_np(batch: Sequence[dict[str, Any]]):
+    """numpy dtype of the batch's input_ids (the items' own: int64, int32 or a native width)."""
+    return _NP_OF[batch[0]["input_ids"].dtype] if batch else np.int64
+
+
+def _row_keys(batch: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The per-token keys the items carry, in ``_ROW_KEYS`` order (input_ids and labels always)."""
+    if isinstance(batch, PackBatch):
+        return tuple(k for k in _ROW_KEYS if k in batch.fields)
+    return tuple(k for k in _ROW_KEYS if not batch or k in batch[0] or k in ("input_ids", "labels"))
 
 
 def _varlen_shared(batch: PackBatch) -> SharedBatch:
     """``collate_varlen`` of an intact, unpadded ``PackBatch``: views of its buffer, no copy."""
     ar, S = batch.arena, batch.num_segments
-    out = SharedBatch((k, ar.tensor(k).unsqueeze(0)) for k in _ROW_KEYS)
+    out = SharedBatch((k, ar.tensor(k, row=True)) for k in _row_keys(batch))
     out["cu_seqlens"] = ar.tensor("cu_seqlens")[:S + 1]
     out["max_seqlen"] = batch.max_seqlen
     out["document_ids"] = ar.tensor("kept_document_ids")[:S]
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
-    out._hf_labels = ar.tensor("hf_labels").unsqueeze(0)
-    if "images" in batch[0]:
+    out._hf_room = ar.room("hf_labels") if "hf_labels" in ar else None  # collate_hf's labels, same buffer
+    if batch._ds._views()["has_images"]:
         out.update(_images(batch, np.concatenate([[0], np.cumsum(batch.lengths)[:-1]]).tolist()))
     return out
 
@@ -142,11 +156,13 @@ def _varlen_shared(batch: PackBatch) -> SharedBatch:
 def _padded_shared(batch: PackBatch, L: int) -> SharedBatch:
     """``collate_padded`` of an intact ``PackBatch`` whose items all have ``L`` columns: views, no copy."""
     B, ar = len(batch), batch.arena
-    out = SharedBatch((k, ar.tensor(k).view(B, L)) for k in _ROW_KEYS[:3])
-    out["doc_ids"] = ar.tensor("item_doc_ids").view(B, L)
+    out = SharedBatch()
+    for k in _row_keys(batch):
+        out[k] = ar.tensor(k).view(B, L)
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
-    out.update(_images(batch, [r * L for r in range(B)]))
+    if batch._ds._views()["has_images"]:
+        out.update(_images(batch, [r * L for r in range(B)]))
     return out
 
 
@@ -164,8 +180,9 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Flatten a batch of packs into one row of ``T`` real tokens.
 
     Returns:
-        input_ids, labels, position_ids: int64 ``(1, T)``.
-        doc_ids: int64 ``(1, T)``: segment index within the batch, ``0..S-1``.
+        input_ids, labels, position_ids: ``(1, T)`` (dtypes of the items: int64 by default).
+        doc_ids: ``(1, T)``: segment index within the batch, ``0..S-1``.
+        (position_ids and doc_ids only when the items carry them: ``PackedDataset(fields=...)``.)
         cu_seqlens: int32 ``(S + 1,)``: cumulative segment lengths, ``cu_seqlens[0] = 0``,
             ``cu_seqlens[-1] = T``; every segment of every pack, none of length zero.
         max_seqlen: Python int, the longest segment (a tensor would force a device sync).
@@ -174,20 +191,24 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         num_label_tokens: int64 0-d tensor.
         (images, image_spans, image_ids for multimodal stores; spans index the row of T tokens.)
     """
-    if isinstance(batch, PackBatch) and not (batch.widths != batch.lengths).any() and batch.intact():
+    if isinstance(batch, PackBatch) and not batch.padded and batch.intact():
         return _varlen_shared(batch)
     seq_lens, keep, real = _real_lengths(batch)
     T, B = int(real.sum()), len(batch)
     lens = seq_lens[keep]
-    S, I = lens.shape[0], _index_np(batch)
-    ar = _Arena([("labels", np.int64, (T,)), ("input_ids", I, (T,)), ("position_ids", I, (T,)), ("doc_ids", I, (T,)),
-                 ("cu_seqlens", np.int32, (S + 1,)), ("document_ids", np.int64, (S,)), ("pack_ids", np.int64, (B,)),
-                 ("num_label_tokens", np.int64, ()), ("hf_labels", np.int64, (T,))])
-    for key in _TOKEN_KEYS:
+    S, I, keys = lens.shape[0], _index_np(batch), _row_keys(batch)
+    ar = _Arena([("labels", np.int64, (T,)), ("input_ids", _ids_np(batch), (T,))]
+                + [(k, I, (T,)) for k in keys[2:]]
+                + [("cu_seqlens", np.int32, (S + 1,)), ("document_ids", np.int64, (S,)), ("pack_ids", np.int64, (B,)),
+                   ("num_label_tokens", np.int64, ()), ("hf_labels", np.int64, (T,))])
+    for key in keys:
+        if key == "doc_ids":
+            continue
         parts = [_np(item[key])[:n] for item, n in zip(batch, real.tolist())]
         if parts:
             np.concatenate(parts, out=ar.array(key))
-    max_seqlen = int(fill_batch_doc_ids(lens, ar.array("doc_ids")))  # segment index 0..S-1 over the batch
+    doc_ids = ar.array("doc_ids") if "doc_ids" in ar else np.zeros(T, dtype=np.int32)
+    max_seqlen = int(fill_batch_doc_ids(lens, doc_ids))  # segment index 0..S-1 over the batch
     cu = ar.array("cu_seqlens")
     cu[0] = 0
     np.cumsum(lens, out=cu[1:])
@@ -195,14 +216,14 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ar.array("document_ids")[:] = np.concatenate([_np(item["document_ids"]) for item in batch])[keep]
     _fill_pack_ids(batch, ar)
     ar.array("num_label_tokens")[()] = np.count_nonzero(ar.array("labels") != IGNORE_INDEX)
-    out = SharedBatch((k, ar.tensor(k).unsqueeze(0)) for k in _ROW_KEYS)
+    out = SharedBatch((k, ar.tensor(k, row=True)) for k in keys)
     out["cu_seqlens"] = ar.tensor("cu_seqlens")
     out["max_seqlen"] = max_seqlen
     out["document_ids"] = ar.tensor("document_ids")
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
-    out._hf_labels = ar.tensor("hf_labels").unsqueeze(0)
-    if "images" in batch[0]:
+    out._hf_room = ar.room("hf_labels")  # room for collate_hf's labels in the same buffer
+    if B and "images" in batch[0]:
         out.update(_images(batch, np.concatenate([[0], np.cumsum(real)[:-1]]).tolist()))
     return out
 
@@ -216,29 +237,35 @@ def collate_padded(batch: Sequence[dict[str, Any]], *, length: int | None = None
     (``attention.document_causal_mask`` or ``attention.flex_document_block_mask``).
 
     Returns:
-        input_ids, labels, position_ids, doc_ids: int64 ``(B, L)``.
+        input_ids, labels, position_ids, doc_ids: ``(B, L)`` (dtypes of the items: int64 by
+        default; position_ids / doc_ids only when the items carry them).
         pack_ids: int64 ``(B,)``; num_label_tokens: int64 0-d tensor. (Images as in ``collate_varlen``, spans offset by ``row * L``.)
     """
+    if isinstance(batch, PackBatch):  # the layout knows the widths: no item needs to be built
+        lengths = batch.widths.tolist()
+        L = length if length is not None else max(lengths, default=0)
+        if batch.padded and all(n == L for n in lengths) and batch.intact():
+            return _padded_shared(batch, L)
     lengths = [int(item["input_ids"].shape[0]) for item in batch]
     L = length if length is not None else max(lengths)
     B = len(batch)
-    if isinstance(batch, PackBatch) and all(n == L for n in lengths) and batch.intact():
-        return _padded_shared(batch, L)
     for r, n in enumerate(lengths):
         if n > L:
             raise ValueError(f"collate_padded: item {r} has {n} tokens, more than length {L}")
-    I = _index_np(batch)
-    ar = _Arena([("labels", np.int64, (B, L)), ("input_ids", I, (B, L)), ("position_ids", I, (B, L)),
-                 ("doc_ids", I, (B, L)), ("pack_ids", np.int64, (B,)), ("num_label_tokens", np.int64, ())])
-    rows = [ar.array(key) for key in _ROW_KEYS]
+    I, keys = _index_np(batch), _row_keys(batch)
+    ar = _Arena([("labels", np.int64, (B, L)), ("input_ids", _ids_np(batch), (B, L))]
+                + [(k, I, (B, L)) for k in keys[2:]]
+                + [("pack_ids", np.int64, (B,)), ("num_label_tokens", np.int64, ())])
+    rows = {key: ar.array(key) for key in keys}
+    pad_values = {"input_ids": pad_token_id, "labels": IGNORE_INDEX, "doc_ids": PAD_DOC_ID}
     for r, (item, n) in enumerate(zip(batch, lengths)):
-        for k, key in enumerate(_ROW_KEYS):
-            rows[k][r, :n] = _np(item[key])
-        if n < L:
-            fill_padding(rows[0], rows[1], rows[2], rows[3], r, n, pad_token_id)
+        for key, row in rows.items():
+            row[r, :n] = _np(item[key])
+            if n < L:
+                row[r, n:] = np.arange(L - n) if key == "position_ids" else pad_values[key]
     _fill_pack_ids(batch, ar)
-    ar.array("num_label_tokens")[()] = np.count_nonzero(rows[1] != IGNORE_INDEX)
-    out = SharedBatch((k, ar.tensor(k)) for k in _ROW_KEYS)
+    ar.array("num_label_tokens")[()] = np.count_nonzero(rows["labels"] != IGNORE_INDEX)
+    out = SharedBatch((k, ar.tensor(k)) for k in keys)
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
     out.update(_images(batch, [r * L for r in range(B)]))
@@ -261,10 +288,21 @@ def collate_hf(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         use_cache: False. num_label_tokens: int64 0-d tensor.
     """
     v = collate_varlen(batch)
+    if "position_ids" not in v:
+        raise ValueError("collate_hf: the items carry no position_ids (PackedDataset(fields=...) left them out); "
+                         "transformers' padding-free path needs them: keep 'position_ids' in fields")
+    if v["input_ids"].dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"collate_hf: input_ids are {v['input_ids'].dtype} (input_ids_dtype='native'); a "
+                         f"transformers embedding takes int64 or int32: use input_ids_dtype=None or torch.int32")
     shift = v["labels"]
     s, cu = _np(shift)[0], _np(v["cu_seqlens"])
-    hf_labels = getattr(v, "_hf_labels", None)  # room in the batch's own buffer
-    if hf_labels is None or hf_labels.shape != shift.shape:
+    room = getattr(v, "_hf_room", None)  # (buffer, int64 offset, length): room in the batch's own buffer
+    hf_labels = None
+    if room is not None and room[2] == shift.shape[1]:
+        hf_labels = room[0].view(torch.int64).as_strided((1, room[2]), (room[2], 1), room[1])
+    if hf_labels is None:
+        if isinstance(batch, PackBatch):  # from now on this process's batches of that dataset reserve it
+            batch._ds._hf_room = True
         hf_labels = torch.empty_like(shift)
     hf = _np(hf_labels)[0]
     hf[1:] = s[:-1]

@@ -11,7 +11,9 @@ re-opened lazily in every DataLoader worker, so fork and spawn both stay small a
 from __future__ import annotations
 
 import math
+import operator
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,9 +22,10 @@ import torch
 from torch.utils.data import Dataset
 
 from ..reader import PackIndex, Store, open_dataset
-from ._kernels import fill_pack, fill_packs, pack_length, pack_lengths
+from ._kernels import (BATCH_SLOTS, ROW_DIDS, ROW_IDS, ROW_POS, fill_item_doc_ids, fill_pack,
+                       fill_packs, pack_length, plan_batch)
 
-__all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DTYPES"]
+__all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DTYPES", "FIELDS"]
 
 #: Label value of positions that are not trained on (PyTorch's cross_entropy default).
 IGNORE_INDEX = -100
@@ -30,6 +33,8 @@ IGNORE_INDEX = -100
 PAD_DOC_ID = -1
 #: Accepted ``index_dtype`` of ``PackedDataset`` and the numpy dtype of each.
 INDEX_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
+#: Per-token rows an item can carry; ``input_ids`` and ``labels`` are always there.
+FIELDS = ("input_ids", "labels", "position_ids", "doc_ids")
 _INT32_LIMIT = 2**31  # int32 index mode: every token id and position must be < this
 _ALIGN = 64  # byte alignment of every slot of an arena (a cache line; any dtype's alignment)
 
@@ -69,18 +74,40 @@ class _Arena:
         self._typed: dict[Any, torch.Tensor] = {}
         self._typed_np: dict[Any, np.ndarray] = {}
 
-    def array(self, name: str) -> np.ndarray:
-        off, dt, shape, n = self._slots[name]
+    def __contains__(self, name: str) -> bool:
+        return name in self._slots
+
+    def typed(self, dt) -> np.ndarray:
+        """The whole buffer as a 1-D numpy array of ``dt`` (the kernels slice it themselves)."""
+        dt = _NP_DTYPES[dt] if dt in _NP_DTYPES else dt
         typed = self._typed_np.get(dt)
         if typed is None:
             typed = self._typed_np[dt] = self._np.view(dt)
+        return typed
+
+    def offsets(self, names) -> np.ndarray:
+        """int64 element offsets of slots ``names`` in the ``typed`` view of each (0 for an absent slot)."""
+        slots = self._slots
+        return np.array([slots[n][0] if n in slots else 0 for n in names], dtype=np.int64)
+
+    def array(self, name: str) -> np.ndarray:
+        off, dt, shape, n = self._slots[name]
+        typed = self.typed(dt)
         return typed[off:off + n] if len(shape) == 1 else typed[off:off + n].reshape(shape)  # 0-d: a view too
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def room(self, name: str) -> tuple[torch.Tensor, int, int]:
+        """``(buffer, element offset, length)`` of a 1-D slot: a view can be made later (it pickles small)."""
+        off, _, _, n = self._slots[name]
+        return self.base, off, n
+
+    def tensor(self, name: str, row: bool = False) -> torch.Tensor:
+        """Torch view of slot ``name``; ``row=True``: a 1-D slot as a ``(1, n)`` row (one call, no unsqueeze)."""
         off, dt, shape, n = self._slots[name]
         typed = self._typed.get(dt)
         if typed is None:
             typed = self._typed[dt] = self.base.view(_TORCH_OF[dt.type])
+        if row:
+            return typed.as_strided((1, n), (n, 1), off)
         if len(shape) == 1:
             return typed[off:off + n]
         if not shape:
@@ -96,8 +123,10 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-_NP_DTYPES = {t: np.dtype(t) for t in (np.int64, np.int32, np.uint8)}
-_TORCH_OF = {np.int64: torch.int64, np.int32: torch.int32, np.uint8: torch.uint8}
+_NP_DTYPES = {t: np.dtype(t) for t in (np.int64, np.int32, np.uint32, np.uint16, np.uint8)}
+_TORCH_OF = {np.int64: torch.int64, np.int32: torch.int32, np.uint32: torch.uint32, np.uint16: torch.uint16,
+             np.uint8: torch.uint8}
+_NP_OF = {v: k for k, v in _TORCH_OF.items()}
 
 
 class PackedDataset(Dataset):
@@ -114,14 +143,28 @@ class PackedDataset(Dataset):
             ``position_ids`` and ``doc_ids`` (and of the same keys in every collate). int32 halves
             their bytes; ``labels`` stay int64 (``cross_entropy`` needs Long targets). int32
             requires ``vocab_size <= 2**31`` and ``capacity < 2**31``.
+        fields: the per-token rows to produce, a subset of ``FIELDS`` that contains ``input_ids``
+            and ``labels`` (default: all four). Leaving out ``position_ids`` / ``doc_ids`` saves
+            their bytes when the consumer derives them from ``cu_seqlens`` on the device
+            (``attention.position_ids_from_cu_seqlens``); the collates then omit them too.
+        input_ids_dtype: ``None`` (= ``index_dtype``), ``torch.int64``, ``torch.int32`` or
+            ``"native"``: the token store's own width, i.e. ``torch.uint16`` for a uint16 store
+            and ``torch.int32`` for a uint32 store (its ids are ``< vocab_size <= 2**31``; a
+            uint32 store with a larger vocabulary gives ``torch.uint32``). Native ids move 2 or 4
+            bytes per token through workers and host-to-device copies; upcast them on the device
+            (``ids.to(device).long()``: ``nn.Embedding`` does not take uint16). On a materialized
+            index and without ``pad_to_capacity``, ``ds[i]["input_ids"]`` is then a zero-copy view
+            of the index's ``tokens.bin`` (a private copy-on-write mapping, so writing into it never
+            reaches the file); batches (``__getitems__``) copy the packs end to end as always.
 
     Item (``ds[i]``), with ``n`` tokens in the pack (``capacity`` when padded) and ``k`` segments;
-    all its tensors are views of one buffer:
-        input_ids: ``index_dtype`` ``(n,)``.
+    all its tensors are views of one buffer (except a zero-copy ``input_ids``):
+        input_ids: ``input_ids_dtype`` ``(n,)``.
         labels: int64 ``(n,)``: the next token of the same document, -100 where there is none or
             it is not a training target (spec/READER.md §2).
-        position_ids: ``index_dtype`` ``(n,)``: 0-based offset within the segment.
-        doc_ids: ``index_dtype`` ``(n,)``: segment index within the pack, ``0..k-1``; -1 for padding.
+        position_ids: ``index_dtype`` ``(n,)``: 0-based offset within the segment (if in ``fields``).
+        doc_ids: ``index_dtype`` ``(n,)``: segment index within the pack, ``0..k-1``; -1 for
+            padding (if in ``fields``).
         seq_lens: int32 ``(k,)``: token count of each segment (padding excluded).
         document_ids: int64 ``(k,)``: global document id of each segment.
         num_label_tokens: int64 scalar: count of ``labels != -100``.
@@ -138,9 +181,19 @@ class PackedDataset(Dataset):
         pad_to_capacity: bool = False,
         image_transform: Callable[[torch.Tensor], Any] | None = None,
         index_dtype: torch.dtype = torch.int64,
+        fields: tuple[str, ...] | list[str] = FIELDS,
+        input_ids_dtype: torch.dtype | str | None = None,
     ) -> None:
         if index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype: expected torch.int64 or torch.int32, found {index_dtype!r}")
+        fields = tuple(fields)
+        bad = [f for f in fields if f not in FIELDS]
+        if bad or "input_ids" not in fields or "labels" not in fields:
+            raise ValueError(f"fields: expected a subset of {FIELDS} containing 'input_ids' and 'labels', "
+                             f"found {fields!r}")
+        if input_ids_dtype is not None and input_ids_dtype != "native" and input_ids_dtype not in INDEX_DTYPES:
+            raise ValueError(f"input_ids_dtype: expected None, torch.int64, torch.int32 or 'native', "
+                             f"found {input_ids_dtype!r}")
         store = path_or_store if isinstance(path_or_store, Store) else open_dataset(path_or_store)
         idx = index if isinstance(index, PackIndex) else store.pack_index(index)
         self.path = str(Path(store.path))
@@ -148,24 +201,32 @@ class PackedDataset(Dataset):
         self.pad_to_capacity = bool(pad_to_capacity)
         self.image_transform = image_transform
         self.index_dtype = index_dtype
-        if index_dtype == torch.int32 and (store.vocab_size > _INT32_LIMIT or idx.capacity >= _INT32_LIMIT):
+        self.fields = tuple(f for f in FIELDS if f in fields)
+        self.input_ids_dtype = input_ids_dtype
+        int32_ids = index_dtype == torch.int32 or input_ids_dtype == torch.int32
+        if int32_ids and (store.vocab_size > _INT32_LIMIT or idx.capacity >= _INT32_LIMIT):
             raise ValueError(f"index_dtype=torch.int32: expected vocab_size <= 2**31 and capacity < 2**31, "
                              f"found vocab_size {store.vocab_size}, capacity {idx.capacity} ({store.path})")
         self._store: Store | None = store
         self._index: PackIndex | None = idx
         self._arrays: dict[str, Any] | None = None  # ndarray views of the memmaps, per process
+        self._hf_room = False  # reserve collate_hf's labels in batch buffers (set by collate_hf)
 
     # ------------------------------------------------------------------ pickling / lazy opening
     def __getstate__(self) -> dict:
         return {"path": self.path, "index_name": self.index_name, "pad_to_capacity": self.pad_to_capacity,
-                "image_transform": self.image_transform, "index_dtype": self.index_dtype}
+                "image_transform": self.image_transform, "index_dtype": self.index_dtype, "fields": self.fields,
+                "input_ids_dtype": self.input_ids_dtype}
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("index_dtype", torch.int64)
+        state.setdefault("fields", FIELDS)
+        state.setdefault("input_ids_dtype", None)
         self.__dict__.update(state)
         self._store = None
         self._index = None
         self._arrays = None
+        self._hf_room = False
 
     @property
     def store(self) -> Store:
@@ -239,7 +300,28 @@ class PackedDataset(Dataset):
             a = self._arrays
             a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
             a["pad_id"], a["capacity"] = self.pad_token_id, self.capacity
+            I = INDEX_DTYPES[self.index_dtype]
+            a["index_np"], a["ids_np"] = I, self._ids_np(store)
+            a["rows"] = ROW_IDS | (ROW_POS if "position_ids" in self.fields else 0) | (
+                ROW_DIDS if "doc_ids" in self.fields else 0)
+            a["dummy"] = {dt: np.zeros(1, dtype=dt) for dt in {I, a["ids_np"]}}
+            a["zero_copy"] = None
+            if self.input_ids_dtype == "native" and a["packed_tokens"] is not None and not self.pad_to_capacity:
+                # copy-on-write private mapping: a writable zero-copy tensor that never writes the file
+                zc = np.memmap(idx.path / "tokens.bin", dtype=store.manifest.np_token_dtype, mode="c")
+                a["zero_copy"] = torch.from_numpy(zc.view(a["ids_np"]) if zc.size else np.zeros(0, a["ids_np"]))
         return self._arrays
+
+    def _ids_np(self, store: Store):
+        """numpy dtype of ``input_ids``."""
+        if self.input_ids_dtype is None:
+            return INDEX_DTYPES[self.index_dtype]
+        if self.input_ids_dtype != "native":
+            return INDEX_DTYPES[self.input_ids_dtype]
+        native = np.dtype(store.manifest.np_token_dtype).type
+        if native == np.uint32 and store.vocab_size <= _INT32_LIMIT:
+            return np.int32  # same bytes, every id < 2**31: the type nn.Embedding takes
+        return native
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         a = self._views()
@@ -256,20 +338,31 @@ class PackedDataset(Dataset):
             src, src_mask, src_start = a["tokens"], a["loss_mask"], -1
             n = pack_length(a["segments"], lo, hi)
         width = max(n, a["capacity"]) if self.pad_to_capacity else n
-        I, k = INDEX_DTYPES[self.index_dtype], hi - lo
-        ar = _Arena([("labels", np.int64, (width,)), ("rows", I, (3, width)), ("seq_lens", np.int32, (k,)),
-                     ("document_ids", np.int64, (k,)), ("scalars", np.int64, (2,))])  # scalars: labels, pack
-        seq_lens, rows, scalars = ar.array("seq_lens"), ar.array("rows"), ar.array("scalars")
+        I, J, k, rows = a["index_np"], a["ids_np"], hi - lo, a["rows"]
+        zero_copy = a["zero_copy"]
+        if zero_copy is not None:
+            rows &= ~ROW_IDS
+        slots = [("labels", np.int64, (width,)), ("seq_lens", np.int32, (k,)), ("document_ids", np.int64, (k,)),
+                 ("scalars", np.int64, (2,))]  # scalars: label count, pack id
+        if rows & ROW_IDS:
+            slots.append(("input_ids", J, (width,)))
+        slots += [(name, I, (width,)) for name, bit in (("position_ids", ROW_POS), ("doc_ids", ROW_DIDS)) if rows & bit]
+        ar = _Arena(slots)
+        opt = lambda name, dt: ar.array(name) if name in ar else a["dummy"][dt]  # noqa: E731
+        seq_lens, scalars = ar.array("seq_lens"), ar.array("scalars")
         scalars[0] = fill_pack(a["tokens"], a["mask_or_dummy"], a["loss_mask"] is not None, a["doc_offsets"],
                                a["segments"], lo, hi, src, a["mask_or_dummy"] if src_mask is None else src_mask,
-                               src_start, rows[0], ar.array("labels"), rows[1], rows[2], seq_lens,
-                               ar.array("document_ids"), a["pad_id"])
+                               src_start, rows, opt("input_ids", J), ar.array("labels"), opt("position_ids", I),
+                               opt("doc_ids", I), seq_lens, ar.array("document_ids"), a["pad_id"])
         scalars[1] = i
-        input_ids, position_ids, doc_ids = ar.tensor("rows").unbind(0)
         num_label_tokens, pack_id = ar.tensor("scalars").unbind(0)
-        out = {"input_ids": input_ids, "labels": ar.tensor("labels"), "position_ids": position_ids, "doc_ids": doc_ids,
-               "seq_lens": ar.tensor("seq_lens"), "document_ids": ar.tensor("document_ids"),
-               "num_label_tokens": num_label_tokens, "pack_id": pack_id}
+        out = {"input_ids": zero_copy[src_start:src_start + n] if zero_copy is not None else ar.tensor("input_ids"),
+               "labels": ar.tensor("labels")}
+        for name in ("position_ids", "doc_ids"):
+            if name in ar:
+                out[name] = ar.tensor(name)
+        out.update(seq_lens=ar.tensor("seq_lens"), document_ids=ar.tensor("document_ids"),
+                   num_label_tokens=num_label_tokens, pack_id=pack_id)
         if a["has_images"]:
             segs = a["segments"][lo:hi]
             lens = seq_lens.astype(np.int64)
@@ -281,42 +374,34 @@ class PackedDataset(Dataset):
     def __getitems__(self, indices) -> "PackBatch":
         """Packs ``indices`` at once (what ``DataLoader`` calls for a batch): one kernel call.
 
-        Returns a ``PackBatch``: a list of the same items ``ds[i]`` returns, whose per-token
-        tensors are views of one buffer in which the packs lie end to end, so the collates of
-        this module assemble the batch without copying the tokens again.
+        Returns a ``PackBatch``: a sequence of the same items ``ds[i]`` returns (built when first
+        accessed), whose per-token tensors are views of one buffer in which the packs lie end to
+        end, so the collates of this module assemble the batch without copying the tokens again.
         """
         a = self._views()
-        n_packs = a["num_packs"]
-        packs = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if packs.size and (packs.min() < -n_packs or packs.max() >= n_packs):
-            bad = packs[(packs < -n_packs) | (packs >= n_packs)][0]
-            raise IndexError(f"pack {int(bad)} out of range [0, {n_packs})")
-        packs = packs % max(n_packs, 1)
-        po, segments = a["pack_offsets"], a["segments"]
         materialized = a["pack_token_offsets"] is not None
-        if materialized:
-            pto = a["pack_token_offsets"]
-            lengths = pto[packs + 1] - pto[packs]
-            src, src_mask = a["packed_tokens"], a["packed_loss_mask"]
-        else:
-            pto, src, src_mask = a["pack_offsets"], a["tokens"], a["loss_mask"]  # pto unused
-            lengths = pack_lengths(segments, po, packs)
-        widths = np.maximum(lengths, a["capacity"]) if self.pad_to_capacity else lengths
-        nseg = po[packs + 1] - po[packs]
-        seq_bounds = np.zeros(packs.shape[0] + 1, dtype=np.int64)
-        np.cumsum(nseg, out=seq_bounds[1:])
-        ar = _Arena(_batch_slots(int(widths.sum()), int(seq_bounds[-1]), packs.shape[0],
-                                 INDEX_DTYPES[self.index_dtype]))
-        mask, arr = a["mask_or_dummy"], ar.array
-        num_labels = arr("num_labels")
-        longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["doc_offsets"], segments, po, packs,
-                                   src, mask if src_mask is None else src_mask, pto, materialized, widths,
-                                   arr("input_ids"), arr("labels"), arr("position_ids"), arr("doc_ids"),
-                                   arr("item_doc_ids"), arr("seq_lens"), arr("document_ids"), seq_bounds, num_labels,
-                                   arr("cu_seqlens"), arr("kept_document_ids"), a["pad_id"])
-        arr("pack_ids")[:] = packs
-        arr("num_label_tokens")[()] = num_labels.sum()
-        return PackBatch._build(self, ar, packs, lengths, widths, nseg, int(longest), int(kept))
+        pto = a["pack_token_offsets"] if materialized else a["pack_offsets"]  # the latter unused
+        packs, lengths, widths, seq_bounds, cols, bad = plan_batch(
+            np.asarray(indices, dtype=np.int64).reshape(-1), a["num_packs"], a["pack_offsets"], pto, a["segments"],
+            materialized, a["capacity"], self.pad_to_capacity)
+        if bad >= 0:
+            raise IndexError(f"pack {int(np.asarray(indices).reshape(-1)[bad])} out of range [0, {a['num_packs']})")
+        src, src_mask = (a["packed_tokens"], a["packed_loss_mask"]) if materialized else (a["tokens"], a["loss_mask"])
+        I, J, rows, mask = a["index_np"], a["ids_np"], a["rows"], a["mask_or_dummy"]
+        B, W, S_all = packs.shape[0], int(cols[-1]), int(seq_bounds[-1])
+        ar = _Arena(_batch_slots(W, S_all, B, I, J, rows, self._hf_room))
+        # One doc-id row: the batch segment index (what collate_varlen returns) unless the packs are
+        # padded to one width (then the items' own segment index, what collate_padded returns).
+        item_rows = rows if self.pad_to_capacity else rows & ~ROW_DIDS
+        batch_rows = 0 if self.pad_to_capacity else rows & ROW_DIDS
+        offsets = ar.offsets(BATCH_SLOTS)
+        offsets[4] = offsets[3]  # item_doc_ids and doc_ids: the same slot, one of them written
+        longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["doc_offsets"], a["segments"],
+                                   a["pack_offsets"], packs, src, mask if src_mask is None else src_mask, pto,
+                                   materialized, widths, seq_bounds, item_rows, batch_rows, ar.typed(np.int64),
+                                   ar.typed(np.int32), ar.typed(I), ar.typed(J), offsets, a["pad_id"])
+        return PackBatch(self, ar, packs, lengths, widths, seq_bounds, cols, int(longest), int(kept),
+                         padded=self.pad_to_capacity)
 
     def _images(self, docs, begins, ends, starts) -> dict[str, Any]:
         """Decoded images of the pack and their token spans inside the pack."""
@@ -343,71 +428,125 @@ class PackedDataset(Dataset):
                 "image_ids": torch.from_numpy(image_ids)}
 
 
-class PackBatch(list):
-    """The items of ``PackedDataset.__getitems__``: a plain list of item dicts, plus their shared layout.
+class PackBatch(Sequence):
+    """The items of ``PackedDataset.__getitems__``: a sequence of item dicts over one shared layout.
+
+    Items are built when first accessed (``batch[j]``, iteration), so a collate of this module,
+    which reads the layout directly, never pays for per-item tensor views; each item is the dict
+    ``ds[i]`` would return, its tensors views of the shared buffer, and the same object on every
+    access.
 
     Attributes (``B`` packs, ``W`` columns, ``S_all`` segments of which ``S`` are non-empty):
         arena: the ``_Arena`` holding everything (slots of ``_batch_slots``): input_ids, labels,
-            position_ids of the packs laid end to end; doc_ids, the batch segment index (``0..S-1``;
-            -1 for padding); cu_seqlens, kept_document_ids, pack_ids, num_label_tokens (the
-            ``collate_varlen`` values); hf_labels (room for ``collate_hf``); item_doc_ids (segment
-            index within each pack), seq_lens, document_ids, num_labels (the items' values).
+            position_ids of the packs laid end to end; doc_ids: the batch segment index (``0..S-1``,
+            what ``collate_varlen`` returns) when ``padded`` is false, else the segment index within
+            each pack (what ``collate_padded`` returns), -1 for padding; cu_seqlens,
+            kept_document_ids, pack_ids, num_label_tokens; hf_labels (room for ``collate_hf``, only
+            once the dataset has seen one in this process); seq_lens, document_ids, num_labels.
+            Every slot is written by the kernel: the buffer holds nothing unused (in a worker its
+            size is what crossing to the main process costs).
         widths, lengths: int64 ``(B,)``: columns of each pack / its real tokens.
         seq_lens: int32 ``(S_all,)``; document_ids: int64 ``(S_all,)``; pack_ids: int64 ``(B,)``
             (numpy views of the arena). max_seqlen: the longest segment; num_segments: ``S``.
-    The collates use the layout only while every item still holds the very tensors built here
-    (``is`` checks), so replacing an item or one of its tensors falls back to copying.
+        fields: the dataset's per-token rows. padded: the dataset's ``pad_to_capacity``.
+    The items of an unpadded batch get their ``doc_ids`` (segment index within the pack) as a
+    small tensor of their own, computed on first access.
+    The collates use the layout only while every item built so far still holds the very tensors
+    built here (``intact()``), so replacing an item's tensor falls back to copying.
     """
 
-    _KEYS = ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens", "document_ids", "num_label_tokens",
-             "pack_id")
+    def __init__(self, ds: PackedDataset, ar: _Arena, packs, lengths, widths, seq_bounds, cols, max_seqlen: int,
+                 num_segments: int, *, padded: bool) -> None:
+        self.arena, self.widths, self.lengths, self.pack_ids = ar, widths, lengths, packs
+        self.seq_lens, self.document_ids = ar.array("seq_lens"), ar.array("document_ids")
+        self.max_seqlen, self.num_segments, self.fields = max_seqlen, num_segments, ds.fields
+        self._seq_bounds, self._cols = seq_bounds.tolist(), cols.tolist()
+        self.padded = padded
+        self._items: list[dict[str, Any] | None] = [None] * len(packs)
+        self._built: list[tuple | None] = [None] * len(packs)
+        self._ds = ds  # for images only; the batch is not meant to be pickled (collate it)
 
-    @classmethod
-    def _build(cls, ds: PackedDataset, ar: _Arena, packs, lengths, widths, nseg, max_seqlen: int,
-               num_segments: int) -> "PackBatch":
-        t = ar.tensor
-        wl, sl = widths.tolist(), nseg.tolist()
-        cols = (t("input_ids").split(wl), t("labels").split(wl), t("position_ids").split(wl),
-                t("item_doc_ids").split(wl), t("seq_lens").split(sl), t("document_ids").split(sl),
-                t("num_labels").unbind(0), t("pack_ids").unbind(0))
-        batch = cls(dict(zip(cls._KEYS, values)) for values in zip(*cols))
-        batch.arena, batch.widths, batch.lengths = ar, widths, lengths
-        batch.seq_lens, batch.document_ids, batch.pack_ids = ar.array("seq_lens"), ar.array("document_ids"), packs
-        batch.max_seqlen, batch.num_segments = max_seqlen, num_segments
-        batch._tensors = list(zip(*cols))
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        for j in range(len(self._items)):
+            yield self[j]
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        j = operator.index(j)
+        if j < 0:
+            j += len(self._items)
+        if not 0 <= j < len(self._items):
+            raise IndexError(f"PackBatch index {j} out of range [0, {len(self._items)})")
+        item = self._items[j]
+        if item is None:
+            item = self._items[j] = self._make(j)
+            self._built[j] = tuple(item[k] for k in _ITEM_TENSOR_KEYS if k in item)
+        return item
+
+    def _make(self, j: int) -> dict[str, Any]:
+        ar, c0, c1 = self.arena, self._cols[j], self._cols[j + 1]
+        s0, s1 = self._seq_bounds[j], self._seq_bounds[j + 1]
+        out = {"input_ids": ar.tensor("input_ids")[c0:c1], "labels": ar.tensor("labels")[c0:c1]}
+        if "position_ids" in self.fields:
+            out["position_ids"] = ar.tensor("position_ids")[c0:c1]
+        if "doc_ids" in self.fields:
+            if self.padded:
+                out["doc_ids"] = ar.tensor("doc_ids")[c0:c1]
+            else:
+                dids = torch.empty(c1 - c0, dtype=ar.tensor("doc_ids").dtype)
+                fill_item_doc_ids(self.seq_lens[s0:s1], dids.numpy())
+                out["doc_ids"] = dids
+        out.update(seq_lens=ar.tensor("seq_lens")[s0:s1], document_ids=ar.tensor("document_ids")[s0:s1],
+                   num_label_tokens=ar.tensor("num_labels")[j], pack_id=ar.tensor("pack_ids")[j])
+        ds = self._ds
         a = ds._views()
         if a["has_images"]:
-            for item, p, ls in zip(batch, packs.tolist(), cols[4]):
-                lens = ls.numpy().astype(np.int64)
-                starts = np.zeros_like(lens)
-                np.cumsum(lens[:-1], out=starts[1:])
-                sg = a["segments"][a["pack_offsets"][p]:a["pack_offsets"][p + 1]]
-                item.update(ds._images(sg[:, 0], sg[:, 1], sg[:, 2], starts))
-        return batch
+            p = int(self.pack_ids[j])
+            lens = self.seq_lens[s0:s1].astype(np.int64)
+            starts = np.zeros_like(lens)
+            np.cumsum(lens[:-1], out=starts[1:])
+            sg = a["segments"][a["pack_offsets"][p]:a["pack_offsets"][p + 1]]
+            out.update(ds._images(sg[:, 0], sg[:, 1], sg[:, 2], starts))
+        return out
 
     def intact(self) -> bool:
-        """Whether every item still holds exactly the tensors of the shared layout."""
-        if not hasattr(self, "_tensors") or len(self) != len(self._tensors):
-            return False
-        keys = self._KEYS
-        for item, tensors in zip(self, self._tensors):
-            for k, t in zip(keys, tensors):
-                if item.get(k) is not t:
-                    return False
+        """Whether every item built so far still holds exactly the tensors of the shared layout."""
+        for item, built in zip(self._items, self._built):
+            if item is None:
+                continue
+            keys = [k for k in _ITEM_TENSOR_KEYS if k in item]
+            if len(keys) != len(built) or any(item[k] is not t for k, t in zip(keys, built)):
+                return False
         return True
 
 
-def _batch_slots(W: int, S: int, B: int, index_np) -> list[tuple[str, Any, tuple[int, ...]]]:
+_ITEM_TENSOR_KEYS = ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens", "document_ids",
+                     "num_label_tokens", "pack_id")
+
+
+def _batch_slots(W: int, S: int, B: int, index_np, ids_np, rows: int,
+                 hf_room: bool) -> list[tuple[str, Any, tuple[int, ...]]]:
     """Arena layout of a ``PackedDataset.__getitems__`` batch: ``W`` columns, ``S`` segments, ``B`` packs.
 
     What ``collate_varlen`` returns comes first (so a span of the buffer holds exactly it), then
-    ``collate_hf``'s extra labels, then what only the items use.
+    ``collate_hf``'s extra labels (with ``hf_room``), then what only the items use. Rows left out
+    of ``rows`` get no slot.
     """
-    return [("labels", np.int64, (W,)), ("input_ids", index_np, (W,)), ("position_ids", index_np, (W,)),
-            ("doc_ids", index_np, (W,)), ("cu_seqlens", np.int32, (S + 1,)), ("kept_document_ids", np.int64, (S,)),
-            ("pack_ids", np.int64, (B,)), ("num_label_tokens", np.int64, ()), ("hf_labels", np.int64, (W,)),
-            ("item_doc_ids", index_np, (W,)), ("seq_lens", np.int32, (S,)), ("document_ids", np.int64, (S,)),
-            ("num_labels", np.int64, (B,))]
+    slots = [("labels", np.int64, (W,)), ("input_ids", ids_np, (W,))]
+    if rows & ROW_POS:
+        slots.append(("position_ids", index_np, (W,)))
+    if rows & ROW_DIDS:
+        slots.append(("doc_ids", index_np, (W,)))
+    slots += [("cu_seqlens", np.int32, (S + 1,)), ("kept_document_ids", np.int64, (S,)), ("pack_ids", np.int64, (B,)),
+              ("num_label_tokens", np.int64, ())]
+    if hf_room:
+        slots.append(("hf_labels", np.int64, (W,)))
+    slots += [("seq_lens", np.int32, (S,)), ("document_ids", np.int64, (S,)), ("num_labels", np.int64, (B,))]
+    return slots
 
 
 def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
