@@ -1,0 +1,45 @@
+"""benchmarks/bench_gpu_train.py runs end to end (on the CPU, tiny): a GPU session only has to run it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_bench_runs_on_cpu_smoke(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import bench_gpu_train
+
+    out = tmp_path / "r.json"
+    assert bench_gpu_train.main(["--cpu-smoke", "--docs", "60", "--capacity", "1024", "--steps", "3", "--warmup", "1",
+                                 "--batch-size", "2", "--hidden", "32", "--layers", "1", "--heads", "2",
+                                 "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    rows = {r["config"]: r for r in rec["rows"]}
+    assert len(rows) == len(bench_gpu_train.CONFIGS)
+    for name in ("pad-to-max (naive)", "pad-to-longest", "packed ffd, B x cap + doc mask (sdpa)"):
+        r = rows[name]
+        assert r["status"] == "ok", r
+        assert r["useful_tokens_per_s"] > 0 and r["final_loss"] > 0
+    # The same batches (same seed): pad-to-longest never pads more than pad-to-max, packing pads least.
+    pad_max, pad_longest = rows["pad-to-max (naive)"], rows["pad-to-longest"]
+    packed = rows["packed ffd, B x cap + doc mask (sdpa)"]
+    assert pad_longest["padding_fraction"] <= pad_max["padding_fraction"]
+    assert packed["padding_fraction"] < pad_max["padding_fraction"]
+    assert pad_max["padding_fraction"] > 0
+    assert "speedup_vs_pad_to_max" in rows["pad-to-longest"]
+    assert all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows.values())
+    assert rec["gpu"].startswith("cpu")
+    sys.modules.pop("bench_gpu_train", None)
+
+
+def test_gpu_bench_smoke_refuses_the_results_file():
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), "--cpu-smoke"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--out" in r.stderr
