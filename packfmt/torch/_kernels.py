@@ -255,21 +255,15 @@ def _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
             lv[ln - 1] = IGNORE
         p += ln
     npad = p0 + width - p
-    lv = labels[p:p + npad]
-    for j in range(npad):
-        lv[j] = IGNORE
+    labels[p:p + npad] = IGNORE
     if w_ids:
-        iv = ids[p:p + npad]
-        for j in range(npad):
-            iv[j] = pad_id
+        ids[p:p + npad] = pad_id
     if w_pos:
         pv = pos[p:p + npad]
         for j in range(npad):
             pv[j] = j
     if w_dids:
-        dv = dids[p:p + npad]
-        for j in range(npad):
-            dv[j] = PAD_DOC
+        dids[p:p + npad] = PAD_DOC
     return nlab
 
 
