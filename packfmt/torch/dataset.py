@@ -2,7 +2,8 @@
 
 Each item is one pack, written in one pass by a numba kernel (``_kernels.fill_pack``); a batch
 (``__getitems__``) is written by one kernel call (``_kernels.fill_packs``). Every item and every
-batch lives in ONE byte buffer (an ``_Arena``) whose typed slots are returned as tensor views, so
+batch lives in ONE byte buffer (a zero-copy native ``input_ids`` and the ``doc_ids`` of an item taken
+from an unpadded batch excepted) (an ``_Arena``) whose typed slots are returned as tensor views, so
 a DataLoader worker sends it to the main process as one shared-memory segment (allocated in
 shared memory directly inside workers, as ``default_collate`` does); nothing is cached per pack. The dataset pickles as (path, index name, options) only: the memmaps are
 re-opened lazily in every DataLoader worker, so fork and spawn both stay small and safe.
@@ -306,10 +307,11 @@ class PackedDataset(Dataset):
                 ROW_DIDS if "doc_ids" in self.fields else 0)
             a["dummy"] = {dt: np.zeros(1, dtype=dt) for dt in {I, a["ids_np"]}}
             a["zero_copy"] = None
-            if self.input_ids_dtype == "native" and a["packed_tokens"] is not None and not self.pad_to_capacity:
+            if (self.input_ids_dtype == "native" and a["packed_tokens"] is not None and a["packed_tokens"].size
+                    and not self.pad_to_capacity):
                 # copy-on-write private mapping: a writable zero-copy tensor that never writes the file
                 zc = np.memmap(idx.path / "tokens.bin", dtype=store.manifest.np_token_dtype, mode="c")
-                a["zero_copy"] = torch.from_numpy(zc.view(a["ids_np"]) if zc.size else np.zeros(0, a["ids_np"]))
+                a["zero_copy"] = torch.from_numpy(zc.view(a["ids_np"]))
         return self._arrays
 
     def _ids_np(self, store: Store):
