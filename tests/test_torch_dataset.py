@@ -158,6 +158,22 @@ def test_pickles_small_and_reopens_lazily(chat):
     assert clone.fingerprint == ds.fingerprint
 
 
+def test_collates_take_hand_built_items(chat):
+    """Items a user builds or edits (own tensors, a plain int pack_id) collate like the dataset's own."""
+    ds = PackedDataset(chat, "p")
+    hand = [{k: (int(v) if k == "pack_id" else v.clone()) for k, v in ds[i].items()} for i in (1, 0)]
+    hand[0]["labels"][0] = IGNORE_INDEX  # an edit must be honoured, and counted
+    want_labels = torch.cat([hand[0]["labels"], hand[1]["labels"]])
+    v = collate_varlen(hand)
+    assert torch.equal(v["labels"][0], want_labels)
+    assert int(v["num_label_tokens"]) == int((want_labels != IGNORE_INDEX).sum()) == 4
+    assert v["pack_ids"].tolist() == [1, 0] and v["cu_seqlens"].tolist() == [0, 3, 6, 10]
+    assert v["document_ids"].tolist() == [0, 1, 0] and v["max_seqlen"] == 4
+    p = collate_padded(hand)
+    assert p["pack_ids"].tolist() == [1, 0] and int(p["num_label_tokens"]) == 4
+    assert p["labels"][1].tolist() == [IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX, 20, IGNORE_INDEX, IGNORE_INDEX]
+
+
 def test_index_out_of_range(chat):
     ds = PackedDataset(chat, "p")
     with pytest.raises(IndexError):

@@ -1,6 +1,6 @@
 """One-pass numba kernels of the torch reader (spec/READER.md §1-§4).
 
-``fill_pack`` writes the per-token rows of one pack (input_ids, labels, position_ids,
+``fill_item`` writes the per-token rows of one pack (input_ids, labels, position_ids,
 doc_ids; which of them is chosen by a ``rows`` bit set) in a single pass over its segments, reading tokens straight from the memmaps.
 ``fill_packs`` lays out a whole batch of packs end to end in one call, with its
 ``cu_seqlens``. The rows are separate arrays so that input_ids may be int64, int32 or the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["fill_pack", "fill_packs", "fill_item_doc_ids", "ROW_IDS", "ROW_POS", "ROW_DIDS", "pack_length", "plan_batch", "BATCH_SLOTS", "fill_batch_doc_ids", "IGNORE", "PAD_DOC"]
+__all__ = ["fill_item", "fill_packs", "fill_item_doc_ids", "ROW_IDS", "ROW_POS", "ROW_DIDS", "pack_length", "plan_batch", "BATCH_SLOTS", "finish_varlen", "count_labels", "IGNORE", "PAD_DOC"]
 
 IGNORE = -100
 PAD_DOC = -1
@@ -27,9 +27,9 @@ ROW_DIDS = 4  # doc_ids (segment index within the pack)
 
 
 @njit(cache=True, nogil=True)
-def fill_pack(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi,
-              src, src_mask, src_start, rows, ids, labels, pos, dids, seq_lens, docs, pad_id):
-    """Fill the per-token rows of pack ``segments[seg_lo:seg_hi]``; return the label count.
+def fill_item(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start, rows,
+              b64, b32, bI, bJ, o_labels, o_ids, o_pos, o_dids, o_seq, o_docs, o_scalars, width, pack_id, pad_id):
+    """Fill one item (``PackedDataset.__getitem__``): pack ``segments[seg_lo:seg_hi]`` in one buffer.
 
     Args:
         tokens: the store's token array (any unsigned int dtype), ``(num_tokens,)``.
@@ -42,19 +42,23 @@ def fill_pack(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
             (then ``src_start`` is the pack's first token there) or ``tokens`` / ``loss_mask``
             themselves (then ``src_start < 0`` and each segment is read at its global offset).
         rows: bit set of ``ROW_IDS | ROW_POS | ROW_DIDS``: the rows to write (labels always).
-        ids, pos, dids: ``(N,)`` rows input_ids (any integer dtype that holds the tokens),
-            position_ids, doc_ids, with ``N >= n`` (the pack's tokens); labels: int64 ``(N,)``.
-            Positions ``[n, N)`` are filled as padding (``pad_id``, -100, ``0, 1, ...``, -1).
-            A row not in ``rows`` is not touched (it may be a 1-element dummy).
-        seq_lens: int32 ``(seg_hi - seg_lo,)``, receives each segment's length.
-        docs: int64 ``(seg_hi - seg_lo,)``, receives each segment's global document id.
-        pad_id: token id of padding positions.
-
-    Returns:
-        The number of positions whose label is not -100.
+        b64, b32, bI, bJ: int64, int32, index-dtype and input_ids-dtype views of the item's buffer.
+        o_*: element offsets in those views: labels (b64, ``width``), input_ids (bJ), position_ids
+            and doc_ids (bI), seq_lens (b32, ``k = seg_hi - seg_lo``), document_ids (b64, ``k``),
+            scalars (b64, 2: the label count, then ``pack_id``). A row not in ``rows`` is not
+            touched (its offset may be anything).
+        width: columns of the item, ``>= n`` (the pack's tokens); ``[n, width)`` is padding
+            (``pad_id``, -100, ``0, 1, ...``, -1).
     """
-    return _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start,
-                     rows, ids, labels, pos, dids, 0, labels.shape[0], seq_lens, docs, 0, pad_id)
+    k = seg_hi - seg_lo
+    labels = b64[o_labels:o_labels + width]
+    ids = bJ[o_ids:o_ids + width] if (rows & ROW_IDS) != 0 else bJ[0:1]
+    pos = bI[o_pos:o_pos + width] if (rows & ROW_POS) != 0 else bI[0:1]
+    dids = bI[o_dids:o_dids + width] if (rows & ROW_DIDS) != 0 else bI[0:1]
+    b64[o_scalars] = _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask,
+                               src_start, rows, ids, labels, pos, dids, 0, width, b32[o_seq:o_seq + k],
+                               b64[o_docs:o_docs + k], 0, pad_id)
+    b64[o_scalars + 1] = pack_id
 
 
 #: Order of the batch slots in the ``offsets`` argument of ``fill_packs`` (element offsets into
@@ -68,10 +72,11 @@ def plan_batch(indices, num_packs, pack_offsets, pack_token_offsets, segments, m
     """Check and lay out a batch of pack indices (negative ones count from the end).
 
     Returns:
-        ``(packs, lengths, widths, seq_bounds, cols, bad)``: int64 ``(B,)`` normalised pack
+        ``(packs, lengths, widths, seq_bounds, cols, kept, bad)``: int64 ``(B,)`` normalised pack
         indices, real tokens and columns of each pack (``max(length, capacity)`` when ``pad``),
         ``(B + 1,)`` where each pack's segments start among the batch's segments and where its
-        columns start, and ``bad``: the position of the first out-of-range index, or -1.
+        columns start, ``kept``: the number ``S`` of non-empty segments, and ``bad``: the
+        position of the first out-of-range index, or -1.
     """
     B = indices.shape[0]
     packs = np.empty(B, dtype=np.int64)
@@ -79,10 +84,11 @@ def plan_batch(indices, num_packs, pack_offsets, pack_token_offsets, segments, m
     widths = np.empty(B, dtype=np.int64)
     seq_bounds = np.zeros(B + 1, dtype=np.int64)
     cols = np.zeros(B + 1, dtype=np.int64)
+    kept = 0
     for b in range(B):
         i = indices[b]
         if i < -num_packs or i >= num_packs:
-            return packs, lengths, widths, seq_bounds, cols, b
+            return packs, lengths, widths, seq_bounds, cols, kept, b
         if i < 0:
             i += num_packs
         packs[b] = i
@@ -93,7 +99,9 @@ def plan_batch(indices, num_packs, pack_offsets, pack_token_offsets, segments, m
         widths[b] = max(n, capacity) if pad else n
         seq_bounds[b + 1] = seq_bounds[b] + hi - lo
         cols[b + 1] = cols[b] + widths[b]
-    return packs, lengths, widths, seq_bounds, cols, -1
+        for s in range(lo, hi):
+            kept += segments[s, 2] > segments[s, 1]
+    return packs, lengths, widths, seq_bounds, cols, kept, -1
 
 
 @njit(cache=True, nogil=True)
@@ -107,13 +115,13 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
     ``S_all = seq_bounds[-1]`` segments (empty ones included), ``B`` packs.
 
     Args:
-        tokens, loss_mask, has_mask, doc_offsets, segments, src, src_mask: as in ``fill_pack``.
+        tokens, loss_mask, has_mask, doc_offsets, segments, src, src_mask: as in ``fill_item``.
         pack_offsets: int64 ``(P + 1,)``: segment range of every pack.
         packs: int64 ``(B,)``: pack indices of the batch (``plan_batch``).
         pack_token_offsets: int64 ``(P + 1,)``: first token of every pack in ``src`` (materialized only).
         materialized: whether ``src`` holds the materialized pack tokens.
         widths, seq_bounds: from ``plan_batch``.
-        rows: as in ``fill_pack``; ``ROW_DIDS`` there selects ``item_doc_ids``.
+        rows: as in ``fill_item``; ``ROW_DIDS`` there selects ``item_doc_ids``.
         batch_rows: ``ROW_DIDS`` to write ``doc_ids`` (the batch segment index), else 0.
         b64, b32, bI, bJ: int64, int32, index-dtype and input_ids-dtype views of one buffer.
         offsets: int64 ``(12,)``: element offset of every slot of ``BATCH_SLOTS`` in its view:
@@ -121,7 +129,7 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
             segment index ``0..S-1`` over the non-empty segments, -1 for padding), item_doc_ids
             (bI, W: segment index within its pack, -1 for padding), seq_lens (b32, S_all),
             document_ids (b64, S_all), num_labels (b64, B), cu_seqlens (b32, ``0`` then the
-            cumulative lengths of the ``S`` non-empty segments; entries past ``S`` untouched),
+            cumulative lengths of the ``S`` non-empty segments; ``S + 1`` entries),
             kept_document_ids (b64, the documents of the non-empty segments), pack_ids (b64, B),
             num_label_tokens (b64, 1). A slot of a row that is not written may have any offset.
 
@@ -141,8 +149,8 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
     seq_lens = b32[offsets[5]:offsets[5] + S_all]
     docs = b64[offsets[6]:offsets[6] + S_all]
     num_labels = b64[offsets[7]:offsets[7] + B]
-    cu_seqlens = b32[offsets[8]:offsets[8] + S_all + 1]
-    kept_docs = b64[offsets[9]:offsets[9] + S_all]
+    cu_seqlens = b32[offsets[8]:offsets[8] + S_all + 1]  # S + 1 used (S non-empty segments)
+    kept_docs = b64[offsets[9]:offsets[9] + S_all]  # S used
     pack_ids = b64[offsets[10]:offsets[10] + B]
     p = 0
     batch_seg_i = 0
@@ -282,23 +290,48 @@ def fill_item_doc_ids(seq_lens, out):
 
 
 @njit(cache=True, nogil=True)
-def fill_batch_doc_ids(seq_lens, out):
-    """Write segment index ``s`` over each segment's run of ``out`` (``seq_lens`` int32 ``(S,)``).
+def finish_varlen(seq_lens, docs, labels, cu_seqlens, kept_docs, doc_ids, write_doc_ids):
+    """Segment metadata of a varlen batch collated from separate items (``collate_varlen``).
+
+    Args:
+        seq_lens: int32 ``(S_all,)``: every segment of every item, in order (empty ones included).
+        docs: int64 ``(S_all,)``: their global document ids.
+        labels: int64 ``(T,)``: the batch's labels (already copied).
+        cu_seqlens: int32 ``(S + 1,)``, receives ``0`` and the cumulative lengths of the ``S``
+            non-empty segments; kept_docs: int64 ``(S,)``, receives their document ids.
+        doc_ids: ``(T,)``, receives the batch segment index ``0..S-1`` (if ``write_doc_ids``).
 
     Returns:
-        The longest segment (0 when there is none).
+        ``(longest segment (0 when none), count of labels != -100)``.
     """
+    s = 0
     p = 0
     longest = 0
-    for s in range(seq_lens.shape[0]):
-        ln = seq_lens[s]
-        v = out[p:p + ln]
-        for j in range(v.shape[0]):
-            v[j] = s
+    cu_seqlens[0] = 0
+    for k in range(seq_lens.shape[0]):
+        ln = seq_lens[k]
+        if ln <= 0:
+            continue
+        if write_doc_ids:
+            v = doc_ids[p:p + ln]
+            for j in range(ln):
+                v[j] = s
+        kept_docs[s] = docs[k]
         p += ln
+        s += 1
+        cu_seqlens[s] = p
         if ln > longest:
             longest = ln
-    return longest
+    return longest, count_labels(labels)
+
+
+@njit(cache=True, nogil=True)
+def count_labels(labels):
+    """Count of ``labels != -100`` (no temporary mask)."""
+    n = 0
+    for j in range(labels.shape[0]):
+        n += labels[j] != IGNORE
+    return n
 
 
 @njit(cache=True, nogil=True)

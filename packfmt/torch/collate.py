@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ._kernels import fill_batch_doc_ids
+from ._kernels import count_labels, finish_varlen
 from .dataset import _NP_OF, IGNORE_INDEX, PAD_DOC_ID, PackBatch, _Arena
 
 __all__ = ["collate_varlen", "collate_padded", "collate_hf", "SharedBatch"]
@@ -31,25 +31,6 @@ _ROW_KEYS = ("input_ids", "labels", "position_ids", "doc_ids")
 def _np(t: torch.Tensor) -> np.ndarray:
     """The numpy view of a CPU tensor (no copy)."""
     return t.numpy()
-
-
-def _real_lengths(batch: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Segment lengths of a batch and each item's real (unpadded) token count.
-
-    Padding always follows an item's segments (``PackedDataset`` pads on the right), so an
-    item's real tokens are its first ``sum(seq_lens)`` positions.
-
-    Returns:
-        seq_lens int32 ``(S_all,)`` (every segment of every item, in order), keep bool
-        ``(S_all,)`` (``seq_lens > 0``) and real int64 ``(B,)``.
-    """
-    parts = [_np(item["seq_lens"]) for item in batch]
-    seq_lens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-    csum = np.zeros(seq_lens.shape[0] + 1, dtype=np.int64)
-    np.cumsum(seq_lens, out=csum[1:])
-    bounds = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([p.shape[0] for p in parts], out=bounds[1:])
-    return seq_lens, seq_lens > 0, csum[bounds[1:]] - csum[bounds[:-1]]
 
 
 class SharedBatch(dict):
@@ -115,7 +96,9 @@ def _end_byte(t: torch.Tensor) -> int:
 
 
 def _fill_pack_ids(batch: Sequence[dict[str, Any]], ar: _Arena) -> None:
-    ar.array("pack_ids")[:] = [int(item["pack_id"]) for item in batch]
+    # .item() on a 0-d tensor; items built by hand may carry plain ints
+    ar.array("pack_ids")[:] = [t.item() if isinstance(t, torch.Tensor) else int(t) for t in
+                               (item["pack_id"] for item in batch)]
 
 
 def _index_np(batch: Sequence[dict[str, Any]]):
@@ -140,11 +123,11 @@ def _row_keys(batch: Sequence[dict[str, Any]]) -> tuple[str, ...]:
 
 def _varlen_shared(batch: PackBatch) -> SharedBatch:
     """``collate_varlen`` of an intact, unpadded ``PackBatch``: views of its buffer, no copy."""
-    ar, S = batch.arena, batch.num_segments
-    out = SharedBatch((k, ar.tensor(k, row=True)) for k in _row_keys(batch))
-    out["cu_seqlens"] = ar.tensor("cu_seqlens")[:S + 1]
+    ar, keys = batch.arena, _row_keys(batch)
+    out = SharedBatch((k, ar.tensor(k, row=True)) for k in keys)
+    out["cu_seqlens"] = ar.tensor("cu_seqlens")
     out["max_seqlen"] = batch.max_seqlen
-    out["document_ids"] = ar.tensor("kept_document_ids")[:S]
+    out["document_ids"] = ar.tensor("kept_document_ids")
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
     out._hf_room = ar.room("hf_labels") if "hf_labels" in ar else None  # collate_hf's labels, same buffer
@@ -193,38 +176,47 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     if isinstance(batch, PackBatch) and not batch.padded and batch.intact():
         return _varlen_shared(batch)
-    seq_lens, keep, real = _real_lengths(batch)
-    T, B = int(real.sum()), len(batch)
-    lens = seq_lens[keep]
-    S, I, keys = lens.shape[0], _index_np(batch), _row_keys(batch)
+    return _varlen_copy(batch, hf_room=False)
+
+
+def _varlen_copy(batch: Sequence[dict[str, Any]], hf_room: bool) -> SharedBatch:
+    """``collate_varlen`` by copying the items' rows (``hf_room``: reserve ``collate_hf``'s labels)."""
+    B, keys, I = len(batch), _row_keys(batch), _index_np(batch)
+    seq_t = [item["seq_lens"] for item in batch]
+    seq_all = torch.cat(seq_t).numpy() if B else np.zeros(0, dtype=np.int32)
+    T, S = int(seq_all.sum(dtype=np.int64)), int(np.count_nonzero(seq_all))
+    # An item's real tokens are its first sum(seq_lens) positions (PackedDataset pads on the right).
+    trim = None
+    if sum(item["input_ids"].shape[0] for item in batch) != T:  # some item is padded: cut each to its real tokens
+        csum = np.zeros(seq_all.shape[0] + 1, dtype=np.int64)
+        np.cumsum(seq_all, out=csum[1:])
+        bounds = np.cumsum([0] + [t.shape[0] for t in seq_t])
+        trim = (csum[bounds[1:]] - csum[bounds[:-1]]).tolist()
     ar = _Arena([("labels", np.int64, (T,)), ("input_ids", _ids_np(batch), (T,))]
                 + [(k, I, (T,)) for k in keys[2:]]
                 + [("cu_seqlens", np.int32, (S + 1,)), ("document_ids", np.int64, (S,)), ("pack_ids", np.int64, (B,)),
-                   ("num_label_tokens", np.int64, ()), ("hf_labels", np.int64, (T,))])
+                   ("num_label_tokens", np.int64, ())] + ([("hf_labels", np.int64, (T,))] if hf_room else []))
     for key in keys:
-        if key == "doc_ids":
+        if key == "doc_ids" or not B:
             continue
-        parts = [_np(item[key])[:n] for item, n in zip(batch, real.tolist())]
-        if parts:
-            np.concatenate(parts, out=ar.array(key))
-    doc_ids = ar.array("doc_ids") if "doc_ids" in ar else np.zeros(T, dtype=np.int32)
-    max_seqlen = int(fill_batch_doc_ids(lens, doc_ids))  # segment index 0..S-1 over the batch
-    cu = ar.array("cu_seqlens")
-    cu[0] = 0
-    np.cumsum(lens, out=cu[1:])
-    if B:
-        ar.array("document_ids")[:] = np.concatenate([_np(item["document_ids"]) for item in batch])[keep]
+        parts = [item[key] for item in batch] if trim is None else [item[key][:n] for item, n in zip(batch, trim)]
+        torch.cat(parts, out=ar.tensor(key))
+    docs_all = torch.cat([item["document_ids"] for item in batch]).numpy() if B else np.zeros(0, dtype=np.int64)
+    doc_ids = ar.array("doc_ids") if "doc_ids" in ar else np.zeros(1, dtype=I)
+    max_seqlen, num_labels = finish_varlen(seq_all, docs_all, ar.array("labels"), ar.array("cu_seqlens"),
+                                           ar.array("document_ids"), doc_ids, "doc_ids" in ar)
     _fill_pack_ids(batch, ar)
-    ar.array("num_label_tokens")[()] = np.count_nonzero(ar.array("labels") != IGNORE_INDEX)
+    ar.array("num_label_tokens")[()] = num_labels
     out = SharedBatch((k, ar.tensor(k, row=True)) for k in keys)
     out["cu_seqlens"] = ar.tensor("cu_seqlens")
-    out["max_seqlen"] = max_seqlen
+    out["max_seqlen"] = int(max_seqlen)
     out["document_ids"] = ar.tensor("document_ids")
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
-    out._hf_room = ar.room("hf_labels")  # room for collate_hf's labels in the same buffer
+    out._hf_room = ar.room("hf_labels") if hf_room else None  # room for collate_hf's labels in the same buffer
     if B and "images" in batch[0]:
-        out.update(_images(batch, np.concatenate([[0], np.cumsum(real)[:-1]]).tolist()))
+        reals = trim if trim is not None else [item["input_ids"].shape[0] for item in batch]
+        out.update(_images(batch, np.concatenate([[0], np.cumsum(reals)[:-1]]).tolist()))
     return out
 
 
@@ -256,15 +248,19 @@ def collate_padded(batch: Sequence[dict[str, Any]], *, length: int | None = None
     ar = _Arena([("labels", np.int64, (B, L)), ("input_ids", _ids_np(batch), (B, L))]
                 + [(k, I, (B, L)) for k in keys[2:]]
                 + [("pack_ids", np.int64, (B,)), ("num_label_tokens", np.int64, ())])
-    rows = {key: ar.array(key) for key in keys}
     pad_values = {"input_ids": pad_token_id, "labels": IGNORE_INDEX, "doc_ids": PAD_DOC_ID}
-    for r, (item, n) in enumerate(zip(batch, lengths)):
-        for key, row in rows.items():
+    full = all(n == L for n in lengths)
+    for key in keys:
+        if full and B:  # every item already has L columns (pad_to_capacity): one stack per key
+            torch.stack([item[key] for item in batch], out=ar.tensor(key))
+            continue
+        row = ar.array(key)
+        for r, (item, n) in enumerate(zip(batch, lengths)):
             row[r, :n] = _np(item[key])
             if n < L:
                 row[r, n:] = np.arange(L - n) if key == "position_ids" else pad_values[key]
     _fill_pack_ids(batch, ar)
-    ar.array("num_label_tokens")[()] = np.count_nonzero(rows["labels"] != IGNORE_INDEX)
+    ar.array("num_label_tokens")[()] = count_labels(ar.array("labels").reshape(-1))
     out = SharedBatch((k, ar.tensor(k)) for k in keys)
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
@@ -287,7 +283,10 @@ def collate_hf(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         cu_seq_lens_q, cu_seq_lens_k: int32 ``(S + 1,)``; max_length_q, max_length_k: Python int.
         use_cache: False. num_label_tokens: int64 0-d tensor.
     """
-    v = collate_varlen(batch)
+    if isinstance(batch, PackBatch) and not batch.padded and batch.intact():
+        v = _varlen_shared(batch)
+    else:
+        v = _varlen_copy(batch, hf_room=True)
     if "position_ids" not in v:
         raise ValueError("collate_hf: the items carry no position_ids (PackedDataset(fields=...) left them out); "
                          "transformers' padding-free path needs them: keep 'position_ids' in fields")

@@ -1,11 +1,13 @@
 """``PackedDataset``: a map-style torch Dataset over one pack index (spec/READER.md).
 
-Each item is one pack, written in one pass by a numba kernel (``_kernels.fill_pack``); a batch
+Each item is one pack, written in one pass by a numba kernel (``_kernels.fill_item``); a batch
 (``__getitems__``) is written by one kernel call (``_kernels.fill_packs``). Every item and every
-batch lives in ONE byte buffer (a zero-copy native ``input_ids`` and the ``doc_ids`` of an item taken
-from an unpadded batch excepted) (an ``_Arena``) whose typed slots are returned as tensor views, so
-a DataLoader worker sends it to the main process as one shared-memory segment (allocated in
-shared memory directly inside workers, as ``default_collate`` does); nothing is cached per pack. The dataset pickles as (path, index name, options) only: the memmaps are
+batch lives in ONE byte buffer whose typed slots are returned as tensor views (a zero-copy native
+``input_ids``, and the ``doc_ids`` of an item taken from an unpadded batch, excepted): an item's
+slots are grouped by dtype so that one ``split_with_sizes`` per group makes its views; a batch is an
+``_Arena``. A DataLoader worker thus sends a batch to the main process as one shared-memory segment
+(allocated in shared memory directly inside workers, as ``default_collate`` does); nothing is
+cached per pack. The dataset pickles as (path, index name, options) only: the memmaps are
 re-opened lazily in every DataLoader worker, so fork and spawn both stay small and safe.
 """
 
@@ -23,7 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..reader import PackIndex, Store, open_dataset
-from ._kernels import (BATCH_SLOTS, ROW_DIDS, ROW_IDS, ROW_POS, fill_item_doc_ids, fill_pack,
+from ._kernels import (BATCH_SLOTS, ROW_DIDS, ROW_IDS, ROW_POS, fill_item, fill_item_doc_ids,
                        fill_packs, pack_length, plan_batch)
 
 __all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DTYPES", "FIELDS"]
@@ -300,18 +302,32 @@ class PackedDataset(Dataset):
             }
             a = self._arrays
             a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
+            a["has_mask"] = a["loss_mask"] is not None
             a["pad_id"], a["capacity"] = self.pad_token_id, self.capacity
             I = INDEX_DTYPES[self.index_dtype]
             a["index_np"], a["ids_np"] = I, self._ids_np(store)
             a["rows"] = ROW_IDS | (ROW_POS if "position_ids" in self.fields else 0) | (
                 ROW_DIDS if "doc_ids" in self.fields else 0)
-            a["dummy"] = {dt: np.zeros(1, dtype=dt) for dt in {I, a["ids_np"]}}
             a["zero_copy"] = None
             if (self.input_ids_dtype == "native" and a["packed_tokens"] is not None and a["packed_tokens"].size
                     and not self.pad_to_capacity):
                 # copy-on-write private mapping: a writable zero-copy tensor that never writes the file
                 zc = np.memmap(idx.path / "tokens.bin", dtype=store.manifest.np_token_dtype, mode="c")
                 a["zero_copy"] = torch.from_numpy(zc.view(a["ids_np"]))
+            # Item layout (``__getitem__``): which rows go in which dtype group, in order.
+            rows = a["rows"] & ~ROW_IDS if a["zero_copy"] is not None else a["rows"]
+            J = a["ids_np"]
+            written = [(name, J if name == "input_ids" else I) for name, bit in
+                       (("input_ids", ROW_IDS), ("position_ids", ROW_POS), ("doc_ids", ROW_DIDS)) if rows & bit]
+            g64 = ["labels"] + [name for name, dt in written if dt is np.int64]
+            g32 = [name for name, dt in written if dt is np.int32]
+            native = None
+            if rows & ROW_IDS and J not in (np.int64, np.int32):
+                native = (J, _TORCH_OF[J], np.dtype(J).itemsize)
+            where = {**{name: (0, r) for r, name in enumerate(g64)}, **{name: (1, r) for r, name in enumerate(g32)},
+                     **({"input_ids": (2, 0)} if native else {})}  # row -> (group, rank in its group)
+            a["item_layout"] = (g64, g32, len(g64), len(g32), native, rows,
+                                *(where.get(name, (0, 0)) for name in ("input_ids", "position_ids", "doc_ids")))
         return self._arrays
 
     def _ids_np(self, store: Store):
@@ -340,34 +356,44 @@ class PackedDataset(Dataset):
             src, src_mask, src_start = a["tokens"], a["loss_mask"], -1
             n = pack_length(a["segments"], lo, hi)
         width = max(n, a["capacity"]) if self.pad_to_capacity else n
-        I, J, k, rows = a["index_np"], a["ids_np"], hi - lo, a["rows"]
-        zero_copy = a["zero_copy"]
-        if zero_copy is not None:
-            rows &= ~ROW_IDS
-        slots = [("labels", np.int64, (width,)), ("seq_lens", np.int32, (k,)), ("document_ids", np.int64, (k,)),
-                 ("scalars", np.int64, (2,))]  # scalars: label count, pack id
-        if rows & ROW_IDS:
-            slots.append(("input_ids", J, (width,)))
-        slots += [(name, I, (width,)) for name, bit in (("position_ids", ROW_POS), ("doc_ids", ROW_DIDS)) if rows & bit]
-        ar = _Arena(slots)
-        opt = lambda name, dt: ar.array(name) if name in ar else a["dummy"][dt]  # noqa: E731
-        seq_lens, scalars = ar.array("seq_lens"), ar.array("scalars")
-        scalars[0] = fill_pack(a["tokens"], a["mask_or_dummy"], a["loss_mask"] is not None, a["doc_offsets"],
-                               a["segments"], lo, hi, src, a["mask_or_dummy"] if src_mask is None else src_mask,
-                               src_start, rows, opt("input_ids", J), ar.array("labels"), opt("position_ids", I),
-                               opt("doc_ids", I), seq_lens, ar.array("document_ids"), a["pad_id"])
-        scalars[1] = i
-        num_label_tokens, pack_id = ar.tensor("scalars").unbind(0)
-        out = {"input_ids": zero_copy[src_start:src_start + n] if zero_copy is not None else ar.tensor("input_ids"),
-               "labels": ar.tensor("labels")}
+        k = hi - lo
+        # One buffer, one group of slots per dtype (each group 64-byte aligned), views made by one
+        # split per group: int64 [labels, int64 rows, document_ids (k), scalars (2)], int32 [int32
+        # rows, seq_lens (k)], then input_ids of a native width (uint16 / uint32) if any.
+        g64, g32, r64, r32, native, rows, (gi, ri), (gp, rp), (gd, rd) = a["item_layout"]
+        n64 = r64 * width + k + 2
+        s32 = -(-n64 * 8 // _ALIGN) * _ALIGN // 4  # element offset of the int32 group
+        n32 = r32 * width + k
+        sJ = -(-(s32 + n32) * 4 // _ALIGN) * _ALIGN  # byte offset of a native input_ids group
+        nbytes = -(-(sJ + width * native[2] if native else sJ) // _ALIGN) * _ALIGN
+        buf = _alloc(nbytes)
+        b8 = buf.numpy()
+        b64, b32 = b8.view(np.int64), b8.view(np.int32)
+        bJ = b8.view(native[0]) if native else b64 if a["ids_np"] is np.int64 else b32
+        bI = b64 if a["index_np"] is np.int64 else b32
+        starts = (0, s32, sJ // native[2] if native else 0)
+        fill_item(a["tokens"], a["mask_or_dummy"], a["has_mask"], a["doc_offsets"], a["segments"], lo, hi, src,
+                  a["mask_or_dummy"] if src_mask is None else src_mask, src_start, rows, b64, b32, bI, bJ, 0,
+                  starts[gi] + ri * width, starts[gp] + rp * width, starts[gd] + rd * width, s32 + r32 * width,
+                  r64 * width, r64 * width + k, width, i, a["pad_id"])
+        p64 = buf.view(torch.int64).split_with_sizes([width] * r64 + [k, 2, nbytes // 8 - n64])
+        p32 = buf.view(torch.int32).split_with_sizes([s32] + [width] * r32 + [k, nbytes // 4 - s32 - n32])
+        t = dict(zip(g64, p64))
+        t.update(zip(g32, p32[1:]))
+        if a["zero_copy"] is not None:
+            t["input_ids"] = a["zero_copy"][src_start:src_start + n]
+        elif native:
+            t["input_ids"] = buf.view(native[1])[sJ // native[2]:sJ // native[2] + width]
+        num_label_tokens, pack_id = p64[r64 + 1].unbind(0)
+        out = {"input_ids": t["input_ids"], "labels": t["labels"]}
         for name in ("position_ids", "doc_ids"):
-            if name in ar:
-                out[name] = ar.tensor(name)
-        out.update(seq_lens=ar.tensor("seq_lens"), document_ids=ar.tensor("document_ids"),
-                   num_label_tokens=num_label_tokens, pack_id=pack_id)
+            if name in t:
+                out[name] = t[name]
+        out.update(seq_lens=p32[r32 + 1], document_ids=p64[r64], num_label_tokens=num_label_tokens,
+                   pack_id=pack_id)
         if a["has_images"]:
             segs = a["segments"][lo:hi]
-            lens = seq_lens.astype(np.int64)
+            lens = out["seq_lens"].numpy().astype(np.int64)
             starts = np.zeros_like(lens)
             np.cumsum(lens[:-1], out=starts[1:])
             out.update(self._images(segs[:, 0], segs[:, 1], segs[:, 2], starts))
@@ -383,7 +409,7 @@ class PackedDataset(Dataset):
         a = self._views()
         materialized = a["pack_token_offsets"] is not None
         pto = a["pack_token_offsets"] if materialized else a["pack_offsets"]  # the latter unused
-        packs, lengths, widths, seq_bounds, cols, bad = plan_batch(
+        packs, lengths, widths, seq_bounds, cols, S, bad = plan_batch(
             np.asarray(indices, dtype=np.int64).reshape(-1), a["num_packs"], a["pack_offsets"], pto, a["segments"],
             materialized, a["capacity"], self.pad_to_capacity)
         if bad >= 0:
@@ -391,7 +417,7 @@ class PackedDataset(Dataset):
         src, src_mask = (a["packed_tokens"], a["packed_loss_mask"]) if materialized else (a["tokens"], a["loss_mask"])
         I, J, rows, mask = a["index_np"], a["ids_np"], a["rows"], a["mask_or_dummy"]
         B, W, S_all = packs.shape[0], int(cols[-1]), int(seq_bounds[-1])
-        ar = _Arena(_batch_slots(W, S_all, B, I, J, rows, self._hf_room))
+        ar = _Arena(_batch_slots(W, S_all, S, B, I, J, rows, self._hf_room))
         # One doc-id row: the batch segment index (what collate_varlen returns) unless the packs are
         # padded to one width (then the items' own segment index, what collate_padded returns).
         item_rows = rows if self.pad_to_capacity else rows & ~ROW_DIDS
@@ -460,13 +486,20 @@ class PackBatch(Sequence):
     def __init__(self, ds: PackedDataset, ar: _Arena, packs, lengths, widths, seq_bounds, cols, max_seqlen: int,
                  num_segments: int, *, padded: bool) -> None:
         self.arena, self.widths, self.lengths, self.pack_ids = ar, widths, lengths, packs
-        self.seq_lens, self.document_ids = ar.array("seq_lens"), ar.array("document_ids")
         self.max_seqlen, self.num_segments, self.fields = max_seqlen, num_segments, ds.fields
         self._seq_bounds, self._cols = seq_bounds.tolist(), cols.tolist()
         self.padded = padded
         self._items: list[dict[str, Any] | None] = [None] * len(packs)
         self._built: list[tuple | None] = [None] * len(packs)
         self._ds = ds  # for images only; the batch is not meant to be pickled (collate it)
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return self.arena.array("seq_lens")
+
+    @property
+    def document_ids(self) -> np.ndarray:
+        return self.arena.array("document_ids")
 
     def __len__(self) -> int:
         return len(self._items)
@@ -530,9 +563,11 @@ _ITEM_TENSOR_KEYS = ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens
                      "num_label_tokens", "pack_id")
 
 
-def _batch_slots(W: int, S: int, B: int, index_np, ids_np, rows: int,
+def _batch_slots(W: int, S_all: int, S: int, B: int, index_np, ids_np, rows: int,
                  hf_room: bool) -> list[tuple[str, Any, tuple[int, ...]]]:
-    """Arena layout of a ``PackedDataset.__getitems__`` batch: ``W`` columns, ``S`` segments, ``B`` packs.
+    """Arena layout of a ``PackedDataset.__getitems__`` batch.
+
+    ``W`` columns, ``S_all`` segments of which ``S`` are non-empty, ``B`` packs.
 
     What ``collate_varlen`` returns comes first (so a span of the buffer holds exactly it), then
     ``collate_hf``'s extra labels (with ``hf_room``), then what only the items use. Rows left out
@@ -547,7 +582,7 @@ def _batch_slots(W: int, S: int, B: int, index_np, ids_np, rows: int,
               ("num_label_tokens", np.int64, ())]
     if hf_room:
         slots.append(("hf_labels", np.int64, (W,)))
-    slots += [("seq_lens", np.int32, (S,)), ("document_ids", np.int64, (S,)), ("num_labels", np.int64, (B,))]
+    slots += [("seq_lens", np.int32, (S_all,)), ("document_ids", np.int64, (S_all,)), ("num_labels", np.int64, (B,))]
     return slots
 
 
