@@ -220,3 +220,25 @@ def test_pack_batch_items_are_lazy_stable_and_guarded(two_stores):
     fresh = ds.__getitems__([1, 1])
     stacked = default_collate(fresh)
     assert stacked["input_ids"].shape == (2, fresh[0]["input_ids"].shape[0])
+
+
+def _identity(batch):
+    return batch
+
+
+def test_pack_batch_crosses_workers_uncollated_as_its_buffer(two_stores):
+    """``collate_fn=lambda b: b`` sends the PackBatch itself: its one buffer, not numpy copies of it."""
+    import pickle
+
+    from torch.utils.data import DataLoader
+
+    ds = PackedDataset(two_stores[1000], "g")
+    local = ds.__getitems__([0, 1, 2])
+    assert len(pickle.dumps(local)) < 2 * local.arena.base.numel() + 4096  # was ~4x: every numpy view copied
+    for got in DataLoader(ds, batch_size=3, num_workers=2, collate_fn=_identity):
+        assert isinstance(got, PackBatch) and got.arena.base.is_shared()
+        want = ds.__getitems__(got.pack_ids.tolist())
+        for g, w in zip(got, want):
+            _same_values(g, w, FIELDS)
+        v, w = collate_varlen(got), collate_varlen(want)
+        assert all(torch.equal(v[k], w[k]) for k in ("input_ids", "labels", "position_ids", "doc_ids", "cu_seqlens"))

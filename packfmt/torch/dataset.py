@@ -80,6 +80,15 @@ class _Arena:
     def __contains__(self, name: str) -> bool:
         return name in self._slots
 
+    def __getstate__(self) -> dict:
+        # the buffer and the layout only: numpy views of it would each pickle as a copy
+        return {"base": self.base, "slots": self._slots}
+
+    def __setstate__(self, state: dict) -> None:
+        self.base, self._slots = state["base"], state["slots"]
+        self._np = self.base.numpy()
+        self._typed, self._typed_np = {}, {}
+
     def typed(self, dt) -> np.ndarray:
         """The whole buffer as a 1-D numpy array of ``dt`` (the kernels slice it themselves)."""
         dt = _NP_DTYPES[dt] if dt in _NP_DTYPES else dt
@@ -491,7 +500,7 @@ class PackBatch(Sequence):
         self.padded = padded
         self._items: list[dict[str, Any] | None] = [None] * len(packs)
         self._built: list[tuple | None] = [None] * len(packs)
-        self._ds = ds  # for images only; the batch is not meant to be pickled (collate it)
+        self._ds = ds  # for images (pickles small; a batch pickles as its one buffer, e.g. collate_fn=lambda b: b)
 
     @property
     def seq_lens(self) -> np.ndarray:
