@@ -95,6 +95,18 @@ def _end_byte(t: torch.Tensor) -> int:
     return (last + 1) * t.element_size()
 
 
+_VARLEN_ITEM_KEYS = ("input_ids", "labels", "seq_lens", "document_ids", "pack_id")
+
+
+def _require(batch: Sequence[dict[str, Any]], keys: Sequence[str], who: str) -> None:
+    """Raise a ValueError naming the item keys a collate needs and the items lack."""
+    missing = [k for k in keys if batch and k not in batch[0]]
+    if missing:
+        raise ValueError(f"{who}: the items lack {missing}, found keys {sorted(batch[0])}; if a wrapper removed "
+                         f"them (transformers' Trainer drops the keys its model's forward does not name), pass "
+                         f"TrainingArguments(remove_unused_columns=False)")
+
+
 def _fill_pack_ids(batch: Sequence[dict[str, Any]], ar: _Arena) -> None:
     # .item() on a 0-d tensor; items built by hand may carry plain ints
     ar.array("pack_ids")[:] = [t.item() if isinstance(t, torch.Tensor) else int(t) for t in
@@ -181,6 +193,7 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _varlen_copy(batch: Sequence[dict[str, Any]], hf_room: bool) -> SharedBatch:
     """``collate_varlen`` by copying the items' rows (``hf_room``: reserve ``collate_hf``'s labels)."""
+    _require(batch, _VARLEN_ITEM_KEYS, "collate_varlen")
     B, keys, I = len(batch), _row_keys(batch), _index_np(batch)
     seq_t = [item["seq_lens"] for item in batch]
     seq_all = torch.cat(seq_t).numpy() if B else np.zeros(0, dtype=np.int32)
@@ -238,6 +251,7 @@ def collate_padded(batch: Sequence[dict[str, Any]], *, length: int | None = None
         L = length if length is not None else max(lengths, default=0)
         if batch.padded and all(n == L for n in lengths) and batch.intact():
             return _padded_shared(batch, L)
+    _require(batch, ("input_ids", "labels", "pack_id"), "collate_padded")
     lengths = [int(item["input_ids"].shape[0]) for item in batch]
     L = length if length is not None else max(lengths)
     B = len(batch)
