@@ -19,6 +19,7 @@ from .attention import (
 )
 from .collate import collate_hf, collate_padded, collate_varlen
 from .dataset import FIELDS, IGNORE_INDEX, PAD_DOC_ID, PackBatch, PackedDataset
+from .images import ImageProcessorTransform
 from .sampler import BALANCE_MODES, DistributedPackSampler, PackSampler, SamplerStateError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "FIELDS",
     "IGNORE_INDEX",
     "PAD_DOC_ID",
+    "ImageProcessorTransform",
     "collate_varlen",
     "collate_padded",
     "collate_hf",

@@ -167,8 +167,15 @@ def _images(batch: Sequence[dict[str, Any]], token_offsets: Sequence[int]) -> di
         return {}
     images = [img for item in batch for img in item["images"]]
     spans = [item["image_spans"] + off for item, off in zip(batch, token_offsets)]
-    return {"images": images, "image_spans": torch.cat(spans) if spans else torch.zeros(0, 2, dtype=torch.int64),
-            "image_ids": torch.cat([item["image_ids"] for item in batch])}
+    out = {"images": images, "image_spans": torch.cat(spans) if spans else torch.zeros(0, 2, dtype=torch.int64),
+           "image_ids": torch.cat([item["image_ids"] for item in batch])}
+    if images and all(isinstance(t, torch.Tensor) for t in images):
+        shape, dtype = images[0].shape, images[0].dtype
+        if all(t.shape == shape and t.dtype == dtype for t in images):
+            # one tensor (and one shared-memory segment from a worker); ``images`` become its views
+            out["pixel_values"] = torch.stack(images)
+            out["images"] = list(out["pixel_values"].unbind(0))
+    return out
 
 
 def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -184,7 +191,9 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         document_ids: int64 ``(S,)``: global document id of each segment.
         pack_ids: int64 ``(B,)``.
         num_label_tokens: int64 0-d tensor.
-        (images, image_spans, image_ids for multimodal stores; spans index the row of T tokens.)
+        (images, image_spans, image_ids for multimodal stores; spans index the row of T tokens;
+        pixel_values: ``torch.stack(images)`` when every image is a tensor of one shape and dtype,
+        e.g. after ``ImageProcessorTransform``; ``images`` are then views of it.)
     """
     if isinstance(batch, PackBatch) and not batch.padded and batch.intact():
         return _varlen_shared(batch)

@@ -151,6 +151,7 @@ class PackedDataset(Dataset):
             label -100, ``doc_ids`` -1, positions 0..pad_len-1 so it forms its own isolated run).
         image_transform: optional callable applied to each decoded image, a uint8 tensor
             ``(H, W, C)``; its result is returned in ``images`` instead. Must be picklable for workers.
+            ``ImageProcessorTransform(processor)`` adapts a transformers image processor.
         index_dtype: ``torch.int64`` (default) or ``torch.int32``: dtype of ``input_ids``,
             ``position_ids`` and ``doc_ids`` (and of the same keys in every collate). int32 halves
             their bytes; ``labels`` stay int64 (``cross_entropy`` needs Long targets). int32
