@@ -195,9 +195,14 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         pixel_values: ``torch.stack(images)`` when every image is a tensor of one shape and dtype,
         e.g. after ``ImageProcessorTransform``; ``images`` are then views of it.)
     """
+    return _varlen(batch, hf_room=False)
+
+
+def _varlen(batch: Sequence[dict[str, Any]], hf_room: bool) -> SharedBatch:
+    """``collate_varlen``: views of an intact unpadded ``PackBatch``, else a copy of the items' rows."""
     if isinstance(batch, PackBatch) and not batch.padded and batch.intact():
         return _varlen_shared(batch)
-    return _varlen_copy(batch, hf_room=False)
+    return _varlen_copy(batch, hf_room)
 
 
 def _varlen_copy(batch: Sequence[dict[str, Any]], hf_room: bool) -> SharedBatch:
@@ -306,10 +311,7 @@ def collate_hf(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         cu_seq_lens_q, cu_seq_lens_k: int32 ``(S + 1,)``; max_length_q, max_length_k: Python int.
         use_cache: False. num_label_tokens: int64 0-d tensor.
     """
-    if isinstance(batch, PackBatch) and not batch.padded and batch.intact():
-        v = _varlen_shared(batch)
-    else:
-        v = _varlen_copy(batch, hf_room=True)
+    v = _varlen(batch, hf_room=True)  # a copy reserves room for the unshifted labels in its buffer
     if "position_ids" not in v:
         raise ValueError("collate_hf: the items carry no position_ids (PackedDataset(fields=...) left them out); "
                          "transformers' padding-free path needs them: keep 'position_ids' in fields")
