@@ -161,9 +161,13 @@ def _type_names(types) -> str:
     return " or ".join(names.get(t, t.__name__) for t in _as_tuple(types))
 
 
-def _nonneg(value: int, *, file: str, field: str) -> int:
-    if value < 0:
-        raise FormatError(file=file, field=field, expected=">= 0", found=value)
+#: Largest count, size or capacity a reader accepts: every offset is an int64 (spec §2.2).
+INT64_MAX = 2**63 - 1
+
+
+def _nonneg(value: int, *, file: str, field: str, low: int = 0) -> int:
+    if not low <= value <= INT64_MAX:
+        raise FormatError(file=file, field=field, expected=f"an integer in [{low}, 2^63 - 1]", found=value)
     return value
 
 
@@ -335,9 +339,7 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
         check_index_name(name)
     except FormatError as exc:
         raise FormatError(file=file, field="name", expected=exc.expected, found=exc.found) from None
-    capacity = _req(obj, "capacity", int, file=file)
-    if capacity < 1:
-        raise FormatError(file=file, field="capacity", expected=">= 1", found=capacity)
+    capacity = _nonneg(_req(obj, "capacity", int, file=file), file=file, field="capacity", low=1)
     algorithm = _req(obj, "algorithm", str, file=file)
     if algorithm not in ALGORITHM_NAMES and version[1] <= FORMAT_VERSION[1]:
         raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))

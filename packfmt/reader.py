@@ -1,19 +1,20 @@
 """Zero-copy reader: ``packfmt.open(path)`` (spec §3, §4).
 
-Every array is a read-only ``np.memmap`` view of its file, created lazily on first use, so a
-``Store`` is cheap to create, cheap to pickle (only the path travels), and safe to hand to
-DataLoader workers under fork or spawn: each process maps the files itself. Nothing here
-unpickles or evaluates anything; the manifest is plain JSON checked field by field.
+Every array is a read-only ``np.memmap`` view of its file, mapped when the store or pack index
+is opened and checked then (``packfmt.checks``: every offset the reader indexes with lies inside
+its array), so a ``Store`` is cheap to pickle (only the path travels; the receiving process maps
+and checks the files itself) and safe to hand to DataLoader workers under fork or spawn. Nothing
+here unpickles or evaluates anything; the manifest is plain JSON checked field by field.
 """
 
 from __future__ import annotations
 
 import os
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from . import checks
 from . import format as F
 from .errors import FormatError
 
@@ -62,9 +63,17 @@ def _check_files_table(root: Path, files: dict[str, F.FileEntry], layout: dict, 
 class Store:
     """A packfmt dataset directory opened for reading.
 
+    Opening maps every array and checks every structural invariant the reader indexes with
+    (spec V10, V11, V13-V15, V19: ``packfmt.checks``), so no byte of the files can make a later
+    read leave the dataset; anything else raises ``FormatError`` naming file, field, expected, found.
+
     Attributes:
         path: the dataset directory.
         manifest: the parsed ``Manifest``.
+        tokens: token ids, shape ``(num_tokens,)``, uint16 or uint32 (zero-copy memmap).
+        doc_offsets: int64 ``(num_documents + 1,)``: document d is ``tokens[doc_offsets[d]:doc_offsets[d+1]]``.
+        loss_mask: uint8 ``(num_tokens,)`` of 0/1 (1 = token is a training target), or None.
+        images: an ``ImageStore``, or None for a store without images.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -74,8 +83,14 @@ class Store:
                               file=str(self.path), expected="directory", found="missing" if not self.path.exists() else "file")
         self.manifest = F.parse_manifest(F.read_json(self.path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
         _check_files_table(self.path, self.manifest.files, F.expected_layout(self.manifest), where="")
+        self.tokens = self._array(F.TOKENS)
+        self.doc_offsets = self._array(F.DOC_OFFSETS)
+        checks.raise_first(checks.offsets(self.doc_offsets, rule="V13", file=F.DOC_OFFSETS, last=self.num_tokens,
+                                          last_what="counts.tokens", strict=True, unit="every document has >= 1 token"))
+        self.loss_mask = self._array(F.LOSS_MASK) if self.manifest.has_loss_mask else None
+        self.images = ImageStore(self) if self.num_images > 0 else None
 
-    # -- pickling: only the path crosses process boundaries; memmaps are re-created lazily.
+    # -- pickling: only the path crosses process boundaries; memmaps are re-created (and re-checked).
     def __getstate__(self) -> dict:
         return {"path": str(self.path)}
 
@@ -116,26 +131,6 @@ class Store:
         dtype, shape = F.expected_layout(self.manifest)[name]
         return _map(self.path / name, dtype, shape, file=name)
 
-    @cached_property
-    def tokens(self) -> np.ndarray:
-        """Token ids, shape ``(num_tokens,)``, uint16 or uint32."""
-        return self._array(F.TOKENS)
-
-    @cached_property
-    def doc_offsets(self) -> np.ndarray:
-        """int64 ``(num_documents + 1,)``: document d is ``tokens[doc_offsets[d]:doc_offsets[d+1]]``."""
-        arr = self._array(F.DOC_OFFSETS)
-        if arr[0] != 0 or arr[-1] != self.num_tokens:
-            field = "[0]" if arr[0] != 0 else f"[{arr.shape[0] - 1}]"
-            raise FormatError(file=F.DOC_OFFSETS, field=field, expected=0 if arr[0] != 0 else self.num_tokens,
-                              found=int(arr[0] if arr[0] != 0 else arr[-1]))
-        return arr
-
-    @cached_property
-    def loss_mask(self) -> np.ndarray | None:
-        """uint8 ``(num_tokens,)`` of 0/1 (1 = token is a training target), or None."""
-        return self._array(F.LOSS_MASK) if self.manifest.has_loss_mask else None
-
     @property
     def doc_lengths(self) -> np.ndarray:
         """int64 ``(num_documents,)``, computed (not stored)."""
@@ -143,21 +138,21 @@ class Store:
 
     def document(self, i: int) -> np.ndarray:
         """Tokens of document ``i`` as a zero-copy view."""
+        i = self._doc_index(i)
         off = self.doc_offsets
-        if not -self.num_documents <= i < self.num_documents:
-            raise IndexError(f"document {i} out of range [0, {self.num_documents})")
-        i %= self.num_documents
         return self.tokens[off[i]:off[i + 1]]
 
     def document_loss_mask(self, i: int) -> np.ndarray | None:
         if self.loss_mask is None:
             return None
+        i = self._doc_index(i)
         off = self.doc_offsets
         return self.loss_mask[off[i]:off[i + 1]]
 
-    @cached_property
-    def images(self) -> "ImageStore | None":
-        return ImageStore(self) if self.num_images > 0 else None
+    def _doc_index(self, i: int) -> int:
+        if not -self.num_documents <= i < self.num_documents:
+            raise IndexError(f"document {i} out of range [0, {self.num_documents})")
+        return int(i) % self.num_documents
 
     # -- pack indexes
     def pack_index_names(self) -> list[str]:
@@ -188,9 +183,13 @@ class ImageStore:
         self.meta = store._array(F.IMAGE_META)  # (n_images, 3): width, height, codec
         self.doc_image_offsets = store._array(F.DOC_IMAGE_OFFSETS)
         self.token_spans = store._array(F.IMAGE_TOKEN_SPANS)  # (n_images, 2) global token offsets
-        if self.offsets[-1] != self.blobs.shape[0]:
-            raise FormatError(file=F.IMAGE_OFFSETS, field=f"[{self.offsets.shape[0] - 1}]",
-                              expected=f"{self.blobs.shape[0]} (size of {F.IMAGE_BLOBS})", found=int(self.offsets[-1]))
+        checks.raise_first(checks.offsets(self.offsets, rule="V14", file=F.IMAGE_OFFSETS, last=self.blobs.shape[0],
+                                          last_what=f"size of {F.IMAGE_BLOBS}", strict=True, unit="no empty blob"))
+        checks.raise_first(checks.offsets(self.doc_image_offsets, rule="V15", file=F.DOC_IMAGE_OFFSETS,
+                                          last=store.num_images, last_what="counts.images", strict=False,
+                                          unit="images per document"))
+        checks.raise_first(checks.image_spans(self.token_spans, self.doc_image_offsets, store.doc_offsets,
+                                              file=F.IMAGE_TOKEN_SPANS))
 
     def __len__(self) -> int:
         return self.meta.shape[0]
@@ -247,6 +246,32 @@ class PackIndex:
                 raise FormatError(f"{self._label}{F.PACK_INDEX_JSON}: files.{fname}: required entry missing",
                                   file=self._label + F.PACK_INDEX_JSON, field=f"files.{fname}", expected="present", found="missing")
         _check_files_table(self.path, self.manifest.files, self._layout, where=self._label)
+        # Every array is mapped now, so a reader never mixes the files of an index with those of
+        # one that replaced it later; then every offset the reader indexes with is checked.
+        materialized = self.manifest.materialized
+        self.pack_offsets = self._array(F.PACK_OFFSETS)
+        self.segments = self._array(F.SEGMENTS)
+        self.pack_token_offsets = self._array(F.PACK_TOKEN_OFFSETS) if materialized else None
+        self.packed_tokens = self._array(F.PACKED_TOKENS) if materialized else None
+        self.packed_loss_mask = self._array(F.PACKED_LOSS_MASK) if materialized and sm.has_loss_mask else None
+        self.pack_lengths = self._check(n_packed)
+
+    def _check(self, n_packed: int) -> np.ndarray:
+        """V25, V27, V29, V32 (lengths): return the int64 token count of every pack."""
+        lab = self._label
+        checks.raise_first(checks.offsets(self.pack_offsets, rule="V25", file=lab + F.PACK_OFFSETS,
+                                          last=self.manifest.num_segments, last_what="counts.segments", strict=True,
+                                          unit="no empty pack"))
+        if self.pack_token_offsets is not None:
+            checks.raise_first(checks.offsets(self.pack_token_offsets, rule="V25", file=lab + F.PACK_TOKEN_OFFSETS,
+                                              last=n_packed, last_what="counts.packed_tokens", strict=False,
+                                              unit="tokens per pack"))
+        found, cum = checks.segments(self.segments, self.store.doc_offsets, file=lab + F.SEGMENTS)
+        checks.raise_first(found)
+        found, lengths = checks.packs(cum, self.pack_offsets, self.capacity, file=lab + F.SEGMENTS,
+                                      pack_token_offsets=self.pack_token_offsets, pto_file=lab + F.PACK_TOKEN_OFFSETS)
+        checks.raise_first(found)
+        return lengths
 
     def _array(self, name: str) -> np.ndarray:
         dtype, shape = self._layout[name]
@@ -270,30 +295,6 @@ class PackIndex:
 
     def __len__(self) -> int:
         return self.num_packs
-
-    @cached_property
-    def pack_offsets(self) -> np.ndarray:
-        """int64 ``(num_packs + 1,)``: pack p holds segments ``pack_offsets[p]:pack_offsets[p+1]``."""
-        return self._array(F.PACK_OFFSETS)
-
-    @cached_property
-    def segments(self) -> np.ndarray:
-        """int64 ``(num_segments, 3)``: ``(doc, begin, end)``, offsets relative to the document start."""
-        return self._array(F.SEGMENTS)
-
-    @cached_property
-    def pack_token_offsets(self) -> np.ndarray | None:
-        return self._array(F.PACK_TOKEN_OFFSETS) if self.manifest.materialized else None
-
-    @cached_property
-    def packed_tokens(self) -> np.ndarray | None:
-        return self._array(F.PACKED_TOKENS) if self.manifest.materialized else None
-
-    @cached_property
-    def packed_loss_mask(self) -> np.ndarray | None:
-        if not (self.manifest.materialized and self.store.manifest.has_loss_mask):
-            return None
-        return self._array(F.PACKED_LOSS_MASK)
 
     def pack_segments(self, p: int) -> np.ndarray:
         """Segments of pack ``p``: view of shape ``(k, 3)``."""

@@ -30,6 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
+from . import checks
 from . import format as F
 from ._io import checksum_file
 from .errors import PackfmtError, UnsupportedVersionError
@@ -118,6 +119,12 @@ class _Collector:
             message = f"{where}: expected {expected}, found {found}"
         self.report.problems.append(Problem(file, field, None if expected is None else str(expected),
                                             None if found is None else str(found), message, severity))
+
+    def findings(self, found: list[checks.Finding]) -> bool:
+        """Add the findings of ``packfmt.checks``; True when there were none."""
+        for f in found:
+            self.add(f.file, f.field, f.expected, f.found)
+        return not found
 
     def from_error(self, exc: PackfmtError, default_file: str) -> None:
         file = exc.file or default_file
@@ -239,56 +246,13 @@ def _map_file(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray
     return np.memmap(path, dtype=dtype, mode="r", shape=shape)
 
 
-def _first_bad_step(arr: np.ndarray, strict: bool) -> tuple[int, int] | None:
-    """Scan a 1-D int array in chunks; return ``(index, bad_count)`` of the first step
-    ``arr[i] >= arr[i+1]`` (strict) or ``arr[i] > arr[i+1]``, or None if monotonic."""
-    first, count, prev = None, 0, None
-    for a, b in _chunks(arr.shape[0]):
-        chunk = np.asarray(arr[a:b], dtype=np.int64)
-        if prev is not None:
-            chunk = np.concatenate([[prev], chunk])
-            base = a - 1
-        else:
-            base = a
-        d = np.diff(chunk)
-        bad = d <= 0 if strict else d < 0
-        n_bad = int(np.count_nonzero(bad))
-        if n_bad:
-            count += n_bad
-            if first is None:
-                first = base + int(np.flatnonzero(bad)[0])
-        prev = int(chunk[-1])
-    return None if first is None else (first, count)
-
-
-def _check_offsets(out: _Collector, file: str, arr: np.ndarray, *, last: int, last_what: str, strict: bool,
+def _check_offsets(out: _Collector, file: str, arr: np.ndarray, *, rule: str, last: int, last_what: str, strict: bool,
                    unit: str) -> bool:
-    """Offsets array: ``arr[0] == 0``, ``arr[-1] == last``, monotonic. Returns True when all hold."""
-    ok = True
-    n = arr.shape[0]
-    if n == 0:
-        out.add(file, "length", ">= 1 entry", "0 entries")
-        return False
-    if int(arr[0]) != 0:
-        out.add(file, "[0]", 0, int(arr[0]))
-        ok = False
-    if int(arr[-1]) != last:
-        out.add(file, f"[{n - 1}]", f"{last} ({last_what})", int(arr[-1]))
-        ok = False
-    bad = _first_bad_step(arr, strict)
-    if bad is not None:
-        i, count = bad
-        rule = "strictly increasing" if strict else "non-decreasing"
-        out.add(file, f"[{i}:{i + 2}]", f"{rule} ({unit})",
-                f"{int(arr[i])} then {int(arr[i + 1])} ({count} bad step{'s' if count > 1 else ''} in all)")
-        ok = False
-    return ok
+    """Offsets array (``packfmt.checks.offsets``): findings go to ``out``; True when all hold."""
+    return out.findings(checks.offsets(arr, rule=rule, file=file, last=last, last_what=last_what, strict=strict, unit=unit))
 
 
-def _listed(values: np.ndarray) -> str:
-    vals = [int(v) for v in values[:MAX_LISTED]]
-    more = f" and {len(values) - MAX_LISTED} more" if len(values) > MAX_LISTED else ""
-    return ", ".join(map(str, vals)) + more
+_listed = checks.listed
 
 
 def _progress_bar(ds: "_DatasetChecks", indexes: list["_IndexChecks"], progress: bool):
@@ -366,7 +330,7 @@ class _DatasetChecks:
         off = self.array(F.DOC_OFFSETS)
         if off is None:
             return
-        self.doc_offsets_ok = _check_offsets(self.out, F.DOC_OFFSETS, off, last=self.m.num_tokens,
+        self.doc_offsets_ok = _check_offsets(self.out, F.DOC_OFFSETS, off, rule="V13", last=self.m.num_tokens,
                                              last_what="counts.tokens", strict=True,
                                              unit="every document has >= 1 token")
 
@@ -374,12 +338,15 @@ class _DatasetChecks:
         off = self.array(F.IMAGE_OFFSETS)
         blob_entry = self.m.files.get(F.IMAGE_BLOBS)
         if off is not None and blob_entry is not None and self.sizes_ok.get(F.IMAGE_BLOBS):
-            _check_offsets(self.out, F.IMAGE_OFFSETS, off, last=blob_entry.bytes, last_what=f"size of {F.IMAGE_BLOBS}",
-                           strict=False, unit="bytes into image_blobs.bin")
+            _check_offsets(self.out, F.IMAGE_OFFSETS, off, rule="V14", last=blob_entry.bytes,
+                           last_what=f"size of {F.IMAGE_BLOBS}", strict=True, unit="no empty blob")
         dio = self.array(F.DOC_IMAGE_OFFSETS)
         if dio is not None:
-            _check_offsets(self.out, F.DOC_IMAGE_OFFSETS, dio, last=self.m.num_images, last_what="counts.images",
-                           strict=False, unit="images per document")
+            dio_ok = _check_offsets(self.out, F.DOC_IMAGE_OFFSETS, dio, rule="V15", last=self.m.num_images,
+                                    last_what="counts.images", strict=False, unit="images per document")
+            spans, off = self.array(F.IMAGE_TOKEN_SPANS), self.array(F.DOC_OFFSETS)
+            if dio_ok and spans is not None and off is not None and self.doc_offsets_ok:
+                self.spans_ok = self.out.findings(checks.image_spans(spans, dio, off, file=F.IMAGE_TOKEN_SPANS))
 
     # -- deep
     def deep_bytes(self) -> int:
@@ -396,7 +363,6 @@ class _DatasetChecks:
                 _check_mask_values(self.out, F.LOSS_MASK, mask, bar)
         if self.m.num_images > 0:
             self._image_meta()
-            self._image_spans()
             if self.decode_images:
                 self._image_decode(progress=bar is not None)
 
@@ -482,32 +448,6 @@ class _DatasetChecks:
             self.out.add(F.IMAGE_BLOBS, f"image {bad[0]}", "a blob that decodes with its codec to width x height of image_meta",
                          f"{len(bad)} image(s) that do not ({_listed(arr)}); first: {first_reason}")
 
-    def _image_spans(self) -> None:
-        spans, dio, off = self.array(F.IMAGE_TOKEN_SPANS), self.array(F.DOC_IMAGE_OFFSETS), self.array(F.DOC_OFFSETS)
-        if spans is None or dio is None or off is None or not self.doc_offsets_ok:
-            return
-        spans, dio = np.asarray(spans), np.asarray(dio, dtype=np.int64)
-        counts = np.diff(dio)
-        if dio[0] != 0 or dio[-1] != self.m.num_images or (counts < 0).any():
-            return  # already reported structurally
-        doc = np.repeat(np.arange(self.m.num_documents, dtype=np.int64), counts)
-        begin, end = spans[:, 0], spans[:, 1]
-        lo, hi = np.asarray(off[:-1])[doc], np.asarray(off[1:])[doc]
-        outside = np.flatnonzero((begin < lo) | (end > hi) | (begin >= end))
-        if outside.size:
-            k = int(outside[0])
-            self.out.add(F.IMAGE_TOKEN_SPANS, f"[{k}]", f"doc_start <= begin < end <= doc_end of document {int(doc[k])} "
-                         f"= [{int(lo[k])}, {int(hi[k])})", f"[{int(begin[k])}, {int(end[k])}) ({outside.size} image(s) outside "
-                         f"their document or empty: {_listed(outside)})")
-        same_doc = doc[1:] == doc[:-1]
-        overlap = np.flatnonzero(same_doc & (begin[1:] < end[:-1]))
-        if overlap.size:
-            k = int(overlap[0])
-            self.out.add(F.IMAGE_TOKEN_SPANS, f"[{k}:{k + 2}]", "spans of one document sorted and not overlapping",
-                         f"[{int(begin[k])}, {int(end[k])}) then [{int(begin[k + 1])}, {int(end[k + 1])}) "
-                         f"({overlap.size} in all)")
-        self.spans_ok = not outside.size and not overlap.size
-
 
 def _layout_source(m: F.Manifest, name: str) -> str:
     """Which manifest fields imply a file's size (named in size mismatch messages)."""
@@ -583,6 +523,7 @@ class _IndexChecks:
         self.layout: dict = {}
         self.sizes_ok: dict[str, bool] = {}
         self.offsets_ok = False
+        self.segments_ok = False  # V27 and V29 hold (structural)
 
     def file(self, name: str) -> str:
         return self.label + name
@@ -643,12 +584,26 @@ class _IndexChecks:
     def _offsets(self, n_packed: int | None) -> None:
         po = self.array(F.PACK_OFFSETS)
         if po is not None:
-            self.offsets_ok = _check_offsets(self.out, self.file(F.PACK_OFFSETS), po, last=self.pm.num_segments,
-                                             last_what="counts.segments", strict=False, unit="segments per pack")
+            self.offsets_ok = _check_offsets(self.out, self.file(F.PACK_OFFSETS), po, rule="V25",
+                                             last=self.pm.num_segments, last_what="counts.segments", strict=True,
+                                             unit="no empty pack")
         pto = self.array(F.PACK_TOKEN_OFFSETS)
-        if pto is not None and n_packed is not None:
-            _check_offsets(self.out, self.file(F.PACK_TOKEN_OFFSETS), pto, last=n_packed,
-                           last_what="counts.packed_tokens", strict=False, unit="tokens per pack")
+        pto_ok = pto is not None and n_packed is not None and _check_offsets(
+            self.out, self.file(F.PACK_TOKEN_OFFSETS), pto, rule="V25", last=n_packed,
+            last_what="counts.packed_tokens", strict=False, unit="tokens per pack")
+        self._segments(pto if pto_ok else None)
+
+    def _segments(self, pto: np.ndarray | None) -> None:
+        """V27, V29, V32 (run lengths): what the reader checks when it opens the index."""
+        segs, po, off = self.array(F.SEGMENTS), self.array(F.PACK_OFFSETS), self.ds.array(F.DOC_OFFSETS)
+        if segs is None or po is None or off is None or not (self.offsets_ok and self.ds.doc_offsets_ok):
+            return
+        found, cum = checks.segments(segs, off, file=self.file(F.SEGMENTS))
+        if not self.out.findings(found):
+            return
+        found, _ = checks.packs(cum, po, self.pm.capacity, file=self.file(F.SEGMENTS), pack_token_offsets=pto,
+                                pto_file=self.file(F.PACK_TOKEN_OFFSETS))
+        self.segments_ok = self.out.findings(found)
 
     # -- deep
     def deep_bytes(self) -> int:
@@ -661,54 +616,21 @@ class _IndexChecks:
             return
         for fname, entry in sorted(self.pm.files.items()):
             _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)
-        segs, po = self.array(F.SEGMENTS), self.array(F.PACK_OFFSETS)
-        if segs is None or po is None or not self.offsets_ok:
-            return
-        segs, po = np.asarray(segs), np.asarray(po)
+        if not self.segments_ok:
+            return  # reported structurally
+        segs, po = np.asarray(self.array(F.SEGMENTS)), np.asarray(self.array(F.PACK_OFFSETS))
         seg_len = segs[:, 2] - segs[:, 1]
-        self._capacity(po, seg_len)  # needs nothing from the token store
-        off = self.ds.array(F.DOC_OFFSETS)
-        if off is None or not self.ds.doc_offsets_ok:
-            return
-        off = np.asarray(off)
+        self._max_docs(po)
+        off = np.asarray(self.ds.array(F.DOC_OFFSETS))
         doc_len = np.diff(off)
-        if not self._segments_inside(segs, doc_len):
-            return
         self._images_per_pack(segs, po, off)
         self._coverage(segs, doc_len)
         self._stats(segs, po, seg_len, doc_len)
         if self.pm.materialized:
             self._materialized(segs, po, seg_len, off, bar)
 
-    def _segments_inside(self, segs: np.ndarray, doc_len: np.ndarray) -> bool:
-        label = self.file(F.SEGMENTS)
-        n_docs = doc_len.shape[0]
-        doc = segs[:, 0]
-        bad_doc = np.flatnonzero((doc < 0) | (doc >= n_docs))
-        if bad_doc.size:
-            k = int(bad_doc[0])
-            self.out.add(label, f"[{k}].doc", f"a document id in [0, {n_docs})", f"{int(doc[k])} ({bad_doc.size} bad in all)")
-            return False
-        begin, end = segs[:, 1], segs[:, 2]
-        bad = np.flatnonzero((begin < 0) | (end <= begin) | (end > doc_len[doc]))
-        if bad.size:
-            k = int(bad[0])
-            self.out.add(label, f"[{k}]", f"0 <= begin < end <= length of document {int(doc[k])} ({int(doc_len[doc[k]])})",
-                         f"[{int(begin[k])}, {int(end[k])}) (segment beyond its document; {bad.size} bad segment(s): "
-                         f"{_listed(bad)})")
-            return False
-        return True
-
-    def _capacity(self, po, seg_len) -> None:
-        """Each pack holds at most ``capacity`` tokens and ``params.max_docs_per_pack`` segments."""
-        cap = self.pm.capacity
-        cum = np.concatenate([[0], np.cumsum(seg_len)])
-        totals = cum[po[1:]] - cum[po[:-1]]
-        over = np.flatnonzero(totals > cap)
-        if over.size:
-            p = int(over[0])
-            self.out.add(self.file(F.SEGMENTS), f"pack {p}", f"<= capacity {cap} tokens (index.json)",
-                         f"{int(totals[p])} tokens ({over.size} pack(s) over capacity: {_listed(over)})")
+    def _max_docs(self, po) -> None:
+        """V30: each pack holds at most ``params.max_docs_per_pack`` segments."""
         per_pack = np.diff(po)
         max_docs = self.pm.params.get("max_docs_per_pack")
         if isinstance(max_docs, int) and per_pack.size and int(per_pack.max()) > max_docs:

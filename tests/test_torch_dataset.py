@@ -127,12 +127,13 @@ def check_collates(items, segs, po, docs, masks, capacity):
 # ----------------------------------------------------------------------------- specific behaviours
 @pytest.fixture()
 def chat(tmp_path):
-    # document 0: user turn (mask 0) then assistant turn (mask 1), split by capacity 4 at token 4
+    # document 0: user turn (mask 0) then assistant turn (mask 1), cut at token 4; pack 1 holds its
+    # second part and document 1 (6 tokens: the capacity, V29)
     docs = [[10, 11, 12, 13, 20, 21, 22], [30, 31, 32]]
     masks = [[0, 0, 0, 0, 1, 1, 1], [0, 1, 1]]
     store = make_store(tmp_path, docs, masks, 100)
     segs = np.array([[0, 0, 4], [0, 4, 7], [1, 0, 3]])
-    write_pack_index(store, segs, np.array([0, 1, 3]), capacity=4, name="p")
+    write_pack_index(store, segs, np.array([0, 1, 3]), capacity=6, name="p")
     return store
 
 
@@ -310,7 +311,7 @@ def test_batch_is_one_storage_and_one_shared_segment(chat, monkeypatch, index_dt
     assert len(_storages(first)) == 2 and ds._hf_room
     assert "hf_labels" not in PackedDataset(chat, "p").__getitems__([0]).arena
     batches = [collate_varlen(ds.__getitems__([0, 1])), collate_hf(ds.__getitems__([1, 0])),
-               collate_padded(dsp.__getitems__([0, 0]), length=4), collate_padded(ds.__getitems__([0, 1])),
+               collate_padded(dsp.__getitems__([0, 0]), length=6), collate_padded(ds.__getitems__([0, 1])),
                collate_varlen([ds[0], ds[1]]),
                collate_padded([ds[0], ds[1]])]
     for b in batches:

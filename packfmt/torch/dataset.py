@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..errors import FormatError
 from ..reader import PackIndex, Store, open_dataset
 from ._kernels import (BATCH_SLOTS, ROW_DIDS, ROW_IDS, ROW_POS, fill_item, fill_item_doc_ids,
                        fill_packs, pack_length, plan_batch)
@@ -220,6 +221,11 @@ class PackedDataset(Dataset):
         if int32_ids and (store.vocab_size > _INT32_LIMIT or idx.capacity >= _INT32_LIMIT):
             raise ValueError(f"index_dtype=torch.int32: expected vocab_size <= 2**31 and capacity < 2**31, "
                              f"found vocab_size {store.vocab_size}, capacity {idx.capacity} ({store.path})")
+        if self.pad_to_capacity and idx.capacity >= _INT32_LIMIT:
+            raise FormatError(f"{idx.path / 'index.json'}: capacity: expected < 2**31 to pad packs to it "
+                              f"(pad_to_capacity=True; cu_seqlens are int32), found {idx.capacity}. Read this index "
+                              "without pad_to_capacity, or pack again with a smaller --capacity.",
+                              file=str(idx.path / "index.json"), field="capacity", expected="< 2**31", found=idx.capacity)
         self._store: Store | None = store
         self._index: PackIndex | None = idx
         self._arrays: dict[str, Any] | None = None  # ndarray views of the memmaps, per process
@@ -276,10 +282,7 @@ class PackedDataset(Dataset):
 
     def pack_num_tokens(self) -> np.ndarray:
         """int64 ``(num_packs,)``: real (unpadded) tokens of every pack."""
-        idx = self.index
-        if idx.pack_token_offsets is not None:
-            return np.diff(np.asarray(idx.pack_token_offsets))
-        return _segment_sums(np.asarray(idx.segments[:, 2] - idx.segments[:, 1]), np.asarray(idx.pack_offsets))
+        return self.index.pack_lengths
 
     def pack_num_images(self) -> np.ndarray:
         """int64 ``(num_packs,)``: images whose tokens lie in every pack (zeros for text-only stores)."""

@@ -1,0 +1,192 @@
+"""The structural invariants a reader indexes with, written once (spec/FORMAT.md §6, V13-V15, V19, V25, V27, V29, V32).
+
+The reader (``Store``, ``ImageStore``, ``PackIndex``: every public entry) runs these when it opens a
+store or a pack index and raises the first finding as a ``FormatError``; ``validate`` runs the same
+functions and reports every finding. After they pass, every offset the numba kernels and numpy
+slicing use lies inside its array: no byte of a dataset can make the reader read outside it,
+allocate more than a pack's ``capacity`` per pack, or loop past its arrays.
+
+Each function takes plain arrays (memmaps included), scans them in bounded chunks with vectorised
+numpy, and returns a list of ``Finding`` (empty when the invariant holds). Cost: one pass over each
+array; at 10^7 segments well under a second (``benchmarks/bench_open.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from .errors import FormatError
+
+__all__ = ["Finding", "raise_first", "offsets", "image_spans", "segments", "packs", "MAX_LISTED"]
+
+#: Elements per chunk of a scan: bounded temporaries whatever the file size.
+CHUNK = 1 << 20
+#: At most this many individual elements are listed in one message.
+MAX_LISTED = 5
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken invariant: ``file`` (relative to the dataset), ``field``, ``expected``, ``found``."""
+
+    rule: str
+    file: str
+    field: str | None
+    expected: Any
+    found: Any
+
+    def error(self) -> FormatError:
+        where = f"{self.file}: {self.field}" if self.field else self.file
+        return FormatError(f"{where}: expected {self.expected}, found {self.found} ({self.rule}; run `packfmt validate "
+                           f"--deep` on the dataset for every finding)", file=self.file, field=self.field,
+                           expected=self.expected, found=self.found)
+
+
+def raise_first(findings: Iterable[Finding]) -> None:
+    """Raise the first finding as a ``FormatError`` (what the reader does)."""
+    for f in findings:
+        raise f.error()
+
+
+def listed(indices: np.ndarray) -> str:
+    vals = [int(v) for v in indices[:MAX_LISTED]]
+    more = f" and {len(indices) - MAX_LISTED} more" if len(indices) > MAX_LISTED else ""
+    return ", ".join(map(str, vals)) + more
+
+
+def _chunks(n: int, size: int = CHUNK) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
+
+
+class _First:
+    """First position and total count of a condition over a chunked scan."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.count = 0
+
+    def add(self, mask: np.ndarray, base: int) -> None:
+        n = int(np.count_nonzero(mask))
+        if n:
+            if self.first is None:
+                self.first = base + int(np.flatnonzero(mask)[0])
+            self.count += n
+
+
+def offsets(arr: np.ndarray, *, rule: str, file: str, last: int, last_what: str, strict: bool, unit: str) -> list[Finding]:
+    """An offsets array: ``arr[0] == 0``, ``arr[-1] == last``, increasing (strictly or not).
+
+    Together these put every element in ``[0, last]``.
+    """
+    arr = np.asarray(arr)
+    n = arr.shape[0]
+    if n == 0:
+        return [Finding(rule, file, "length", ">= 1 entry", "0 entries")]
+    out = []
+    if int(arr[0]) != 0:
+        out.append(Finding(rule, file, "[0]", 0, int(arr[0])))
+    if int(arr[-1]) != last:
+        out.append(Finding(rule, file, f"[{n - 1}]", f"{last} ({last_what})", int(arr[-1])))
+    bad = _First()
+    for a, b in _chunks(n - 1):
+        nxt, cur = arr[a + 1:b + 1], arr[a:b]
+        bad.add(nxt <= cur if strict else nxt < cur, a)
+    if bad.first is not None:
+        i = bad.first
+        kind = "strictly increasing" if strict else "non-decreasing"
+        out.append(Finding(rule, file, f"[{i}:{i + 2}]", f"{kind} ({unit})",
+                           f"{int(arr[i])} then {int(arr[i + 1])} ({bad.count} bad step{'s' if bad.count > 1 else ''} in all)"))
+    return out
+
+
+def image_spans(spans: np.ndarray, doc_image_offsets: np.ndarray, doc_offsets: np.ndarray, *, file: str) -> list[Finding]:
+    """V19: each image's token run ``[begin, end)`` lies inside its document, non-empty, runs of one
+    document sorted and disjoint. Needs V13 and V15 to hold."""
+    dio = np.asarray(doc_image_offsets)
+    doc = np.repeat(np.arange(dio.shape[0] - 1, dtype=np.int64), np.diff(dio))
+    spans = np.asarray(spans)
+    begin, end = spans[:, 0], spans[:, 1]
+    off = np.asarray(doc_offsets)
+    lo, hi = off[doc], off[doc + 1]
+    out = []
+    outside = np.flatnonzero((begin < lo) | (end > hi) | (begin >= end))
+    if outside.size:
+        k = int(outside[0])
+        out.append(Finding("V19", file, f"[{k}]", f"doc_start <= begin < end <= doc_end of document {int(doc[k])} = "
+                           f"[{int(lo[k])}, {int(hi[k])})", f"[{int(begin[k])}, {int(end[k])}) ({outside.size} image(s) "
+                           f"outside their document or empty: {listed(outside)})"))
+    same_doc = doc[1:] == doc[:-1]
+    overlap = np.flatnonzero(same_doc & (begin[1:] < end[:-1]))
+    if overlap.size:
+        k = int(overlap[0])
+        out.append(Finding("V19", file, f"[{k}:{k + 2}]", "spans of one document sorted and not overlapping",
+                           f"[{int(begin[k])}, {int(end[k])}) then [{int(begin[k + 1])}, {int(end[k + 1])}) "
+                           f"({overlap.size} in all)"))
+    return out
+
+
+def segments(segs: np.ndarray, doc_offsets: np.ndarray, *, file: str) -> tuple[list[Finding], np.ndarray | None]:
+    """V27: every segment ``(doc, begin, end)`` has ``0 <= doc < n`` and ``0 <= begin < end <= len(doc)``.
+
+    Needs V13 (``doc_offsets`` checked). Returns the findings and, when there are none, the int64
+    running sum of segment lengths (``S + 1`` entries, for ``packs``).
+    """
+    doc_offsets, segs = np.asarray(doc_offsets), np.asarray(segs)
+    n_docs = doc_offsets.shape[0] - 1
+    S = segs.shape[0]
+    cum = np.empty(S + 1, dtype=np.int64)
+    cum[0] = 0
+    bad_doc, bad_range = _First(), _First()
+    for a, b in _chunks(S):
+        chunk = segs[a:b]
+        doc, begin, end = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+        wrong = (doc < 0) | (doc >= n_docs)
+        if wrong.any():
+            bad_doc.add(wrong, a)
+            doc = np.where(wrong, 0, doc)
+        length = end - begin
+        doc_len = doc_offsets[doc + 1] - doc_offsets[doc]
+        bad_range.add(~wrong & ((begin < 0) | (begin >= end) | (end > doc_len)), a)
+        np.cumsum(length, out=cum[a + 1:b + 1])
+        cum[a + 1:b + 1] += cum[a]
+    out = []
+    if bad_doc.first is not None:
+        k = bad_doc.first
+        out.append(Finding("V27", file, f"[{k}].doc", f"a document id in [0, {n_docs})",
+                           f"{int(segs[k, 0])} ({bad_doc.count} bad in all)"))
+    if bad_range.first is not None:
+        k = bad_range.first
+        d, beg, end = (int(v) for v in segs[k])
+        out.append(Finding("V27", file, f"[{k}]", f"0 <= begin < end <= length of document {d} "
+                           f"({int(doc_offsets[d + 1] - doc_offsets[d])})",
+                           f"[{beg}, {end}) (segment beyond its document, or empty; {bad_range.count} bad segment(s) in all)"))
+    return out, (None if out else cum)
+
+
+def packs(cum: np.ndarray, pack_offsets: np.ndarray, capacity: int, *, file: str,
+          pack_token_offsets: np.ndarray | None = None, pto_file: str = "") -> tuple[list[Finding], np.ndarray]:
+    """V29: every pack holds at most ``capacity`` tokens; V32 (first half): when materialized, each
+    pack's run in ``pack_token_offsets`` is as long as the pack. Needs V25 and V27.
+
+    Returns the findings and the int64 length of every pack.
+    """
+    po = np.asarray(pack_offsets)
+    lengths = cum[po[1:]] - cum[po[:-1]]
+    out = []
+    over = np.flatnonzero(lengths > capacity)
+    if over.size:
+        p = int(over[0])
+        out.append(Finding("V29", file, f"pack {p}", f"<= capacity {capacity} tokens (index.json)",
+                           f"{int(lengths[p])} tokens ({over.size} pack(s) over capacity: {listed(over)})"))
+    if pack_token_offsets is not None:
+        runs = np.diff(np.asarray(pack_token_offsets))
+        wrong = np.flatnonzero(runs != lengths)
+        if wrong.size:
+            p = int(wrong[0])
+            out.append(Finding("V32", pto_file, f"[{p}:{p + 2}]", f"a run of {int(lengths[p])} tokens (the length of "
+                               f"pack {p} by its segments)", f"{int(runs[p])} ({wrong.size} pack(s): {listed(wrong)})"))
+    return out, lengths
