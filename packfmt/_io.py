@@ -6,6 +6,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -83,30 +84,93 @@ class HashedFile:
             pass
 
 
-def temp_sibling(target: Path, tag: str = "packfmt-tmp") -> Path:
+#: Temp directories this process created and has not yet published or removed: ``path -> owner pid``.
+#: The CLI's signal handler reads it to decide whether there is anything to unwind.
+_LIVE_TEMPS: dict[Path, int] = {}
+#: Old copies this process has renamed aside and not yet removed (an ``overwrite`` publish in flight).
+_IN_FLIGHT_OLD: set[Path] = set()
+
+TMP_TAG, OLD_TAG = "packfmt-tmp", "packfmt-old"
+#: Files whose presence makes a directory a published dataset / pack index (written last, renamed in whole).
+_MARKERS = ("manifest.json", "index.json")
+
+
+def temp_sibling(target: Path, tag: str = TMP_TAG) -> Path:
     """A fresh directory next to ``target`` (same file system, so rename is atomic)."""
     target = Path(target)
     tmp = target.parent / f".{target.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
+    _LIVE_TEMPS[tmp] = os.getpid()
     return tmp
 
 
-def remove_stale_temps(target: Path, tag: str = "packfmt-tmp") -> int:
-    """Remove temp directories left next to ``target`` by builds whose process is gone."""
+def live_temps() -> list[Path]:
+    """Temp directories of this process that still exist (they need removing if the process stops now)."""
+    pid = os.getpid()
+    return [p for p, owner in list(_LIVE_TEMPS.items()) if owner == pid and p.exists()]
+
+
+def _owner_pid(name: str, prefix: str) -> int | None:
+    try:
+        return int(name[len(prefix):].split("-")[0])
+    except ValueError:
+        return None
+
+
+def _orphaned(path: Path, pid: int, registry) -> bool:
+    """Left by a process that is gone: another PID that no longer runs, or ours but not in use by us
+    (PIDs are reused, e.g. in containers)."""
+    if pid == os.getpid():
+        return path not in registry
+    return not _pid_alive(pid)
+
+
+def _looks_published(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and any((path / m).is_file() for m in _MARKERS)
+
+
+def remove_stale_temps(target: Path, tag: str = TMP_TAG) -> int:
+    """Clean up what interrupted publishes of ``target`` left next to it; return how many dirs were removed.
+
+    * ``.NAME.packfmt-tmp-PID-*`` of a process that is gone: deleted (never the only copy of anything).
+    * ``.NAME.packfmt-old-PID-TIME`` (a kill between the two renames of an overwrite, or during the
+      removal of the old copy) of a process that is gone: deleted when ``NAME`` is in place and looks
+      published (has its manifest); when ``NAME`` is missing, the newest complete old copy is renamed
+      back to ``NAME`` (the overwrite never happened) and a warning says so. An old copy is never
+      deleted while ``NAME`` is missing or incomplete.
+
+    Call it before checking whether ``target`` exists, so that a restored copy counts as existing.
+    """
     target = Path(target)
-    removed = 0
-    if not target.parent.exists():
+    parent = target.parent
+    if not parent.is_dir():
         return 0
-    prefix = f".{target.name}.{tag}-"
-    for p in target.parent.iterdir():
-        if not p.name.startswith(prefix):
-            continue
-        try:
-            pid = int(p.name[len(prefix):].split("-")[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
+    tmp_prefix, old_prefix = f".{target.name}.{tag}-", f".{target.name}.{OLD_TAG}-"
+    removed = 0
+    olds: list[tuple[int, Path]] = []
+    for p in parent.iterdir():
+        if p.name.startswith(tmp_prefix):
+            pid = _owner_pid(p.name, tmp_prefix)
+            if pid is not None and _orphaned(p, pid, _LIVE_TEMPS):
+                shutil.rmtree(p, ignore_errors=True)
+                removed += 1
+        elif p.name.startswith(old_prefix):
+            pid = _owner_pid(p.name, old_prefix)
+            if pid is not None and _orphaned(p, pid, _IN_FLIGHT_OLD):
+                stamp = p.name[len(old_prefix):].split("-")[1:2]
+                olds.append((int(stamp[0]) if stamp and stamp[0].isdigit() else 0, p))
+    if olds and not (target.exists() or target.is_symlink()):
+        for _, old in sorted(olds, reverse=True):  # newest first
+            if _looks_published(old):
+                os.rename(old, target)
+                fsync_dir(parent)
+                olds.remove((_, old))
+                warnings.warn(f"{target}: restored from {old.name}, the copy an interrupted overwrite had renamed "
+                              "aside before the new one was in place", stacklevel=2)
+                break
+    if olds and _looks_published(target):
+        for _, old in olds:
+            shutil.rmtree(old, ignore_errors=True)
             removed += 1
     return removed
 
@@ -139,7 +203,9 @@ def publish_dir(tmp: Path, target: Path, *, overwrite: bool) -> None:
 
     ``os.rename`` of a directory is atomic on POSIX; when ``target`` exists and overwrite is
     asked, the old directory is first renamed aside (readers holding memmaps keep valid
-    mappings) and removed after the new one is in place.
+    mappings), then, once the new one is in place, renamed to a temp name and removed: an
+    interrupted removal leaves a ``packfmt-tmp`` directory, never a half-deleted ``packfmt-old``
+    one that could be restored. See ``remove_stale_temps`` for what a kill leaves behind.
     """
     tmp, target = Path(tmp), Path(target)
     fsync_dir(tmp)
@@ -148,9 +214,23 @@ def publish_dir(tmp: Path, target: Path, *, overwrite: bool) -> None:
         if not overwrite:
             raise DatasetExistsError(f"{target}: already exists (pass overwrite=True / --overwrite to replace it)",
                                      file=str(target), expected="no existing path", found="exists")
-        old = target.parent / f".{target.name}.packfmt-old-{os.getpid()}-{int(time.time())}"
+        old = target.parent / f".{target.name}.{OLD_TAG}-{os.getpid()}-{int(time.time())}"
+        _IN_FLIGHT_OLD.add(old)
         os.rename(target, old)
-    os.rename(tmp, target)
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        if old is not None and not (target.exists() or target.is_symlink()):
+            os.rename(old, target)  # put the previous copy back: the overwrite did not happen
+        raise
+    finally:
+        _LIVE_TEMPS.pop(tmp, None)
+        _IN_FLIGHT_OLD.discard(old)
     fsync_dir(target.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        trash = target.parent / f".{target.name}.{TMP_TAG}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(old, trash)
+        except OSError:
+            trash = old
+        shutil.rmtree(trash, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 ``summarize(store)`` returns a plain dict (JSON-ready) with the counts, the document length
 distribution, images, loss mask, the build report and, for each pack index, its packing
-efficiency next to what naive padding would cost on the same data. ``plot_summary`` draws it;
+efficiency next to what naive padding would cost on the same data. ``packfmt.plot`` draws it;
 ``format_pack`` shows one pack's segments (and decoded text when a tokenizer is at hand).
 
 Padding baselines (``padding_costs``) work on *rows*: each document cut into pieces of at most
@@ -366,135 +366,10 @@ def format_pack(index: PackIndex, p: int, decode=None) -> str:
 
 
 # ----------------------------------------------------------------------------- pictures
-def batch_grids(store: Store, index: PackIndex | None, rows: int = DEFAULT_BATCH, capacity: int | None = None,
-                width: int = 1024) -> dict:
-    """Token grids of one batch under three layouts, on the same tokens.
+def __getattr__(name: str):
+    """``plot_summary`` / ``batch_grids`` live in ``packfmt.plot`` (imported, with matplotlib, only when drawing)."""
+    if name in ("plot_summary", "batch_grids", "draw_summary"):
+        from . import plot
 
-    The tokens are those of ``rows`` packs evenly spaced through ``index`` (or, without an index, the first
-    ``rows`` documents cut at ``capacity``). Each grid is int32 ``(n_rows, width)``: 0 = padding,
-    1 / 2 = alternating documents (columns are token positions scaled to ``width``).
-
-    Returns ``{layout: (grid, efficiency)}`` for ``pad_to_longest``, ``pad_to_capacity`` and ``packed``, in that order.
-    """
-    if index is not None:
-        cap = index.capacity
-        po = np.asarray(index.pack_offsets)
-        # packs evenly spaced through the index: packers sort, so the first packs are not typical
-        picks = np.unique(np.linspace(0, index.num_packs - 1, min(rows, index.num_packs)).round().astype(np.int64))
-        pack_rows = [np.asarray(index.segments[po[i]:po[i + 1]]) for i in picks]
-        segs = np.concatenate(pack_rows) if pack_rows else np.zeros((0, 3), dtype=np.int64)
-    else:
-        cap = int(capacity or max(1, int(store.doc_lengths[:rows].max())))
-        lens = np.minimum(np.asarray(store.doc_lengths[:rows]), cap)
-        segs = np.stack([np.arange(lens.size), np.zeros(lens.size, dtype=np.int64), lens], axis=1)
-        pack_rows = None
-    seg_len = segs[:, 2] - segs[:, 1]
-    width = min(width, cap)
-    out = {}
-    order = np.lexsort((segs[:, 1], segs[:, 0]))  # data order: as a padding loader would read them
-    lens_data_order = seg_len[order]
-    batches = [lens_data_order[i:i + rows] for i in range(0, lens_data_order.size, rows)]
-    longest_rows = [[x] for x in lens_data_order]
-    longest_width = np.concatenate([np.full(b.size, b.max()) for b in batches]) if batches else np.zeros(0)
-    out["pad_to_longest"] = _grid(longest_rows, cap, width, row_slots=longest_width)
-    out["pad_to_capacity"] = _grid([[x] for x in lens_data_order], cap, width)
-    if pack_rows is not None:
-        out["packed"] = _grid([r[:, 2] - r[:, 1] for r in pack_rows], cap, width)
-    return out
-
-
-def _grid(rows: list, cap: int, width: int, row_slots: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """Paint rows of segment lengths into a ``(len(rows), width)`` grid; return it and the efficiency.
-
-    Cells: 0 = padding slot, 1 / 2 = alternating documents, -1 = no slot (beyond the row's length
-    in pad-to-longest, drawn white).
-    """
-    scale = width / cap
-    grid = np.full((len(rows), width), -1, dtype=np.int32)
-    colour, used, slots = 0, 0, 0
-    for r, lens in enumerate(rows):
-        n_slots = cap if row_slots is None else int(row_slots[r])
-        grid[r, :max(1, int(round(n_slots * scale)))] = 0
-        pos = 0
-        for length in np.asarray(lens).tolist():
-            a, b = int(round(pos * scale)), max(int(round((pos + length) * scale)), int(round(pos * scale)) + 1)
-            grid[r, a:b] = 1 + colour % 2
-            colour += 1
-            pos += length
-        used += pos
-        slots += n_slots
-    return grid, (used / slots if slots else 1.0)
-
-
-def plot_summary(store: Store, summary: dict, path: str | os.PathLike, index_name: str | None = None,
-                 rows: int = DEFAULT_BATCH) -> Path:
-    """Write a PNG: document-length histogram, pack fill histograms, and one batch as token grids."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-
-    names = list(summary["pack_indexes"])
-    index = store.pack_index(index_name or names[0]) if (index_name or names) else None
-    grids = batch_grids(store, index, rows=rows)
-    n_grid = len(grids)
-    heights = [3.0, 3.0] + [max(1.2, 0.12 * g[0].shape[0] + 0.6) for g in grids.values()]
-    fig = plt.figure(figsize=(12, sum(heights) + 1.0), layout="constrained")
-    gs = fig.add_gridspec(2 + n_grid, 1, height_ratios=heights)
-    _plot_lengths(fig.add_subplot(gs[0]), np.asarray(store.doc_lengths), summary)
-    _plot_fill(fig.add_subplot(gs[1]), store, names)
-    cmap = ListedColormap(["white", "#c8c8c8", "#1f77b4", "#ff7f0e"])  # -1 none, 0 pad, 1/2 documents
-    titles = {"packed": f"packed: index {index.name!r}" if index is not None else "packed",
-              "pad_to_longest": f"pad to longest (batches of {rows})", "pad_to_capacity": "pad every document to capacity"}
-    cap = index.capacity if index is not None else None
-    for k, (layout, (grid, eff)) in enumerate(grids.items()):
-        ax = fig.add_subplot(gs[2 + k])
-        ax.imshow(grid, cmap=cmap, vmin=-1, vmax=2, aspect="auto", interpolation="nearest")
-        ax.set_title(f"{titles[layout]}: {grid.shape[0]} rows, efficiency {100 * eff:.1f}% (gray = padding)",
-                     fontsize=10, loc="left")
-        ax.set_yticks([])
-        ax.set_xticks(np.linspace(0, grid.shape[1] - 1, 5))
-        ax.set_xticklabels([f"{int(round(x))}" for x in np.linspace(0, cap or grid.shape[1], 5)])
-        ax.set_xlabel("token position" if k == n_grid - 1 else "")
-    fig.suptitle(f"{Path(store.path).name}: {store.num_documents:,} documents, {store.num_tokens:,} tokens", fontsize=12)
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def _plot_lengths(ax, lengths: np.ndarray, summary: dict) -> None:
-    if lengths.size:
-        bins = np.unique(np.geomspace(max(1, lengths.min()), max(2, lengths.max()), 60).astype(np.int64))
-        ax.hist(lengths, bins=bins if bins.size > 1 else 10, color="#1f77b4")
-        ax.set_xscale("log")
-        for name, ix in summary["pack_indexes"].items():
-            ax.axvline(ix["capacity"], color="#d62728", linestyle="--", linewidth=1)
-            ax.text(ix["capacity"], ax.get_ylim()[1] * 0.9, f" capacity {ix['capacity']}", color="#d62728", fontsize=8)
-            break
-    d = summary["document_lengths"]
-    ax.set_title(f"document length (tokens): p50 {d.get('p50', 0):,.0f}, p90 {d.get('p90', 0):,.0f}, "
-                 f"p99 {d.get('p99', 0):,.0f}, max {d.get('max', 0):,}", fontsize=10, loc="left")
-    ax.set_ylabel("documents")
-
-
-def _plot_fill(ax, store: Store, names: list[str]) -> None:
-    if not names:
-        ax.text(0.5, 0.5, "no pack index", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return
-    bins = np.linspace(0, 1, 41)
-    for name in names:
-        ix = store.pack_index(name)
-        po = np.asarray(ix.pack_offsets)
-        seg_len = np.asarray(ix.segments[:, 2] - ix.segments[:, 1])
-        cum = np.concatenate([[0], np.cumsum(seg_len)])
-        fill = (cum[po[1:]] - cum[po[:-1]]) / ix.capacity
-        ax.hist(fill, bins=bins, histtype="step", linewidth=1.5,
-                label=f"{name}: mean fill {100 * fill.mean():.1f}%" if fill.size else name)
-    ax.set_title("pack fill (tokens / capacity) per index", fontsize=10, loc="left")
-    ax.set_xlabel("fill")
-    ax.set_ylabel("packs")
-    ax.set_yscale("log")
-    ax.legend(fontsize=8)
+        return getattr(plot, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -111,12 +111,12 @@ def build_pack_index(
     packs_root = store.path / F.PACKS_DIR
     packs_root.mkdir(exist_ok=True)
     target = packs_root / name
+    remove_stale_temps(target)  # first: it may restore a copy an interrupted overwrite had moved aside
     if target.exists() and not overwrite:
         from .errors import DatasetExistsError
 
         raise DatasetExistsError(f"{target}: pack index {name!r} already exists (use overwrite / --overwrite or another --name)",
                                  file=str(target), expected="no existing index", found="exists")
-    remove_stale_temps(target)
     tmp = temp_sibling(target)
     try:
         files = {}

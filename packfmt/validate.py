@@ -222,8 +222,7 @@ def _index_dirs(root: Path, out: _Collector) -> list[str]:
         label = f"{F.PACKS_DIR}/{p.name}"
         if p.name.startswith("."):
             if ".packfmt-tmp-" in p.name or ".packfmt-old-" in p.name:
-                out.add(label, None, severity=WARNING,
-                        detail="temporary directory of an interrupted pack build (safe to delete; the next build removes it)")
+                out.add(label, None, severity=WARNING, detail=_leftover_detail(packs, p.name))
             else:
                 out.add(label, None, severity=WARNING, detail="unknown hidden entry in packs/")
             continue
@@ -232,6 +231,20 @@ def _index_dirs(root: Path, out: _Collector) -> list[str]:
             continue
         names.append(p.name)
     return names
+
+
+def _leftover_detail(packs: Path, entry: str) -> str:
+    """What a ``.NAME.packfmt-tmp-*`` / ``.NAME.packfmt-old-*`` dir is and what removes it (see _io.remove_stale_temps)."""
+    name = entry[1:].split(".packfmt-")[0]
+    rerun = f"the next `packfmt pack --name {name}` on this dataset"
+    if ".packfmt-tmp-" in entry:
+        return (f"temporary directory of a pack build of {name!r} that is running or was interrupted; nothing reads "
+                f"it; {rerun} removes it once its process has exited (or delete it)")
+    if (packs / name / F.PACK_INDEX_JSON).is_file():
+        return (f"previous copy of pack index {name!r}, left by an interrupted --overwrite; packs/{name} is in place, "
+                f"so {rerun} deletes it (or delete it)")
+    return (f"previous copy of pack index {name!r}, left by an interrupted --overwrite before the new copy was in "
+            f"place; packs/{name} is missing: {rerun} restores it as packs/{name} (or rename it back yourself)")
 
 
 # ----------------------------------------------------------------------------- chunked helpers

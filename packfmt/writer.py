@@ -98,13 +98,13 @@ class DatasetWriter:
         self.overwrite = overwrite
         self.extra = dict(extra or {})
         self.build_report: dict | None = None
+        remove_stale_temps(self.path)  # first: it may restore a copy an interrupted overwrite had moved aside
         if self.path.exists() and not overwrite:
             from .errors import DatasetExistsError
 
             raise DatasetExistsError(f"{self.path}: already exists (pass overwrite=True / --overwrite to replace it)",
                                      file=str(self.path), expected="no existing path", found="exists")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(self.path)
         self._tmp = temp_sibling(self.path)
         self._files: dict[str, HashedFile] = {}
         self._open(F.TOKENS)

@@ -15,17 +15,20 @@ def add_parser(sub) -> None:
                     "index its fill efficiency next to what naive padding would cost on the same data.")
     p.add_argument("path", help="dataset directory")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="write length / fill histograms and a token-grid picture of one batch")
+    p.add_argument("--plot", metavar="FILE.png", help="write length / fill histograms and token grids of one batch of packs drawn "
+                                                     "at random, with batch boundaries (see --batch-size)")
     p.add_argument("--show-pack", metavar="N", type=int, help="print pack N's segments and text (or token ids)")
     p.add_argument("--index", metavar="NAME", help="pack index for --show-pack / --plot (default: the only or first one)")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory or tokenizer.json for decoding "
                                                      "(default: the manifest's tokenizer.path when it exists here)")
-    p.add_argument("--batch-size", type=int, default=8, help="rows per batch of the pad-to-longest baseline (default 8)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per batch of the pad-to-longest baseline and of the --plot batch "
+                                                               "(default 8)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect import format_pack, format_summary, plot_summary, summarize
+    from ..inspect import format_pack, format_summary, summarize
+    from ..plot import plot_summary
     from ..reader import open_dataset
 
     if args.batch_size < 1:
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_summary(summary))
     if args.plot:
-        out = plot_summary(store, summary, args.plot, index_name=args.index)
+        out = plot_summary(store, summary, args.plot, index_name=args.index, batch_size=args.batch_size)
         print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
     if args.show_pack is not None:
         return _show_pack(store, names, args, format_pack)
