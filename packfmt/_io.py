@@ -146,8 +146,9 @@ def publish_dir(tmp: Path, target: Path, *, overwrite: bool) -> None:
     old = None
     if target.exists() or target.is_symlink():
         if not overwrite:
-            raise DatasetExistsError(f"{target}: already exists (pass overwrite=True / --overwrite to replace it)",
-                                     file=str(target), expected="no existing path", found="exists")
+            raise DatasetExistsError(f"{target}: already exists (pass overwrite=True to replace it)",
+                                     file=str(target), expected="no existing path", found="exists",
+                                     cli=f"{target}: already exists (pass --overwrite to replace it)")
         old = target.parent / f".{target.name}.packfmt-old-{os.getpid()}-{int(time.time())}"
         os.rename(target, old)
     os.rename(tmp, target)

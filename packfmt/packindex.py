@@ -114,8 +114,9 @@ def build_pack_index(
     if target.exists() and not overwrite:
         from .errors import DatasetExistsError
 
-        raise DatasetExistsError(f"{target}: pack index {name!r} already exists (use overwrite / --overwrite or another --name)",
-                                 file=str(target), expected="no existing index", found="exists")
+        raise DatasetExistsError(f"{target}: pack index {name!r} already exists (pass overwrite=True, or another name=)",
+                                 file=str(target), expected="no existing index", found="exists",
+                                 cli=f"{target}: pack index {name!r} already exists (pass --overwrite, or another --name)")
     remove_stale_temps(target)
     tmp = temp_sibling(target)
     try:

@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except PackfmtError as exc:
-        print(f"packfmt {args.command}: error: {exc}", file=sys.stderr)
+        print(f"packfmt {args.command}: error: {exc.cli_message()}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:
         print(f"packfmt {args.command}: interrupted", file=sys.stderr)

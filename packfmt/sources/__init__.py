@@ -55,8 +55,9 @@ def detect_format(path: str | os.PathLike) -> str:
         return "json"
     if name.endswith(".parquet"):
         return "parquet"
-    raise InputError(f"{p}: cannot tell the format from the name (pass --format)", reason="unknown_format",
-                     file=str(p), expected=f"one of {list(FORMATS)}", found=p.suffix or "no suffix")
+    raise InputError(f"{p}: cannot tell the format from the name (pass fmt= one of {list(FORMATS)})",
+                     reason="unknown_format", file=str(p), expected=f"one of {list(FORMATS)}", found=p.suffix or "no suffix",
+                     cli=f"{p}: cannot tell the format from the name (pass --format {{{','.join(FORMATS)}}})")
 
 
 def iter_records(paths: Sequence[str | os.PathLike], fmt: str | None = None, *, columns: Sequence[str] | None = None,
