@@ -59,3 +59,19 @@ def test_pack_index_errors_list_names_or_say_how_to_create_one(tmp_path, capsys)
     assert cli.main(["inspect", str(ds), "--index", "c"]) == 1
     assert "['a', 'b']" in capsys.readouterr().err
     assert PackedDataset(ds, "b").index_name == "b"
+
+
+# ----------------------------------------------------------------------------- 7. collate_hf names itself
+def test_collate_hf_error_names_collate_hf(tmp_path):
+    from packfmt.torch import PackedDataset, collate_hf
+
+    ds = write_ds(tmp_path / "ds")
+    build_pack_index(ds, capacity=8, name="p")
+    items = [dict(item) for item in (PackedDataset(ds, "p")[0], PackedDataset(ds, "p")[1])]
+    for item in items:  # what transformers' Trainer does with remove_unused_columns=True
+        del item["seq_lens"], item["document_ids"]
+    with pytest.raises(ValueError) as info:
+        collate_hf(items)
+    msg = str(info.value)
+    assert msg.startswith("collate_hf:") and "collate_varlen" not in msg
+    assert "remove_unused_columns=False" in msg and "seq_lens" in msg
