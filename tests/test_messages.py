@@ -75,3 +75,100 @@ def test_collate_hf_error_names_collate_hf(tmp_path):
     msg = str(info.value)
     assert msg.startswith("collate_hf:") and "collate_varlen" not in msg
     assert "remove_unused_columns=False" in msg and "seq_lens" in msg
+
+
+# ----------------------------------------------------------------------------- 2. parquet --field lists the columns
+def test_parquet_field_not_a_column_lists_the_columns(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist([{"body": f"{GOOD} {i}", "id": i} for i in range(5)]), src)
+    with pytest.raises(InputError) as info:
+        build_text([src], tmp_path / "ds", SAMPLE_TOK)  # field="text" is not a column
+    assert "['body', 'id']" in str(info.value) and "field=" in str(info.value) and "--field" not in str(info.value)
+    args = ["build", "text", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(SAMPLE_TOK), "--no-progress"]
+    assert cli.main(args + ["--field", "txt", "--on-error", "skip"]) == 1
+    err = capsys.readouterr().err
+    assert "no column 'txt'" in err and "['body', 'id']" in err and "--field" in err
+    assert cli.main(args + ["--field", "body"]) == 0
+
+
+# ----------------------------------------------------------------------------- 3. DatasetDict splits
+def test_dataset_dict_reads_train_or_asks_for_a_split(tmp_path, capsys):
+    datasets = pytest.importorskip("datasets")
+    train = [{"text": f"{GOOD} train {i}"} for i in range(4)]
+    test = [{"text": f"{GOOD} test {i}"} for i in range(3)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(train), "test": datasets.Dataset.from_list(test)}
+                         ).save_to_disk(str(tmp_path / "dd"))
+    out = tmp_path / "ds"
+    assert cli.main(["build", "text", str(tmp_path / "dd"), "-o", str(out), "--tokenizer", str(SAMPLE_TOK),
+                     "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "read split 'train'" in printed and "--split" in printed  # says which split, and how to pick another
+    assert len(packfmt.open(out)) == len(train)  # not train + test mixed
+    with pytest.raises(InputError) as info:  # a wrong split lists those there are
+        build_text([tmp_path / "dd"], tmp_path / "x", SAMPLE_TOK, split="validation")
+    assert "'validation'" in str(info.value) and "['train', 'test']" in str(info.value)
+
+    datasets.DatasetDict({"a": datasets.Dataset.from_list(train), "b": datasets.Dataset.from_list(test)}
+                         ).save_to_disk(str(tmp_path / "ab"))
+    with pytest.raises(InputError) as info:  # no train: refuse, list the splits, name split=
+        build_text([tmp_path / "ab"], tmp_path / "x", SAMPLE_TOK)
+    assert "['a', 'b']" in str(info.value) and "split=" in str(info.value)
+    assert cli.main(["build", "text", str(tmp_path / "ab"), "-o", str(tmp_path / "x"), "--tokenizer", str(SAMPLE_TOK)]) == 1
+    assert "--split a|b" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------------------- 4. every record fails / skip summary
+def test_all_records_failing_names_the_option_not_on_error_skip(tmp_path, capsys):
+    chat = Path(packfmt.__file__).parent / "sample_data" / "chat.jsonl"  # a chat file given to `build text`
+    args = ["build", "text", str(chat), "-o", str(tmp_path / "ds"), "--tokenizer", str(SAMPLE_TOK), "--no-progress"]
+    for extra in ([], ["--on-error", "skip"]):
+        assert cli.main(args + extra) == 1
+        err = capsys.readouterr().err
+        assert "--on-error skip" not in err and "--field" in err and "packfmt build chat" in err
+        assert "all 60 records" in err and "(60 missing_field)" in err
+    with pytest.raises(InputError) as info:
+        build_text([chat], tmp_path / "ds", SAMPLE_TOK, on_error="skip")
+    assert info.value.reason == "nothing_written" and "field=" in str(info.value) and "--field" not in str(info.value)
+
+    # skip: a summary per reason with the first 3 examples, exact counts, not one line per record
+    lines = [json.dumps({"text": f"{GOOD} {i}"}) for i in range(3)] + ['{"body": 1}', "not json"] * 5
+    src = tmp_path / "mixed.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    assert cli.main(["build", "text", str(src), "-o", str(tmp_path / "ok"), "--tokenizer", str(SAMPLE_TOK),
+                     "--no-progress", "--on-error", "skip"]) == 0
+    captured = capsys.readouterr()
+    assert "13 records read = 3 written + 10 skipped" in captured.out
+    assert "skipped 5 x missing_field, e.g.:" in captured.out and "skipped 5 x malformed_json, e.g.:" in captured.out
+    assert captured.out.count(f"{src}:") == 6 and captured.out.count("... 2 more (pass --skip-log FILE") == 2
+    assert str(src) not in captured.err
+    report = packfmt.open(tmp_path / "ok").manifest.raw["build_report"]
+    assert [(e["reason"], e["line"]) for e in report["skipped_examples"]] == [
+        ("missing_field", 4), ("malformed_json", 5), ("missing_field", 6), ("malformed_json", 7),
+        ("missing_field", 8), ("malformed_json", 9)]
+    # one bad record among good ones still suggests skipping it
+    with pytest.raises(InputError) as info:
+        build_text([src], tmp_path / "x", SAMPLE_TOK)
+    assert info.value.line == 4 and "on_error='skip'" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- 5. oversize losing tokens warns
+def test_oversize_losing_tokens_warns_and_json_reports_it(tmp_path, capsys):
+    from packfmt.packindex import LostTokensWarning
+
+    ds = write_ds(tmp_path / "ds", [list(range(1, 11))] + [[1, 2]] * 45)  # 100 tokens; one document of 10
+    with pytest.warns(LostTokensWarning, match=r"oversize='drop'.*10 of 100 tokens.*max_lost_fraction=0\.01.*oversize='split'"):
+        build_pack_index(ds, capacity=8, oversize="drop", name="d")
+    base = ["pack", str(ds), "--capacity", "8", "--json", "--overwrite"]
+    assert cli.main(base + ["--oversize", "truncate"]) == 0  # 2 of 100 tokens lost > 1%
+    captured = capsys.readouterr()
+    assert "WARNING: --oversize truncate left out 2 of 100 tokens (2.00%)" in captured.err
+    assert "--max-lost-fraction 0.01" in captured.err and "--oversize split" in captured.err
+    lost = json.loads(captured.out)["lost_tokens"]
+    assert lost == {"tokens": 2, "fraction": 0.02, "max_fraction": 0.01, "exceeded": True}
+    assert cli.main(base + ["--oversize", "truncate", "--max-lost-fraction", "0.05"]) == 0  # under the bound: quiet
+    captured = capsys.readouterr()
+    assert "WARNING" not in captured.err and json.loads(captured.out)["lost_tokens"]["exceeded"] is False

@@ -31,7 +31,8 @@ def _inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="input files or folders")
     p.add_argument("-o", "--out", required=True, help="target dataset directory")
     p.add_argument("--format", dest="fmt", choices=FORMATS, help="input format (default: from each path)")
-    p.add_argument("--split", help="split of a DatasetDict saved with save_to_disk (default: all)")
+    p.add_argument("--split", help="split of a DatasetDict saved with save_to_disk (default: train; "
+                                   "a DatasetDict without train needs --split)")
 
 
 def _bos_eos(p: argparse.ArgumentParser) -> None:
@@ -183,20 +184,32 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
-    print_report(result, as_json=args.json)
+    print_report(result, as_json=args.json, skip_log=args.skip_log)
     return 0
 
 
-def print_report(result, *, as_json: bool = False) -> None:
+def print_report(result, *, as_json: bool = False, skip_log: str | None = None) -> None:
     r = result.report
     if as_json:
         print(json.dumps({"path": str(result.path), "build_report": r}, indent=2))
         return
     skipped = sum(r["skipped"].values())
     print(f"wrote {result.path}")
+    for source in r.get("sources", []):
+        if "split" in source:
+            print(f"  read split {source['split']!r} of {source['path']} (pick another with --split)")
     print(f"  {r['records_read']:,} records read = {r['documents_written']:,} written + {skipped:,} skipped")
+    examples: dict[str, list] = {}
+    for ex in r.get("skipped_examples", []):
+        examples.setdefault(ex["reason"], []).append(ex)
     for reason, n in r["skipped"].items():
-        print(f"    skipped {n:,} x {reason}")
+        shown = examples.get(reason, [])
+        print(f"    skipped {n:,} x {reason}" + (", e.g.:" if shown else ""))
+        for ex in shown:
+            print(f"      {ex['message']}")
+        if n > len(shown):
+            print(f"      ... {n - len(shown):,} more" + (f" (every one is in {skip_log})" if skip_log else
+                                                             " (pass --skip-log FILE to list every one)"))
     print(f"  {r['tokens']:,} tokens" + (f", {r['images']:,} images" if r.get("images") else "")
           + f" in {r['seconds']:.2f} s ({r['tokens_per_second']:,.0f} tokens/s, {r['workers']} worker(s))")
     print(f"  tokenizer {r['tokenizer']['name']} ({r['tokenizer']['class']}, {r['tokenizer']['hash'][:19]}...)")
