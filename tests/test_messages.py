@@ -172,3 +172,34 @@ def test_oversize_losing_tokens_warns_and_json_reports_it(tmp_path, capsys):
     assert cli.main(base + ["--oversize", "truncate", "--max-lost-fraction", "0.05"]) == 0  # under the bound: quiet
     captured = capsys.readouterr()
     assert "WARNING" not in captured.err and json.loads(captured.out)["lost_tokens"]["exceeded"] is False
+
+
+# ----------------------------------------------------------------------------- 8. megatron export and loss masks
+def test_megatron_export_says_the_mask_is_not_carried_and_writes_it_beside(tmp_path, capsys):
+    from packfmt.megatron import read_megatron_index
+
+    docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    store = packfmt.open(write_ds(tmp_path / "ds", docs, loss_mask=True))
+    prefix = tmp_path / "mg" / "c"
+    assert cli.main(["export", "megatron", str(tmp_path / "ds"), str(prefix)]) == 0
+    err = capsys.readouterr().err
+    mask = f"{prefix}_loss_mask"
+    assert "do not carry the loss mask" in err and f"{mask}.bin" in err and f"{mask}.idx" in err
+    dtype, lengths, pointers, doc_idx = read_megatron_index(mask + ".idx")
+    assert dtype == np.uint8 and lengths.tolist() == [len(d) for d in docs]
+    assert doc_idx.tolist() == read_megatron_index(f"{prefix}.idx")[3].tolist()
+    assert np.array_equal(np.fromfile(mask + ".bin", dtype=np.uint8), store.loss_mask)
+    try:  # the file pair is an IndexedDataset megatron-core reads, document by document
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.datasets.indexed_dataset import IndexedDataset
+    except Exception:  # pragma: no cover - depends on the environment
+        IndexedDataset = None
+    if IndexedDataset is not None:
+        assert [np.asarray(m).tolist() for m in IndexedDataset(mask)] == [store.document_loss_mask(i).tolist()
+                                                                           for i in range(len(docs))]
+    assert cli.main(["export", "megatron", str(tmp_path / "ds"), str(tmp_path / "n"), "--no-loss-mask"]) == 0
+    assert "not exported (--no-loss-mask)" in capsys.readouterr().err
+    assert not (tmp_path / "n_loss_mask.bin").exists()
