@@ -203,3 +203,39 @@ def test_megatron_export_says_the_mask_is_not_carried_and_writes_it_beside(tmp_p
     assert cli.main(["export", "megatron", str(tmp_path / "ds"), str(tmp_path / "n"), "--no-loss-mask"]) == 0
     assert "not exported (--no-loss-mask)" in capsys.readouterr().err
     assert not (tmp_path / "n_loss_mask.bin").exists()
+
+
+# ----------------------------------------------------------------------------- 6. paths, empty inputs, whose words
+def test_plot_path_empty_input_and_words_of_each_front_door(tmp_path, capsys):
+    ds = write_ds(tmp_path / "ds")
+    bad_plot = tmp_path / "no" / "such" / "dir" / "fig.png"
+    assert cli.main(["inspect", str(ds), "--plot", str(bad_plot)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err and captured.out == ""
+    assert f"--plot {bad_plot}" in captured.err and "does not exist" in captured.err
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(InputError) as info:
+        build_text([empty], tmp_path / "out", SAMPLE_TOK)
+    assert str(empty) in str(info.value) and "empty" in str(info.value)
+
+    with pytest.raises(packfmt.errors.DatasetExistsError) as info:  # the API's words ...
+        build_text([Path(packfmt.__file__).parent / "sample_data" / "text.jsonl"], ds, SAMPLE_TOK)
+    assert "overwrite=True" in str(info.value) and "--overwrite" not in str(info.value)
+    args = ["build", "text", str(Path(packfmt.__file__).parent / "sample_data" / "text.jsonl"), "-o", str(ds),
+            "--tokenizer", str(SAMPLE_TOK), "--no-progress"]
+    assert cli.main(args) == 1  # ... and the CLI's
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and "overwrite=True" not in err
+    build_pack_index(ds, capacity=8, name="p")
+    with pytest.raises(packfmt.errors.DatasetExistsError) as info:
+        build_pack_index(ds, capacity=8, name="p")
+    assert "overwrite=True" in str(info.value) and "name=" in str(info.value) and "--name" not in str(info.value)
+    assert cli.main(["pack", str(ds), "--capacity", "8", "--name", "p"]) == 1
+    err = capsys.readouterr().err
+    assert "--overwrite" in err and "--name" in err and "overwrite=True" not in err
+    (tmp_path / "x.csv").write_text("text\nhello\n")
+    with pytest.raises(InputError) as info:
+        build_text([tmp_path / "x.csv"], tmp_path / "out", SAMPLE_TOK)
+    assert "fmt=" in str(info.value) and "--format" not in str(info.value)
