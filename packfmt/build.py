@@ -56,13 +56,21 @@ class BuildResult:
 
 # ----------------------------------------------------------------------------- text converter
 def template_fields(template: str) -> list[str]:
-    """Plain ``{name}`` fields of a template; attribute/index access and conversions are refused."""
+    """Plain ``{name}`` fields of a template; attribute/index access and conversions are refused (InputError)."""
+    def refuse(problem: str) -> InputError:
+        return InputError(f"template= {template!r}: {problem}", reason="invalid_template", field="template",
+                          expected="plain {field} names", found=template, cli=f"--template {template!r}: {problem}")
+
     names = []
-    for _, name, spec, conv in string.Formatter().parse(template):
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise refuse(f"{exc} (write a literal brace as {{{{ or }}}})") from None
+    for _, name, spec, conv in parsed:
         if name is None:
             continue
         if not name.isidentifier() or spec or conv:
-            raise ValueError(f"template field {{{name}}}: only plain {{field}} names are allowed")
+            raise refuse(f"field {{{name}}}: only plain {{field}} names are allowed, like {{title}}")
         names.append(name)
     return names
 

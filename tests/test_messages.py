@@ -239,3 +239,9 @@ def test_plot_path_empty_input_and_words_of_each_front_door(tmp_path, capsys):
     with pytest.raises(InputError) as info:
         build_text([tmp_path / "x.csv"], tmp_path / "out", SAMPLE_TOK)
     assert "fmt=" in str(info.value) and "--format" not in str(info.value)
+    with pytest.raises(InputError) as info:  # a bad template is an error in each front door's words, not a traceback
+        build_text([empty], tmp_path / "out", SAMPLE_TOK, template="{a.b}")
+    assert str(info.value).startswith("template= '{a.b}'")
+    assert cli.main(["build", "text", str(empty), "-o", str(tmp_path / "out"), "--tokenizer", str(SAMPLE_TOK),
+                     "--template", "{title"]) == 1
+    assert capsys.readouterr().err.startswith("packfmt build: error: --template '{title': ")

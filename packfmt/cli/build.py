@@ -131,6 +131,8 @@ def _image_rule(args) -> dict:
     """Image keyword arguments of build_multimodal / build_easy_vqa (SystemExit on a bad value)."""
     if args.image_max_side is not None and args.image_max_side < 1:
         raise SystemExit(f"packfmt build: error: --image-max-side: expected >= 1, found {args.image_max_side}")
+    if args.patch_size < 1 or args.merge < 1:
+        raise SystemExit(f"packfmt build: error: --patch-size and --merge must be >= 1, found {args.patch_size}, {args.merge}")
     if not 1 <= args.jpeg_quality <= 100:
         raise SystemExit(f"packfmt build: error: --jpeg-quality: expected 1-100, found {args.jpeg_quality}")
     enc = {"image_max_side": args.image_max_side, "image_encoding": args.image_encoding, "jpeg_quality": args.jpeg_quality}
@@ -140,6 +142,8 @@ def _image_rule(args) -> dict:
         k = int(args.image_tokens)
     except ValueError:
         raise SystemExit(f"packfmt build: error: --image-tokens: expected an integer or 'dynamic', found {args.image_tokens!r}")
+    if k < 1:
+        raise SystemExit(f"packfmt build: error: --image-tokens: expected >= 1 or 'dynamic', found {k}")
     return {"image_tokens": k, **enc}
 
 
