@@ -212,8 +212,9 @@ def publish_dir(tmp: Path, target: Path, *, overwrite: bool) -> None:
     old = None
     if target.exists() or target.is_symlink():
         if not overwrite:
-            raise DatasetExistsError(f"{target}: already exists (pass overwrite=True / --overwrite to replace it)",
-                                     file=str(target), expected="no existing path", found="exists")
+            raise DatasetExistsError(f"{target}: already exists (pass overwrite=True to replace it)",
+                                     file=str(target), expected="no existing path", found="exists",
+                                     cli=f"{target}: already exists (pass --overwrite to replace it)")
         old = target.parent / f".{target.name}.{OLD_TAG}-{os.getpid()}-{int(time.time())}"
         _IN_FLIGHT_OLD.add(old)
         os.rename(target, old)

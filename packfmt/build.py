@@ -11,26 +11,26 @@ processes when ``workers > 1``. At most ``2 * workers`` batches are in flight, s
 bounded whatever the input size, and results are consumed in submission order, so the output is
 identical for any number of workers.
 
-Every record ends up either written or skipped with a reason; ``--on-error fail`` (default)
-stops at the first bad record (``file:line: reason``) and publishes nothing.
+Every record ends up either written or skipped with a reason; ``on_error="fail"`` (default)
+stops at the first bad record (``file:line: reason``) and publishes nothing (see ``skips``).
 """
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 import string
 import time
-from collections import Counter, deque
+from collections import deque
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 
 from .errors import InputError
+from .skips import Tally
 from .sources import Raw, count_records, detect_format, iter_records
 from .tokenize import TextEncoder, TokenizerSpec
 from .writer import DatasetWriter
@@ -38,11 +38,7 @@ from .writer import DatasetWriter
 __all__ = ["BuildResult", "TextConverter", "build_text", "build_chat", "build_multimodal", "build_easy_vqa", "run_build",
            "ON_ERROR_POLICIES"]
 
-log = logging.getLogger("packfmt.build")
-
 ON_ERROR_POLICIES = ("fail", "skip")
-#: How many skipped records the build report lists verbatim (all are counted).
-MAX_SKIP_EXAMPLES = 20
 
 #: One encoded document: ``(tokens int64 (n,), loss mask uint8 (n,) or None, images)``.
 Doc = tuple  # (np.ndarray, np.ndarray | None, list[ImageRecord])
@@ -60,13 +56,21 @@ class BuildResult:
 
 # ----------------------------------------------------------------------------- text converter
 def template_fields(template: str) -> list[str]:
-    """Plain ``{name}`` fields of a template; attribute/index access and conversions are refused."""
+    """Plain ``{name}`` fields of a template; attribute/index access and conversions are refused (InputError)."""
+    def refuse(problem: str) -> InputError:
+        return InputError(f"template= {template!r}: {problem}", reason="invalid_template", field="template",
+                          expected="plain {field} names", found=template, cli=f"--template {template!r}: {problem}")
+
     names = []
-    for _, name, spec, conv in string.Formatter().parse(template):
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise refuse(f"{exc} (write a literal brace as {{{{ or }}}})") from None
+    for _, name, spec, conv in parsed:
         if name is None:
             continue
         if not name.isidentifier() or spec or conv:
-            raise ValueError(f"template field {{{name}}}: only plain {{field}} names are allowed")
+            raise refuse(f"field {{{name}}}: only plain {{field}} names are allowed, like {{title}}")
         names.append(name)
     return names
 
@@ -180,37 +184,8 @@ def _prepared_batches(records: Iterable[Raw], converter, batch_size: int, limit:
         yield batch
 
 
-# ----------------------------------------------------------------------------- error policy + report
-@dataclass
-class _Tally:
-    on_error: str
-    skip_log: Any = None
-    read: int = 0
-    written: int = 0
-    tokens: int = 0
-    images: int = 0
-    skipped: Counter = field(default_factory=Counter)
-    examples: list = field(default_factory=list)
-
-    def bad(self, file: str, line: int, reason: str, message: str) -> None:
-        """Count a bad record, or stop the build under ``fail``."""
-        where = f"{file}:{line}"
-        if not message.startswith(file):
-            message = f"{where}: {message}"
-        if self.on_error == "fail":
-            raise InputError(f"{message} [reason: {reason}] (use --on-error skip to count and skip such records)",
-                             reason=reason, file=file, line=line)
-        self.skipped[reason] += 1
-        log.warning("skipped %s [%s]", message, reason)
-        if len(self.examples) < MAX_SKIP_EXAMPLES:
-            self.examples.append({"file": file, "line": line, "reason": reason, "message": message})
-        if self.skip_log is not None:
-            import json
-
-            self.skip_log.write(json.dumps({"file": file, "line": line, "reason": reason, "message": message}) + "\n")
-
-
-def _write_doc(writer: DatasetWriter, tally: _Tally, file: str, line: int, doc: Doc) -> None:
+# ----------------------------------------------------------------------------- writing + error policy
+def _write_doc(writer: DatasetWriter, tally: Tally, file: str, line: int, doc: Doc) -> None:
     tokens, mask, images = doc
     if tokens.size == 0:
         tally.bad(file, line, "empty_tokens", "the tokenizer produced no tokens")
@@ -226,20 +201,21 @@ def _write_doc(writer: DatasetWriter, tally: _Tally, file: str, line: int, doc: 
     tally.images += len(images)
 
 
-def _consume(batch: list, results: list, writer: DatasetWriter, tally: _Tally) -> None:
+def _consume(batch: list, results: list, writer: DatasetWriter, tally: Tally) -> None:
     res = iter(results)
     for file, line, item in batch:
         tally.read += 1
         if isinstance(item, InputError):
-            tally.bad(file, line, item.reason, str(item))
+            tally.bad(file, line, item.reason, str(item), item.cli)
             continue
         out = next(res)
         if isinstance(out, InputError):
-            tally.bad(file, line, out.reason, str(out))
+            tally.bad(file, line, out.reason, str(out), out.cli)
         elif len(out) == 2:  # Failure (reason, message) from a worker
             tally.bad(file, line, out[0], out[1])
         else:
             _write_doc(writer, tally, file, line, out)
+    tally.end_batch()
 
 
 def _progress(total: int | None, enabled: bool):
@@ -283,7 +259,7 @@ def run_build(
     writer = DatasetWriter(out, vocab_size=vocab, tokenizer=enc.identity, special_tokens=special,
                            loss_mask=converter.loss_mask, overwrite=overwrite)
     log_file = open(skip_log, "w", encoding="utf-8") if skip_log else None
-    tally = _Tally(on_error, log_file)
+    tally = Tally(on_error, log_file)
     start = time.perf_counter()
     bar = _progress(total if limit is None else min(total or limit, limit), progress)
     try:
@@ -311,8 +287,7 @@ def run_build(
             "workers": workers,
         }
         if tally.written == 0:
-            raise InputError(f"no document was written ({tally.read} records read, skipped: {dict(tally.skipped)})",
-                             reason="nothing_written", file=str(out), expected=">= 1 document", found=0)
+            raise tally.nothing_written(str(out), report_base.get("sources", []))
         path = writer.finalize()
     except BaseException:
         writer.abort()
@@ -324,8 +299,18 @@ def run_build(
     return BuildResult(path, writer.build_report)
 
 
-def source_report(inputs: Sequence[str | os.PathLike], fmt: str | None) -> list[dict]:
-    return [{"path": str(Path(p).resolve()), "format": fmt or detect_format(p)} for p in inputs]
+def source_report(inputs: Sequence[str | os.PathLike], fmt: str | None, split: str | None = None) -> list[dict]:
+    """``{path, format}`` of each input, plus ``split`` (the one read) for a DatasetDict folder."""
+    from .sources.hf_disk import resolve_split
+
+    out = []
+    for p in inputs:
+        kind = fmt or detect_format(p)
+        entry = {"path": str(Path(p).resolve()), "format": kind}
+        if kind == "hf_disk" and (chosen := resolve_split(p, split)) is not None:
+            entry["split"] = chosen
+        out.append(entry)
+    return out
 
 
 def build_text(
@@ -362,7 +347,7 @@ def build_text(
     settings = {"field": field, "template": template, "add_bos": converter.encoder.add_bos,
                 "add_eos": converter.encoder.add_eos, "bos_eos_from": "flags" if converter.encoder.explicit else "tokenizer",
                 "batch_size": kw.get("batch_size", 256), "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
-    base = {"command": "text", "sources": source_report(inputs, fmt), "settings": settings}
+    base = {"command": "text", "sources": source_report(inputs, fmt, split), "settings": settings}
     return run_build(records, converter, factory, out, report_base=base, total=total, **kw)
 
 
@@ -373,7 +358,7 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
     total = count_records(inputs, fmt, split=split, glob=glob)
     settings = {**settings, "batch_size": kw.get("batch_size", 256),
                 "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
-    base = {"command": command, "sources": source_report(inputs, fmt), "settings": settings}
+    base = {"command": command, "sources": source_report(inputs, fmt, split), "settings": settings}
     return run_build(records, converter, factory, out, report_base=base, total=total, **kw)
 
 

@@ -30,7 +30,10 @@ __all__ = [
 
 
 class PackfmtError(Exception):
-    """Base class. ``file``/``field``/``expected``/``found`` are kept for programs (``--json``)."""
+    """Base class. ``file``/``field``/``expected``/``found`` are kept for programs (``--json``).
+
+    ``cli``: the same message in CLI words (printed by ``packfmt``; see :meth:`cli_message`).
+    """
 
     def __init__(
         self,
@@ -40,6 +43,7 @@ class PackfmtError(Exception):
         field: str | None = None,
         expected: Any = None,
         found: Any = None,
+        cli: str | None = None,
     ) -> None:
         self.file = file
         self.field = field
@@ -47,7 +51,16 @@ class PackfmtError(Exception):
         self.found = found
         if message is None:
             message = self._compose()
+        self.cli = cli
         super().__init__(message)
+
+    def cli_message(self) -> str:
+        """The message in the command line's words (``--overwrite``), where it differs from the API's (``overwrite=True``).
+
+        ``str(error)`` speaks the API's words; pass ``cli=`` when a message names options, so each
+        front door names the options its user can type.
+        """
+        return self.cli or str(self)
 
     def _compose(self) -> str:
         parts = []

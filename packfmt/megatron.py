@@ -16,6 +16,10 @@ int64[D]              document indices: sequence index where each document ends,
 A Megatron *document* may consist of several *sequences* (e.g. sentences); on import, the
 sequences of one Megatron document become one packfmt document. On export, every packfmt
 document is one sequence and one document, as ``tools/preprocess_data.py`` writes them.
+
+Megatron's token files carry no loss mask. A store's loss mask is exported beside them as a
+second indexed dataset, ``PREFIX_loss_mask.bin/.idx`` (uint8 0/1, the same sequence lengths and
+document boundaries): ``IndexedDataset(PREFIX + "_loss_mask")[i]`` is the mask of document ``i``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .errors import FormatError, WriteError
 from .reader import Store, open_dataset
 from .writer import DatasetWriter
 
-__all__ = ["read_megatron_index", "import_megatron", "export_megatron", "MEGATRON_DTYPES"]
+__all__ = ["read_megatron_index", "import_megatron", "export_megatron", "loss_mask_prefix", "MEGATRON_DTYPES"]
 
 _MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence_count, document_count
@@ -119,12 +123,45 @@ def import_megatron(
     return Path(out)
 
 
-def export_megatron(dataset: Store | str | os.PathLike, prefix: str | os.PathLike, *, chunk_tokens: int = 1 << 24) -> tuple[Path, Path]:
+def loss_mask_prefix(prefix: str | os.PathLike) -> Path:
+    """Where :func:`export_megatron` writes a store's loss mask: ``PREFIX_loss_mask`` (+ ``.bin`` / ``.idx``)."""
+    return Path(str(prefix) + "_loss_mask")
+
+
+def _write_indexed(prefix: Path, values: np.ndarray, out_dtype: np.dtype, lengths: np.ndarray, doc_offsets: np.ndarray,
+                   chunk: int) -> tuple[Path, Path]:
+    """``prefix.bin`` (``values`` as ``out_dtype``) + ``prefix.idx`` (one sequence per document), atomically renamed."""
+    bin_path, idx_path = Path(str(prefix) + ".bin"), Path(str(prefix) + ".idx")
+    tmp_bin, tmp_idx = Path(str(bin_path) + ".tmp"), Path(str(idx_path) + ".tmp")
+    with open(tmp_bin, "wb") as f:
+        for i in range(0, values.shape[0], chunk):
+            f.write(np.ascontiguousarray(values[i:i + chunk], dtype=out_dtype).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    n = lengths.shape[0]
+    with open(tmp_idx, "wb") as f:
+        f.write(_HEADER.pack(_MAGIC, 1, _CODE_OF[np.dtype(out_dtype.newbyteorder("="))], n, n + 1))
+        f.write(lengths.astype("<i4").tobytes())
+        f.write((np.asarray(doc_offsets[:-1], dtype=np.int64) * out_dtype.itemsize).astype("<i8").tobytes())
+        f.write(np.arange(n + 1, dtype="<i8").tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp_bin, bin_path)
+    os.replace(tmp_idx, idx_path)
+    return bin_path, idx_path
+
+
+def export_megatron(dataset: Store | str | os.PathLike, prefix: str | os.PathLike, *, chunk_tokens: int = 1 << 24,
+                    loss_mask: bool = True) -> tuple[Path, Path]:
     """Write a packfmt dataset as ``PREFIX.bin`` + ``PREFIX.idx`` readable by Megatron-Core's IndexedDataset.
 
     Token dtype: uint16 when the store holds uint16, else int32 (Megatron has no uint32;
     ids must then be < 2^31). Each document becomes one sequence and one document.
     Files are written under temporary names and renamed when complete.
+
+    Megatron's format has no loss mask: with ``loss_mask=True`` (default) a store's mask is written
+    beside the tokens as the indexed dataset ``loss_mask_prefix(prefix)`` (``PREFIX_loss_mask.bin``
+    + ``.idx``, uint8, same documents); ``loss_mask=False`` leaves it out. Returns the token files.
     """
     store = dataset if isinstance(dataset, Store) else open_dataset(dataset)
     if store.manifest.token_dtype == "uint16":
@@ -138,22 +175,6 @@ def export_megatron(dataset: Store | str | os.PathLike, prefix: str | os.PathLik
         raise WriteError(field="document length", expected="< 2^31 tokens (Megatron int32 lengths)", found=int(lengths.max()))
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    bin_path, idx_path = Path(str(prefix) + ".bin"), Path(str(prefix) + ".idx")
-    tmp_bin, tmp_idx = Path(str(bin_path) + ".tmp"), Path(str(idx_path) + ".tmp")
-    toks = store.tokens
-    with open(tmp_bin, "wb") as f:
-        for i in range(0, store.num_tokens, chunk_tokens):
-            f.write(np.ascontiguousarray(toks[i:i + chunk_tokens], dtype=out_dtype).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    n = store.num_documents
-    with open(tmp_idx, "wb") as f:
-        f.write(_HEADER.pack(_MAGIC, 1, _CODE_OF[np.dtype(out_dtype.newbyteorder("="))], n, n + 1))
-        f.write(lengths.astype("<i4").tobytes())
-        f.write((np.asarray(store.doc_offsets[:-1], dtype=np.int64) * out_dtype.itemsize).astype("<i8").tobytes())
-        f.write(np.arange(n + 1, dtype="<i8").tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp_bin, bin_path)
-    os.replace(tmp_idx, idx_path)
-    return bin_path, idx_path
+    if loss_mask and store.loss_mask is not None:
+        _write_indexed(loss_mask_prefix(prefix), store.loss_mask, np.dtype("u1"), lengths, store.doc_offsets, chunk_tokens)
+    return _write_indexed(prefix, store.tokens, out_dtype, lengths, store.doc_offsets, chunk_tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,15 @@ from .errors import WriteError
 from .reader import PackIndex, Store, open_dataset
 from .version import __version__
 
-__all__ = ["build_pack_index", "relative_image_spans", "default_index_name"]
+__all__ = ["build_pack_index", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
+           "DEFAULT_MAX_LOST_FRACTION"]
+
+#: Share of a dataset's tokens that ``oversize="truncate"`` / ``"drop"`` may lose before a warning.
+DEFAULT_MAX_LOST_FRACTION = 0.01
+
+
+class LostTokensWarning(UserWarning):
+    """A pack index left out more than ``max_lost_fraction`` of the dataset's tokens (oversize truncate/drop)."""
 
 #: Segments gathered per chunk when materializing (bounds the temporary index arrays).
 _MATERIALIZE_CHUNK_TOKENS = 1 << 24
@@ -52,6 +61,7 @@ def build_pack_index(
     oversize: str = "split",
     materialize: bool = False,
     overwrite: bool = False,
+    max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION,
 ) -> PackIndex:
     """Pack every document of ``dataset`` into packs of at most ``capacity`` tokens and store the index.
 
@@ -64,6 +74,8 @@ def build_pack_index(
         oversize: what to do with documents longer than ``capacity``: ``split`` into segments,
             ``truncate`` to the first segment, or ``drop``. Never cuts through an image's tokens.
         materialize: also write the tokens (and loss mask) in pack order, one contiguous slice per pack.
+        max_lost_fraction: warn (``LostTokensWarning``) when truncate/drop leave out more than this
+            share of the dataset's tokens (see :func:`lost_tokens`); the index is written either way.
     Returns:
         The new index, opened.
     """
@@ -76,6 +88,8 @@ def build_pack_index(
         raise WriteError(field="oversize", expected=f"one of {list(F.OVERSIZE_POLICIES)}", found=repr(oversize))
     if not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise WriteError(field="capacity", expected="integer >= 1", found=capacity)
+    if not 0 <= max_lost_fraction <= 1:
+        raise WriteError(field="max_lost_fraction", expected="a fraction in [0, 1]", found=max_lost_fraction)
     capacity = int(capacity)
     name = F.check_index_name(name or default_index_name(algorithm, capacity, seed))
     t0 = time.perf_counter()
@@ -115,8 +129,9 @@ def build_pack_index(
     if target.exists() and not overwrite:
         from .errors import DatasetExistsError
 
-        raise DatasetExistsError(f"{target}: pack index {name!r} already exists (use overwrite / --overwrite or another --name)",
-                                 file=str(target), expected="no existing index", found="exists")
+        raise DatasetExistsError(f"{target}: pack index {name!r} already exists (pass overwrite=True, or another name=)",
+                                 file=str(target), expected="no existing index", found="exists",
+                                 cli=f"{target}: pack index {name!r} already exists (pass --overwrite, or another --name)")
     tmp = temp_sibling(target)
     try:
         files = {}
@@ -154,7 +169,24 @@ def build_pack_index(
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    lost = lost_tokens(stats, store.num_tokens, max_lost_fraction)
+    if lost["exceeded"]:
+        warnings.warn(LostTokensWarning(
+            f"{target}: oversize={oversize!r} left out {lost['tokens']:,} of {store.num_tokens:,} tokens "
+            f"({lost['fraction']:.2%}), more than max_lost_fraction={max_lost_fraction}; keep them with "
+            f"oversize='split', or a larger capacity= (longest document: {int(lengths.max()):,} tokens)"), stacklevel=2)
     return PackIndex(store, name)
+
+
+def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION) -> dict:
+    """Tokens a pack index leaves out (truncated + dropped) against the dataset's ``num_tokens``.
+
+    Returns ``{"tokens", "fraction", "max_fraction", "exceeded"}`` (``exceeded``: fraction > max_fraction).
+    """
+    lost = int(stats.get("truncated_tokens", 0)) + int(stats.get("dropped_tokens", 0))
+    fraction = lost / num_tokens if num_tokens else 0.0
+    return {"tokens": lost, "fraction": fraction, "max_fraction": max_lost_fraction,
+            "exceeded": fraction > max_lost_fraction}
 
 
 def _materialize(store: Store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarray) -> dict:

@@ -156,6 +156,7 @@ class Store:
 
     # -- pack indexes
     def pack_index_names(self) -> list[str]:
+        """Names of the pack indexes under ``packs/`` (sorted; temporaries of unfinished writes excluded)."""
         root = self.path / F.PACKS_DIR
         if not root.is_dir():
             return []
@@ -163,14 +164,27 @@ class Store:
                       and (p / F.PACK_INDEX_JSON).exists())
 
     def pack_index(self, name: str | None = None) -> "PackIndex":
-        """Open pack index ``name`` (default: the only one there is)."""
+        """Open pack index ``name`` (default: the only one there is).
+
+        A name that does not exist, or no name when there are several, is a FormatError that lists
+        the indexes there are; a dataset without any says how to create one. (A ``packs/<name>``
+        folder that is not a complete index gets PackIndex's own, more precise, error.)
+        """
         names = self.pack_index_names()
-        if name is None:
-            if len(names) != 1:
-                raise FormatError(f"{self.path / F.PACKS_DIR}: expected exactly one pack index when no name is given, found {names}",
-                                  file=F.PACKS_DIR, expected="one pack index", found=names)
-            name = names[0]
-        return PackIndex(self, name)
+        if not names:
+            api = f"build_pack_index({str(self.path)!r}, capacity=N)"
+            cli = f"packfmt pack {self.path} --capacity N"
+            what = f"{self.path}: no pack index" + ("" if name is None else f" (asked for {name!r})")
+            raise FormatError(f"{what}; create one with {api}", file=F.PACKS_DIR, expected="a pack index", found="none",
+                              cli=f"{what}; create one with `{cli}`")
+        if name is None and len(names) > 1:
+            raise FormatError(f"{self.path}: {len(names)} pack indexes {names}: pass one of them as the index name",
+                              file=F.PACKS_DIR, expected="one pack index name", found=names,
+                              cli=f"{self.path}: {len(names)} pack indexes {names}: pick one with --index NAME")
+        if name is not None and name not in names and not (self.path / F.PACKS_DIR / name).is_dir():
+            raise FormatError(f"{self.path}: no pack index {name!r}; the pack indexes are {names}",
+                              file=F.PACKS_DIR, field=name, expected=f"one of {names}", found=name)
+        return PackIndex(self, names[0] if name is None else name)
 
 
 class ImageStore:

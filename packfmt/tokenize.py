@@ -241,8 +241,9 @@ class ChatEncoder(TextEncoder):
         self.train_on = train_on
         self.template = spec.chat_template or getattr(self.tokenizer, "chat_template", None)
         if not self.template:
-            raise TokenizerError(f"{spec.path}: the tokenizer has no chat template (pass --chat-template FILE)",
-                                 file=spec.path, field="chat_template", expected="a Jinja template", found=None)
+            raise TokenizerError(f"{spec.path}: the tokenizer has no chat template (pass chat_template=TEXT)",
+                                 file=spec.path, field="chat_template", expected="a Jinja template", found=None,
+                                 cli=f"{spec.path}: the tokenizer has no chat template (pass --chat-template FILE)")
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
         try:

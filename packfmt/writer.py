@@ -102,8 +102,9 @@ class DatasetWriter:
         if self.path.exists() and not overwrite:
             from .errors import DatasetExistsError
 
-            raise DatasetExistsError(f"{self.path}: already exists (pass overwrite=True / --overwrite to replace it)",
-                                     file=str(self.path), expected="no existing path", found="exists")
+            raise DatasetExistsError(f"{self.path}: already exists (pass overwrite=True to replace it)",
+                                     file=str(self.path), expected="no existing path", found="exists",
+                                     cli=f"{self.path}: already exists (pass --overwrite to replace it)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = temp_sibling(self.path)
         self._files: dict[str, HashedFile] = {}

@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows up here rather than at interpreter exit
         return code
     except PackfmtError as exc:
-        print(f"packfmt {args.command}: error: {exc}", file=sys.stderr)
+        print(f"packfmt {args.command}: error: {exc.cli_message()}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as _signals.Terminated
         print(_signals.message(_signals.signal_of(exc)), file=sys.stderr)

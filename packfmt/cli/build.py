@@ -31,7 +31,8 @@ def _inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", help="input files or folders")
     p.add_argument("-o", "--out", required=True, help="target dataset directory")
     p.add_argument("--format", dest="fmt", choices=FORMATS, help="input format (default: from each path)")
-    p.add_argument("--split", help="split of a DatasetDict saved with save_to_disk (default: all)")
+    p.add_argument("--split", help="split of a DatasetDict saved with save_to_disk (default: train; "
+                                   "a DatasetDict without train needs --split)")
 
 
 def _bos_eos(p: argparse.ArgumentParser) -> None:
@@ -130,6 +131,8 @@ def _image_rule(args) -> dict:
     """Image keyword arguments of build_multimodal / build_easy_vqa (SystemExit on a bad value)."""
     if args.image_max_side is not None and args.image_max_side < 1:
         raise SystemExit(f"packfmt build: error: --image-max-side: expected >= 1, found {args.image_max_side}")
+    if args.patch_size < 1 or args.merge < 1:
+        raise SystemExit(f"packfmt build: error: --patch-size and --merge must be >= 1, found {args.patch_size}, {args.merge}")
     if not 1 <= args.jpeg_quality <= 100:
         raise SystemExit(f"packfmt build: error: --jpeg-quality: expected 1-100, found {args.jpeg_quality}")
     enc = {"image_max_side": args.image_max_side, "image_encoding": args.image_encoding, "jpeg_quality": args.jpeg_quality}
@@ -139,6 +142,8 @@ def _image_rule(args) -> dict:
         k = int(args.image_tokens)
     except ValueError:
         raise SystemExit(f"packfmt build: error: --image-tokens: expected an integer or 'dynamic', found {args.image_tokens!r}")
+    if k < 1:
+        raise SystemExit(f"packfmt build: error: --image-tokens: expected >= 1 or 'dynamic', found {k}")
     return {"image_tokens": k, **enc}
 
 
@@ -183,20 +188,32 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
-    print_report(result, as_json=args.json)
+    print_report(result, as_json=args.json, skip_log=args.skip_log)
     return 0
 
 
-def print_report(result, *, as_json: bool = False) -> None:
+def print_report(result, *, as_json: bool = False, skip_log: str | None = None) -> None:
     r = result.report
     if as_json:
         print(json.dumps({"path": str(result.path), "build_report": r}, indent=2))
         return
     skipped = sum(r["skipped"].values())
     print(f"wrote {result.path}")
+    for source in r.get("sources", []):
+        if "split" in source:
+            print(f"  read split {source['split']!r} of {source['path']} (pick another with --split)")
     print(f"  {r['records_read']:,} records read = {r['documents_written']:,} written + {skipped:,} skipped")
+    examples: dict[str, list] = {}
+    for ex in r.get("skipped_examples", []):
+        examples.setdefault(ex["reason"], []).append(ex)
     for reason, n in r["skipped"].items():
-        print(f"    skipped {n:,} x {reason}")
+        shown = examples.get(reason, [])
+        print(f"    skipped {n:,} x {reason}" + (", e.g.:" if shown else ""))
+        for ex in shown:
+            print(f"      {ex['message']}")
+        if n > len(shown):
+            print(f"      ... {n - len(shown):,} more" + (f" (every one is in {skip_log})" if skip_log else
+                                                             " (pass --skip-log FILE to list every one)"))
     print(f"  {r['tokens']:,} tokens" + (f", {r['images']:,} images" if r.get("images") else "")
           + f" in {r['seconds']:.2f} s ({r['tokens_per_second']:,.0f} tokens/s, {r['workers']} worker(s))")
     print(f"  tokenizer {r['tokenizer']['name']} ({r['tokenizer']['class']}, {r['tokenizer']['hash'][:19]}...)")

@@ -11,13 +11,29 @@ def add_parser(sub) -> None:
     fmt.required = True
     m = fmt.add_parser("megatron", help="Megatron-Core IndexedDataset PREFIX.bin + PREFIX.idx")
     m.add_argument("dataset", help="packfmt dataset directory")
-    m.add_argument("prefix", help="output prefix (writes PREFIX.bin and PREFIX.idx)")
+    m.add_argument("prefix", help="output prefix (writes PREFIX.bin and PREFIX.idx, and PREFIX_loss_mask.bin/.idx "
+                                  "for a dataset with a loss mask)")
+    m.add_argument("--no-loss-mask", dest="loss_mask", action="store_false",
+                   help="do not write the loss mask beside the tokens (Megatron's .bin/.idx cannot hold it)")
     m.set_defaults(func=run_megatron)
 
 
 def run_megatron(args: argparse.Namespace) -> int:
-    from ..megatron import export_megatron
+    import sys
 
-    bin_path, idx_path = export_megatron(args.dataset, args.prefix)
+    from ..megatron import export_megatron, loss_mask_prefix
+    from ..reader import open_dataset
+
+    store = open_dataset(args.dataset)
+    bin_path, idx_path = export_megatron(store, args.prefix, loss_mask=args.loss_mask)
     print(f"wrote {bin_path} ({bin_path.stat().st_size:,} bytes) and {idx_path} ({idx_path.stat().st_size:,} bytes)")
+    if store.manifest.has_loss_mask:
+        mask = loss_mask_prefix(args.prefix)
+        if args.loss_mask:
+            print(f"note: Megatron's .bin/.idx do not carry the loss mask; wrote it beside them as {mask}.bin + "
+                  f"{mask}.idx (uint8, same documents: IndexedDataset({str(mask)!r})[i] is document i's mask)",
+                  file=sys.stderr)
+        else:
+            print("note: Megatron's .bin/.idx do not carry the loss mask; it was not exported (--no-loss-mask)",
+                  file=sys.stderr)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,30 +35,47 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         print(f"packfmt inspect: error: --batch-size must be >= 1, got {args.batch_size}", file=sys.stderr)
         return 2
+    if args.plot and (problem := _unwritable(args.plot)):
+        print(f"packfmt inspect: error: --plot {args.plot}: {problem}; pass a file path in a folder you can write to",
+              file=sys.stderr)
+        return 2
     store = open_dataset(args.path)
     names = store.pack_index_names()
-    if args.index is not None and args.index not in names:
-        print(f"packfmt inspect: error: no pack index {args.index!r} in {store.path} (have: {names or 'none'})",
-              file=sys.stderr)
-        return 1
+    if args.index is not None:
+        store.pack_index(args.index)  # a FormatError listing the indexes there are (or how to create one)
     summary = summarize(store, progress=sys.stderr.isatty(), batch_size=args.batch_size)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
         print(format_summary(summary))
     if args.plot:
-        out = plot_summary(store, summary, args.plot, index_name=args.index, batch_size=args.batch_size)
+        try:
+            out = plot_summary(store, summary, args.plot, index_name=args.index, batch_size=args.batch_size)
+        except OSError as exc:
+            print(f"packfmt inspect: error: --plot {args.plot}: cannot write it ({exc.strerror or exc}); "
+                  f"pass a file path in a folder you can write to", file=sys.stderr)
+            return 1
         print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
     if args.show_pack is not None:
         return _show_pack(store, names, args, format_pack)
     return 0
 
 
+def _unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written (checked before the summary's work), or None."""
+    p = Path(path)
+    if p.is_dir():
+        return "is a folder"
+    parent = p.parent
+    if not parent.is_dir():
+        return f"folder {parent} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        return "permission denied"
+    return None
+
+
 def _show_pack(store, names: list[str], args: argparse.Namespace, format_pack) -> int:
-    if not names:
-        print(f"packfmt inspect: error: {store.path} has no pack index (create one with `packfmt pack`)", file=sys.stderr)
-        return 1
-    index = store.pack_index(args.index or names[0])
+    index = store.pack_index(args.index or (names[0] if names else None))
     if not 0 <= args.show_pack < index.num_packs:
         print(f"packfmt inspect: error: --show-pack {args.show_pack}: index {index.name!r} has packs "
               f"0..{index.num_packs - 1}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 from .. import format as F
 
@@ -22,6 +23,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-images-per-pack", type=int, help="at most M images per pack (image budget)")
     p.add_argument("--oversize", default="split", choices=F.OVERSIZE_POLICIES,
                    help="documents longer than capacity: split into segments (default), truncate, or drop")
+    p.add_argument("--max-lost-fraction", type=float, default=0.01, metavar="F",
+                   help="warn when --oversize truncate/drop leaves out more than this share of the tokens (default 0.01)")
     p.add_argument("--materialize", action="store_true", help="also write tokens in pack order (contiguous packs)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index of the same name")
     p.add_argument("--json", action="store_true", help="print the index statistics as JSON")
@@ -29,20 +32,33 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..packindex import build_pack_index
+    from ..packindex import LostTokensWarning, build_pack_index, lost_tokens
 
+    if not 0 <= args.max_lost_fraction <= 1:
+        print(f"packfmt pack: error: --max-lost-fraction must be in [0, 1], got {args.max_lost_fraction}", file=sys.stderr)
+        return 2
     for flag in ("capacity", "max_docs_per_pack", "max_images_per_pack"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             print(f"packfmt pack: error: --{flag.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
             return 2
-    index = build_pack_index(
-        args.dataset, capacity=args.capacity, algorithm=args.algorithm, name=args.name, seed=args.seed,
-        max_docs_per_pack=args.max_docs_per_pack, max_images_per_pack=args.max_images_per_pack,
-        oversize=args.oversize, materialize=args.materialize, overwrite=args.overwrite)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LostTokensWarning)  # said below in CLI words
+        index = build_pack_index(
+            args.dataset, capacity=args.capacity, algorithm=args.algorithm, name=args.name, seed=args.seed,
+            max_docs_per_pack=args.max_docs_per_pack, max_images_per_pack=args.max_images_per_pack,
+            oversize=args.oversize, materialize=args.materialize, overwrite=args.overwrite,
+            max_lost_fraction=args.max_lost_fraction)
     stats = index.stats
+    store = index.store
+    lost = lost_tokens(stats, store.num_tokens, args.max_lost_fraction)
+    if lost["exceeded"]:
+        longest = int(store.doc_lengths.max())
+        print(f"packfmt pack: WARNING: --oversize {args.oversize} left out {lost['tokens']:,} of {store.num_tokens:,} "
+              f"tokens ({lost['fraction']:.2%}), more than --max-lost-fraction {args.max_lost_fraction}; keep them "
+              f"with --oversize split, or a larger --capacity (longest document: {longest:,} tokens)", file=sys.stderr)
     if args.json:
-        print(json.dumps({"name": index.name, "path": str(index.path), "stats": stats}, indent=2))
+        print(json.dumps({"name": index.name, "path": str(index.path), "stats": stats, "lost_tokens": lost}, indent=2))
         return 0
     print(f"wrote pack index {index.name!r} to {index.path}")
     print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} documents "
@@ -52,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
           f"(lower bound ceil(tokens / capacity) = {stats['lower_bound']:,})")
     if stats["split_documents"] or stats["truncated_documents"] or stats["dropped_documents"]:
         print(f"  oversize: {stats['split_documents']:,} split, {stats['truncated_documents']:,} truncated "
-              f"({stats['truncated_tokens']:,} tokens), {stats['dropped_documents']:,} dropped ({stats['dropped_tokens']:,} tokens)")
+              f"({stats['truncated_tokens']:,} tokens), {stats['dropped_documents']:,} dropped ({stats['dropped_tokens']:,} tokens)"
+              f"; {lost['fraction']:.2%} of the tokens left out")
     print(f"  took {stats['seconds']:.3f} s")
     return 0

@@ -23,7 +23,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 from ..errors import InputError
 
-__all__ = ["Raw", "FORMATS", "detect_format", "iter_records", "count_records"]
+__all__ = ["Raw", "FORMATS", "detect_format", "iter_records", "count_records", "missing_columns"]
 
 FORMATS = ("jsonl", "json", "parquet", "hf_disk", "text_dir")
 
@@ -55,8 +55,24 @@ def detect_format(path: str | os.PathLike) -> str:
         return "json"
     if name.endswith(".parquet"):
         return "parquet"
-    raise InputError(f"{p}: cannot tell the format from the name (pass --format)", reason="unknown_format",
-                     file=str(p), expected=f"one of {list(FORMATS)}", found=p.suffix or "no suffix")
+    raise InputError(f"{p}: cannot tell the format from the name (pass fmt= one of {list(FORMATS)})",
+                     reason="unknown_format", file=str(p), expected=f"one of {list(FORMATS)}", found=p.suffix or "no suffix",
+                     cli=f"{p}: cannot tell the format from the name (pass --format {{{','.join(FORMATS)}}})")
+
+
+def missing_columns(file: str, columns: Sequence[str] | None, names: Sequence[str]) -> InputError | None:
+    """The ``missing_field`` error of every row of a table lacking requested ``columns`` (None if it has them all).
+
+    A column absent from a table's schema is absent from every row, so the error lists the
+    table's columns (a per-row "record keys" list would only show the columns that were read).
+    """
+    missing = [c for c in columns or () if c not in names]
+    if not missing:
+        return None
+    what = f"{file}: no column {', '.join(map(repr, missing))}; the columns are {list(names)}"
+    return InputError(f"{what}: pick one with field= or template=", reason="missing_field", file=file,
+                      field=missing[0], expected=f"one of {list(names)}", found=missing[0],
+                      cli=f"{what}: pick one with --field or --template")
 
 
 def iter_records(paths: Sequence[str | os.PathLike], fmt: str | None = None, *, columns: Sequence[str] | None = None,

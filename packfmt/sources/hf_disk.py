@@ -7,7 +7,9 @@ Layout (datasets 2.x-4.x)::
     folder/data-00000-of-00001.arrow   Arrow *streaming* IPC format (not the file format)
 
 A ``DatasetDict`` folder holds ``dataset_dict.json`` (``{"splits": [...]}``) and one such folder per
-split; pass ``split`` to pick one (default: every split in the listed order).
+split; ``split`` picks one. Without ``split``, ``train`` is read when it exists (the build report
+says so); otherwise the build refuses and lists the splits: mixing every split (test included)
+into training data is never what a user wants silently.
 """
 
 from __future__ import annotations
@@ -18,20 +20,47 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import InputError
-from . import Raw
+from . import Raw, missing_columns
+
+
+#: The split read from a DatasetDict when none is named.
+DEFAULT_SPLIT = "train"
+
+
+def splits(root: str | os.PathLike) -> list[str] | None:
+    """The splits of a DatasetDict folder, in its listed order; None for a single-Dataset folder."""
+    dd = Path(root) / "dataset_dict.json"
+    if not dd.is_file():
+        return None
+    return list(json.loads(dd.read_text(encoding="utf-8")).get("splits", []))
+
+
+def resolve_split(root: str | os.PathLike, split: str | None) -> str | None:
+    """The split to read from ``root``: ``split``, else ``train`` of a DatasetDict; None for a single Dataset.
+
+    Raises ``missing_split`` naming the splits there are when ``split`` is not one of them, or when
+    it is None and the DatasetDict has no ``train``.
+    """
+    names = splits(root)
+    if names is None:
+        return None
+    dd = str(Path(root) / "dataset_dict.json")
+    if split is None:
+        if DEFAULT_SPLIT in names:
+            return DEFAULT_SPLIT
+        raise InputError(f"{root}: a DatasetDict with splits {names} and no {DEFAULT_SPLIT!r}: pass split= one of them",
+                         reason="missing_split", file=dd, field="splits", expected=f"one of {names}", found="no split",
+                         cli=f"{root}: a DatasetDict with splits {names} and no {DEFAULT_SPLIT!r}: "
+                             f"pass --split {'|'.join(names)}")
+    if split not in names:
+        raise InputError(f"{root}: no split {split!r}; the splits are {names}", reason="missing_split", file=dd,
+                         field="splits", expected=f"one of {names}", found=split)
+    return split
 
 
 def _split_dirs(root: Path, split: str | None) -> list[Path]:
-    dd = root / "dataset_dict.json"
-    if not dd.is_file():
-        return [root]
-    splits = json.loads(dd.read_text(encoding="utf-8")).get("splits", [])
-    if split is not None:
-        if split not in splits:
-            raise InputError(f"{root}: split {split!r} not found", reason="missing_split", file=str(dd),
-                             field="splits", expected=f"one of {splits}", found=split)
-        splits = [split]
-    return [root / s for s in splits]
+    chosen = resolve_split(root, split)
+    return [root] if chosen is None else [root / chosen]
 
 
 def data_files(root: str | os.PathLike, split: str | None = None) -> list[Path]:
@@ -75,6 +104,10 @@ def iter_hf_disk(path: str | os.PathLike, *, columns: Sequence[str] | None = Non
         file = str(arrow)
         reader = _open_reader(arrow)
         names = reader.schema.names
+        if (error := missing_columns(file, columns, names)) is not None:
+            rows = sum(b.num_rows for b in _batches(reader))
+            yield from (Raw(file, row, error) for row in range(1, rows + 1))  # every row lacks it
+            continue
         keep = None if columns is None else [c for c in columns if c in names]
         row = 0
         for batch in _batches(reader):

@@ -153,8 +153,10 @@ class MultimodalConverter:
         self.image_id = self.encoder.token_id(spec.image_token)
         if self.image_id is None:
             raise TokenizerError(f"{spec.path}: image token {spec.image_token!r} is not one token of the vocabulary "
-                                 "(add it as a special token, or pass --image-token)", file=spec.path,
-                                 field="image_token", expected="a single token", found=spec.image_token)
+                                 "(add it as a special token, or pass image_token=)", file=spec.path,
+                                 field="image_token", expected="a single token", found=spec.image_token,
+                                 cli=f"{spec.path}: image token {spec.image_token!r} is not one token of the vocabulary "
+                                     "(add it as a special token, or pass --image-token)")
 
     def prepare(self, obj: dict) -> tuple[list[dict], list[str], list[str]]:
         marker = self.spec.image_token

@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from . import Raw
+from . import Raw, missing_columns
 
 BATCH_ROWS = 1024
 
 
 def _columns(schema_names: Sequence[str], columns: Sequence[str] | None) -> list[str] | None:
-    """Only the requested columns that exist (missing ones surface as a per-record missing_field)."""
+    """Only the requested columns that exist (a missing one makes every row a ``missing_field``)."""
     if columns is None:
         return None
     return [c for c in columns if c in schema_names]
@@ -23,6 +23,10 @@ def iter_parquet(path: str | os.PathLike, *, columns: Sequence[str] | None = Non
 
     file = str(Path(path))
     pf = pq.ParquetFile(file)
+    if (error := missing_columns(file, columns, pf.schema_arrow.names)) is not None:
+        for row in range(1, pf.metadata.num_rows + 1):  # every row lacks it: one counted bad record each
+            yield Raw(file, row, error)
+        return
     cols = _columns(pf.schema_arrow.names, columns)
     row = 0
     for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):

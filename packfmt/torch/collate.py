@@ -195,19 +195,22 @@ def collate_varlen(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         pixel_values: ``torch.stack(images)`` when every image is a tensor of one shape and dtype,
         e.g. after ``ImageProcessorTransform``; ``images`` are then views of it.)
     """
-    return _varlen(batch, hf_room=False)
+    return _varlen(batch, hf_room=False, who="collate_varlen")
 
 
-def _varlen(batch: Sequence[dict[str, Any]], hf_room: bool) -> SharedBatch:
-    """``collate_varlen``: views of an intact unpadded ``PackBatch``, else a copy of the items' rows."""
+def _varlen(batch: Sequence[dict[str, Any]], hf_room: bool, who: str) -> SharedBatch:
+    """``collate_varlen``: views of an intact unpadded ``PackBatch``, else a copy of the items' rows.
+
+    ``who``: the public collate the user called, named in errors.
+    """
     if isinstance(batch, PackBatch) and not batch.padded and batch.intact():
         return _varlen_shared(batch)
-    return _varlen_copy(batch, hf_room)
+    return _varlen_copy(batch, hf_room, who)
 
 
-def _varlen_copy(batch: Sequence[dict[str, Any]], hf_room: bool) -> SharedBatch:
+def _varlen_copy(batch: Sequence[dict[str, Any]], hf_room: bool, who: str) -> SharedBatch:
     """``collate_varlen`` by copying the items' rows (``hf_room``: reserve ``collate_hf``'s labels)."""
-    _require(batch, _VARLEN_ITEM_KEYS, "collate_varlen")
+    _require(batch, _VARLEN_ITEM_KEYS, who)
     B, keys, I = len(batch), _row_keys(batch), _index_np(batch)
     seq_t = [item["seq_lens"] for item in batch]
     seq_all = torch.cat(seq_t).numpy() if B else np.zeros(0, dtype=np.int32)
@@ -311,7 +314,7 @@ def collate_hf(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         cu_seq_lens_q, cu_seq_lens_k: int32 ``(S + 1,)``; max_length_q, max_length_k: Python int.
         use_cache: False. num_label_tokens: int64 0-d tensor.
     """
-    v = _varlen(batch, hf_room=True)  # a copy reserves room for the unshifted labels in its buffer
+    v = _varlen(batch, hf_room=True, who="collate_hf")  # a copy reserves room for the unshifted labels in its buffer
     if "position_ids" not in v:
         raise ValueError("collate_hf: the items carry no position_ids (PackedDataset(fields=...) left them out); "
                          "transformers' padding-free path needs them: keep 'position_ids' in fields")
