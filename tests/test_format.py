@@ -452,3 +452,21 @@ def test_add_documents_refuses_out_of_range_and_empty(tmp_path):
         w.add_documents(np.array([1, 2]), [2, 0])
     w.abort()
     assert not (tmp_path / "c").exists()
+
+
+# ----------------------------------------------------------------------------- labels (§7)
+@pytest.mark.parametrize("materialize", [False, True])
+def test_label_at_a_truncation_cut_is_the_documents_next_token(tmp_path, materialize):
+    """§7: labels follow the document, so a truncation cut keeps its true next token (unless masked)."""
+    pytest.importorskip("torch")
+    from packfmt.torch import IGNORE_INDEX, PackedDataset
+
+    root = tmp_path / "ds"
+    with packfmt.DatasetWriter(root, vocab_size=100, loss_mask=True) as w:
+        w.add_document([5, 6, 7, 8, 9], [1, 1, 1, 1, 1])
+        w.add_document([10, 11, 12, 13], [1, 1, 1, 0])  # the target at the cut (13) is not trained
+    build_pack_index(root, capacity=3, algorithm="pad", oversize="truncate", name="t", materialize=materialize)
+    ds = PackedDataset(root, "t")
+    assert [ds[i]["input_ids"].tolist() for i in range(len(ds))] == [[5, 6, 7], [10, 11, 12]]
+    assert ds[0]["labels"].tolist() == [6, 7, 8]  # 8 is in no pack, yet it is the label at the cut
+    assert ds[1]["labels"].tolist() == [11, 12, IGNORE_INDEX]
