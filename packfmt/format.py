@@ -67,6 +67,10 @@ PIL_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp", "BMP": "bmp", "GIF"
 
 SPECIAL_TOKEN_KEYS = ("bos", "eos", "pad", "image")
 
+#: Largest ``width * height`` of a stored image (spec §3.4): writers refuse more, readers refuse to decode
+#: more. 178,956,970 = twice Pillow's ``MAX_IMAGE_PIXELS``, the size at which Pillow itself refuses.
+MAX_IMAGE_PIXELS = 178_956_970
+
 
 def token_dtype_for_vocab(vocab_size: int) -> str:
     """Return the token dtype name the spec prescribes for ``vocab_size`` (spec §3.1)."""

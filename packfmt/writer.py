@@ -255,6 +255,9 @@ class DatasetWriter:
                 raise WriteError(field=f"{where}: codec", expected=f"one of {sorted(F.CODEC_IDS)}", found=repr(img.codec))
             if not (1 <= img.width < 2**32 and 1 <= img.height < 2**32):
                 raise WriteError(field=f"{where}: size", expected="width, height in [1, 2^32)", found=(img.width, img.height))
+            if img.width * img.height > F.MAX_IMAGE_PIXELS:
+                raise WriteError(field=f"{where}: size", expected=f"width x height <= {F.MAX_IMAGE_PIXELS:,} pixels (spec §3.4)",
+                                 found=f"{img.width}x{img.height} = {img.width * img.height:,} pixels")
             if not (prev_end <= img.token_begin < img.token_end <= doc_len):
                 raise WriteError(field=f"{where}: token span", expected=f"{prev_end} <= begin < end <= {doc_len}, in order, not overlapping",
                                  found=(img.token_begin, img.token_end))

@@ -343,6 +343,7 @@ def _img(begin, end, *, codec="png", width=2, height=2, data=PNG):
     ([_img(0, 2, codec="heic")], "codec"),
     ([_img(0, 2, width=0)], "size"),
     ([_img(0, 2, height=2**32)], "size"),
+    ([_img(0, 2, width=13_379, height=13_376)], "size"),  # 178,957,504 pixels > F.MAX_IMAGE_PIXELS (§3.4)
     ([_img(0, 2, data=b"")], "data"),
 ])
 def test_writer_refuses_bad_images(tmp_path, images, what):
@@ -365,6 +366,53 @@ def test_image_spans_are_global_and_adjacent_runs_allowed(tmp_path):
     assert s.images.token_spans.tolist() == [[2, 4], [4, 6]]
     assert s.images.doc_image_offsets.tolist() == [0, 0, 2]
     assert s.images.offsets.tolist() == [0, 8, 9]
+
+
+def _encoded(im, fmt="PNG", **params) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    im.save(buf, format=fmt, **params)
+    return buf.getvalue()
+
+
+def _decoded_pixel_cases():
+    """(name, encoded bytes, codec, expected (C, pixel [0, 0])) for each colour model of §3.4."""
+    from PIL import Image
+
+    palette = Image.new("P", (2, 2), 1)
+    palette.putpalette([0, 0, 0, 200, 10, 20])
+    gray16 = Image.fromarray(np.array([[0x12FF, 0], [0, 0]], dtype=np.uint16))
+    return [
+        ("gray", _encoded(Image.new("L", (2, 2), 77)), "png", (1, [77])),
+        ("bilevel", _encoded(Image.new("1", (2, 2), 1)), "png", (1, [255])),
+        ("gray16", _encoded(gray16), "png", (1, [0x12])),
+        ("rgb", _encoded(Image.new("RGB", (2, 2), (1, 2, 3))), "png", (3, [1, 2, 3])),
+        ("palette", _encoded(palette), "png", (3, [200, 10, 20])),
+        ("cmyk", _encoded(Image.new("CMYK", (2, 2), (0, 0, 0, 0)), "JPEG", quality=100), "jpeg", (3, [255, 255, 255])),
+        ("rgba", _encoded(Image.new("RGBA", (2, 2), (1, 2, 3, 4))), "png", (4, [1, 2, 3, 4])),
+        ("gray+alpha", _encoded(Image.new("LA", (2, 2), (9, 8))), "png", (4, [9, 9, 9, 8])),
+        ("palette+transparency", _encoded(palette, transparency=1), "png", (4, [200, 10, 20, 0])),
+    ]
+
+
+@pytest.mark.parametrize("case", _decoded_pixel_cases(), ids=lambda c: c[0])
+def test_decoded_channel_count_follows_the_image(case):
+    """§3.4 "Decoded pixels": 1 channel for grayscale, 4 with alpha (palette transparency included), else 3."""
+    from packfmt.images import decode_image
+
+    _, data, codec, (channels, first) = case
+    px = decode_image(data, codec, 2, 2)
+    assert px.dtype == np.uint8 and px.shape == (2, 2, channels)
+    assert px[0, 0].tolist() == first
+
+
+def test_decode_refuses_more_than_the_pixel_bound_before_decoding():
+    from packfmt.images import decode_image
+
+    with pytest.raises(FormatError, match="pixels"):  # the bytes are not even an image: never looked at
+        decode_image(b"not an image", "png", 13_379, 13_376)
+    assert F.MAX_IMAGE_PIXELS == 178_956_970
 
 
 # ----------------------------------------------------------------------------- atomicity
