@@ -70,6 +70,8 @@ SPECIAL_TOKEN_KEYS = ("bos", "eos", "pad", "image")
 #: Largest ``width * height`` of a stored image (spec §3.4): writers refuse more, readers refuse to decode
 #: more. 178,956,970 = twice Pillow's ``MAX_IMAGE_PIXELS``, the size at which Pillow itself refuses.
 MAX_IMAGE_PIXELS = 178_956_970
+#: ``seed`` of a pack index is null or an integer in ``[0, SEED_LIMIT)`` (spec §4.1): it fits an i8.
+SEED_LIMIT = 2**63
 
 
 def token_dtype_for_vocab(vocab_size: int) -> str:
@@ -326,6 +328,14 @@ class PackIndexManifest:
         return self.raw.get("params", {})
 
 
+def check_seed(seed: Any, *, file: str | None = None, field: str = "seed") -> int | None:
+    """``seed`` of a pack index: null or an integer in ``[0, 2**63)`` (spec §4.1), else FormatError."""
+    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+                             or not 0 <= seed < SEED_LIMIT):
+        raise FormatError(file=file, field=field, expected="null or an integer in [0, 2**63)", found=repr(seed))
+    return None if seed is None else int(seed)
+
+
 def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
     fmt = obj.get("format")
     if fmt != PACK_INDEX_FORMAT_NAME:
@@ -345,13 +355,13 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
     algorithm = _req(obj, "algorithm", str, file=file)
     if algorithm not in ALGORITHM_NAMES and version[1] <= FORMAT_VERSION[1]:
         raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))
-    seed = _req(obj, "seed", (int, type(None)), file=file)
+    seed = check_seed(_req(obj, "seed", (int, type(None)), file=file), file=file)
     oversize = _req(obj, "oversize", str, file=file)
     if oversize not in OVERSIZE_POLICIES:
         raise FormatError(file=file, field="oversize", expected=f"one of {list(OVERSIZE_POLICIES)}", found=repr(oversize))
     params = _req(obj, "params", dict, file=file)
     for key in ("max_docs_per_pack", "max_images_per_pack"):
-        value = params.get(key)
+        value = params.get(key)  # an absent key reads as null (no limit), spec §4.1
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise FormatError(file=file, field=f"params.{key}", expected="null or integer >= 1", found=repr(value))
     _req(obj, "stats", dict, file=file)

@@ -236,6 +236,47 @@ def test_refuses_pack_index_of_another_store(tmp_path):
     assert "dataset.tokens.bin" in str(info.value)
 
 
+def _index_json(ds: Path, name: str = "ix") -> Path:
+    build_pack_index(ds, capacity=4, algorithm="ffd", name=name)
+    return ds / F.PACKS_DIR / name / F.PACK_INDEX_JSON
+
+
+@pytest.mark.parametrize("key,value", [
+    ("seed", -1), ("seed", 2**63), ("seed", True), ("seed", 1.0),
+    ("params.max_images_per_pack", 0), ("params.max_docs_per_pack", 0), ("params.max_docs_per_pack", "4"),
+])
+def test_refuses_pack_index_values_out_of_range(ds, key, value):
+    path = _index_json(ds)
+    path.write_bytes(F.canonical_json(edit(json.loads(path.read_text("utf-8")), key, value)))
+    with pytest.raises(FormatError) as info:
+        packfmt.open(ds).pack_index("ix")
+    assert info.value.field == key
+
+
+@pytest.mark.parametrize("key,value", [("seed", None), ("seed", 2**63 - 1), ("seed", 0)])
+def test_accepts_seed_range_bounds(ds, key, value):
+    path = _index_json(ds)
+    path.write_bytes(F.canonical_json(edit(json.loads(path.read_text("utf-8")), key, value)))
+    assert packfmt.open(ds).pack_index("ix").manifest.seed == value
+
+
+def test_absent_params_keys_read_as_no_limit(ds):
+    path = _index_json(ds)
+    path.write_bytes(F.canonical_json(edit(json.loads(path.read_text("utf-8")), "params", {})))
+    assert packfmt.open(ds).pack_index("ix").manifest.params == {}
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"seed": -1}, "seed="), ({"seed": 2**63}, "seed="), ({"seed": 1.5}, "seed="),
+    ({"max_images_per_pack": 0}, "max_images_per_pack="), ({"max_docs_per_pack": 0}, "max_docs_per_pack="),
+])
+def test_build_pack_index_refuses_what_index_json_cannot_hold(ds, kwargs, field):
+    with pytest.raises(WriteError) as info:
+        build_pack_index(ds, capacity=4, algorithm="ffd", name="ix", **kwargs)
+    assert info.value.field == field and "spec §4.1" in str(info.value)
+    assert not (ds / F.PACKS_DIR / "ix").exists()
+
+
 # ----------------------------------------------------------------------------- writer: token range
 def test_writer_refuses_token_id_ge_vocab_naming_document_and_position(tmp_path):
     w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
