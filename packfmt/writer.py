@@ -58,7 +58,8 @@ class DatasetWriter:
     Args:
         path: target dataset directory (must not exist unless ``overwrite``).
         vocab_size: number of token ids; fixes the token dtype (uint16 if <= 65,536, else uint32).
-        tokenizer: ``{"name": str, "hash": "sha256:..." | None, ...}`` identity of the tokenizer.
+        tokenizer: ``{"name": str, "hash": "sha256:..." | None, ...}`` identity of the tokenizer. No
+            ``path``: a path names a file on this host only (spec §2.2), so it is refused.
         special_tokens: ids for ``bos``, ``eos``, ``pad``, ``image`` (missing keys are null).
         loss_mask: whether every document carries a per-token loss mask.
         overwrite: replace an existing dataset at ``path`` (atomically, at finalize).
@@ -84,6 +85,11 @@ class DatasetWriter:
         self.tokenizer.setdefault("hash", None)
         if not isinstance(self.tokenizer.get("name"), str):
             raise WriteError(field="tokenizer.name", expected="string", found=repr(self.tokenizer.get("name")))
+        if "path" in self.tokenizer:
+            raise WriteError(f"tokenizer.path: {self.tokenizer['path']!r} names a file on this host only and readers must not "
+                             "open it (spec/FORMAT.md §2.2); leave it out of tokenizer= (decode later with "
+                             "`packfmt inspect --show-pack N --tokenizer DIR`)",
+                             field="tokenizer.path", expected="absent", found=repr(self.tokenizer["path"]))
         th = self.tokenizer["hash"]
         if th is not None and not (isinstance(th, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", th)):
             raise WriteError(field="tokenizer.hash", expected='null or "sha256:" + 64 hex digits', found=repr(th))

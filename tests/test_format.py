@@ -324,6 +324,14 @@ def test_writer_refuses_empty_or_non_integer_documents(tmp_path, tokens):
     w.abort()
 
 
+def test_writer_refuses_a_tokenizer_path(tmp_path):
+    """§2.2: a host path does not belong in a manifest; the writer says so instead of storing it."""
+    with pytest.raises(WriteError) as info:
+        packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, tokenizer={"name": "t", "hash": None, "path": "/home/x/tok"})
+    assert info.value.field == "tokenizer.path" and "--tokenizer" in str(info.value)
+    assert not (tmp_path / "ds").exists()
+
+
 def test_writer_refuses_special_token_out_of_range(tmp_path):
     with pytest.raises(TokenRangeError):
         packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, special_tokens={"eos": 100})
