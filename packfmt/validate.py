@@ -440,9 +440,12 @@ class _DatasetChecks:
         meta = np.asarray(meta)
         codes = np.array(sorted(F.CODECS), dtype=np.uint32)
         bad_codec = np.flatnonzero(~np.isin(meta[:, 2], codes))
-        if bad_codec.size:
+        if bad_codec.size:  # a newer minor version may add codec ids (spec §8): not checkable here, not an error
+            newer = self.m.version[1] > F.FORMAT_VERSION[1]
             self.out.add(F.IMAGE_META, "codec (column 2)", f"one of {dict(sorted(F.CODECS.items()))}",
-                         f"unknown codec ids {sorted(set(meta[bad_codec[:MAX_LISTED], 2].tolist()))} at images {_listed(bad_codec)}")
+                         f"unknown codec ids {sorted(set(meta[bad_codec[:MAX_LISTED], 2].tolist()))} at images {_listed(bad_codec)}"
+                         + (f" (format {self.m.version[0]}.{self.m.version[1]} may define them; not decoded)" if newer else ""),
+                         severity=WARNING if newer else ERROR)
         bad_size = np.flatnonzero((meta[:, 0] < 1) | (meta[:, 1] < 1))
         if bad_size.size:
             self.out.add(F.IMAGE_META, "width/height (columns 0, 1)", ">= 1 pixel", f"0 at images {_listed(bad_size)}")

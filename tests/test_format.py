@@ -113,6 +113,31 @@ def test_accepts_newer_minor_with_unknown_keys_and_files(ds):
     assert [store.document(i).tolist() for i in range(len(store))] == DOCS
 
 
+@pytest.mark.parametrize("version,ok", [("1.0", False), ("1.1", True)])
+def test_unknown_codec_id_is_valid_only_in_a_newer_minor(tmp_path, version, ok):
+    """§8: a newer minor may add codec ids; readers open the dataset and fail only at decode time."""
+    from packfmt.validate import validate
+
+    root = tmp_path / "ds"
+    with packfmt.DatasetWriter(root, vocab_size=100) as w:
+        w.add_document([1, 3, 3, 2], images=[_img(1, 3)])
+    meta = np.fromfile(root / F.IMAGE_META, dtype=F.IMAGE_META_DTYPE)
+    meta[2] = 99  # (width, height, codec) of image 0: a codec this reader does not know
+    meta.tofile(root / F.IMAGE_META)
+    m = edit(load_manifest(root), "format_version", version)
+    m["files"][F.IMAGE_META]["checksum"] = "xxh3_64:" + xxhash.xxh3_64(meta.tobytes()).hexdigest()
+    save_manifest(root, m)
+    report = validate(root, deep=True)
+    codec_problems = [p for p in report.problems if p.file == F.IMAGE_META]
+    assert report.ok is ok and len(codec_problems) == 1 and "99" in codec_problems[0].message
+    assert codec_problems[0].severity == ("warning" if ok else "error")
+    store = packfmt.open(root)
+    assert store.document(0).tolist() == [1, 3, 3, 2]  # tokens are served either way
+    with pytest.raises(FormatError) as info:
+        store.images.decode(0)
+    assert "codec" in str(info.value) and "99" in str(info.value)
+
+
 def test_unknown_listed_file_is_still_size_checked(ds):
     m = load_manifest(ds)
     m["format_version"] = "1.9"
