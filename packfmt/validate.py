@@ -375,7 +375,7 @@ class _DatasetChecks:
         blob_entry = self.m.files.get(F.IMAGE_BLOBS)
         if off is not None and blob_entry is not None and self.sizes_ok.get(F.IMAGE_BLOBS):
             _check_offsets(self.out, F.IMAGE_OFFSETS, off, last=blob_entry.bytes, last_what=f"size of {F.IMAGE_BLOBS}",
-                           strict=False, unit="bytes into image_blobs.bin")
+                           strict=True, unit="every image has >= 1 byte in image_blobs.bin")
         dio = self.array(F.DOC_IMAGE_OFFSETS)
         if dio is not None:
             _check_offsets(self.out, F.DOC_IMAGE_OFFSETS, dio, last=self.m.num_images, last_what="counts.images",
@@ -647,7 +647,7 @@ class _IndexChecks:
         po = self.array(F.PACK_OFFSETS)
         if po is not None:
             self.offsets_ok = _check_offsets(self.out, self.file(F.PACK_OFFSETS), po, last=self.pm.num_segments,
-                                             last_what="counts.segments", strict=False, unit="segments per pack")
+                                             last_what="counts.segments", strict=True, unit="every pack has >= 1 segment")
         pto = self.array(F.PACK_TOKEN_OFFSETS)
         if pto is not None and n_packed is not None:
             _check_offsets(self.out, self.file(F.PACK_TOKEN_OFFSETS), pto, last=n_packed,
