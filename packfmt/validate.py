@@ -319,11 +319,11 @@ class _DatasetChecks:
 
     # -- structural
     def structural(self) -> None:
-        self._files_table()
+        self._files_table()  # V9 (the "only if" half), V10, V11
         self._unknown_files()
-        self._doc_offsets()
+        self._doc_offsets()  # V13
         if self.m.num_images > 0:
-            self._image_offsets()
+            self._image_offsets()  # V14, V15
 
     def _files_table(self) -> None:
         layout = F.expected_layout(self.m)
@@ -388,15 +388,15 @@ class _DatasetChecks:
 
     def deep(self, bar) -> None:
         for name, entry in sorted(self.m.files.items()):
-            _check_checksum(self.out, self.root / name, name, entry, bar)
-        self._token_range(bar)
+            _check_checksum(self.out, self.root / name, name, entry, bar)  # V12
+        self._token_range(bar)  # V16
         if self.m.has_loss_mask:
             mask = self.array(F.LOSS_MASK)
             if mask is not None:
-                _check_mask_values(self.out, F.LOSS_MASK, mask, bar)
+                _check_mask_values(self.out, F.LOSS_MASK, mask, bar)  # V17
         if self.m.num_images > 0:
-            self._image_meta()
-            self._image_spans()
+            self._image_meta()  # V18
+            self._image_spans()  # V19
             if self.decode_images:
                 self._image_decode(progress=bar is not None)
 
@@ -602,10 +602,10 @@ class _IndexChecks:
             self.out.from_error(exc, json_label)
             return
         _minor_version_note(self.pm.version, json_label, self.out)
-        if self.pm.name != self.name:
+        if self.pm.name != self.name:  # V22 (the rest of V21/V22: format.parse_pack_index_manifest)
             self.out.add(json_label, "name", repr(self.name) + " (its directory name)", repr(self.pm.name))
         m = self.ds.m
-        for key in (F.TOKENS, F.DOC_OFFSETS):
+        for key in (F.TOKENS, F.DOC_OFFSETS):  # V23
             if self.pm.dataset[key] != m.files[key].checksum:
                 self.out.add(json_label, f"dataset.{key}", f"{m.files[key].checksum} (manifest.json: the token store "
                              "this index must describe)", f"{self.pm.dataset[key]} (built for another token store?)")
@@ -614,7 +614,7 @@ class _IndexChecks:
             self.out.add(json_label, "counts.packed_tokens", "an integer >= 0 (materialized index)", repr(n_packed))
             n_packed = None
         self.layout = F.pack_index_layout(self.pm, m.np_token_dtype, m.has_loss_mask, n_packed)
-        for fname, entry in sorted(self.pm.files.items()):
+        for fname, entry in sorted(self.pm.files.items()):  # V24
             source = "counts.packs" if fname in (F.PACK_OFFSETS, F.PACK_TOKEN_OFFSETS) else (
                 "counts.segments" if fname == F.SEGMENTS else "counts.packed_tokens")
             self.sizes_ok[fname] = _check_file_size(self.out, self.dir / fname, self.file(fname), entry,
@@ -635,7 +635,7 @@ class _IndexChecks:
         for p in sorted(self.dir.iterdir()):
             if p.name not in known:
                 self.out.add(self.file(p.name), None, severity=WARNING, detail="unknown file, not listed in index.json")
-        self._offsets(n_packed)
+        self._offsets(n_packed)  # V25
 
     def array(self, fname: str) -> np.ndarray | None:
         if not self.sizes_ok.get(fname) or fname not in self.layout:
@@ -663,25 +663,25 @@ class _IndexChecks:
         if self.pm is None:
             return
         for fname, entry in sorted(self.pm.files.items()):
-            _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)
+            _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)  # V26
         segs, po = self.array(F.SEGMENTS), self.array(F.PACK_OFFSETS)
         if segs is None or po is None or not self.offsets_ok:
             return
         segs, po = np.asarray(segs), np.asarray(po)
         seg_len = segs[:, 2] - segs[:, 1]
-        self._capacity(po, seg_len)  # needs nothing from the token store
+        self._capacity(po, seg_len)  # V29, V30 (segments); needs nothing from the token store
         off = self.ds.array(F.DOC_OFFSETS)
         if off is None or not self.ds.doc_offsets_ok:
             return
         off = np.asarray(off)
         doc_len = np.diff(off)
-        if not self._segments_inside(segs, doc_len):
+        if not self._segments_inside(segs, doc_len):  # V27
             return
-        self._images_per_pack(segs, po, off)
-        self._coverage(segs, doc_len)
-        self._stats(segs, po, seg_len, doc_len)
+        self._images_per_pack(segs, po, off)  # V28, V30 (images)
+        self._coverage(segs, doc_len)  # V31
+        self._stats(segs, po, seg_len, doc_len)  # V33
         if self.pm.materialized:
-            self._materialized(segs, po, seg_len, off, bar)
+            self._materialized(segs, po, seg_len, off, bar)  # V32
 
     def _segments_inside(self, segs: np.ndarray, doc_len: np.ndarray) -> bool:
         label = self.file(F.SEGMENTS)
