@@ -302,6 +302,14 @@ def test_build_pack_index_refuses_what_index_json_cannot_hold(ds, kwargs, field)
     assert not (ds / F.PACKS_DIR / "ix").exists()
 
 
+def test_cli_pack_refuses_a_seed_out_of_range_in_cli_words(ds, capsys):
+    from packfmt.cli import main
+
+    assert main(["pack", str(ds), "--capacity", "4", "--seed", "-1"]) == 2
+    assert "--seed must be in [0, 2**63), got -1" in capsys.readouterr().err
+    assert not (ds / F.PACKS_DIR).exists()
+
+
 # ----------------------------------------------------------------------------- writer: token range
 def test_writer_refuses_token_id_ge_vocab_naming_document_and_position(tmp_path):
     w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
