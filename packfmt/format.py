@@ -67,6 +67,12 @@ PIL_FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp", "BMP": "bmp", "GIF"
 
 SPECIAL_TOKEN_KEYS = ("bos", "eos", "pad", "image")
 
+#: Largest ``width * height`` of a stored image (spec §3.4): writers refuse more, readers refuse to decode
+#: more. 178,956,970 = twice Pillow's ``MAX_IMAGE_PIXELS``, the size at which Pillow itself refuses.
+MAX_IMAGE_PIXELS = 178_956_970
+#: ``seed`` of a pack index is null or an integer in ``[0, SEED_LIMIT)`` (spec §4.1): it fits an i8.
+SEED_LIMIT = 2**63
+
 
 def token_dtype_for_vocab(vocab_size: int) -> str:
     """Return the token dtype name the spec prescribes for ``vocab_size`` (spec §3.1)."""
@@ -95,7 +101,11 @@ def parse_version(value: Any, *, file: str, field: str = "format_version") -> tu
 
 
 def read_json(path, *, file: str) -> dict:
-    """Read a JSON object with a size bound; never evaluates anything (no pickle, no eval)."""
+    """Read a JSON object with a size bound; never evaluates anything (no pickle, no eval).
+
+    V1 / V21 (spec §2.1): at most 64 MiB, UTF-8, no NaN/Infinity, no duplicate keys, root an object;
+    deep nesting (``RecursionError``) is a FormatError like any other parse failure.
+    """
     import os
 
     try:
@@ -172,6 +182,7 @@ def _nonneg(value: int, *, file: str, field: str, low: int = 0) -> int:
 
 
 def parse_files_table(obj: Mapping, *, file: str) -> dict[str, FileEntry]:
+    """V8 / V24 (spec §2.4): plain file names, ``bytes >= 0``, ``xxh3_64:`` checksums."""
     files = _req(obj, "files", dict, file=file)
     out = {}
     for name, entry in files.items():
@@ -210,16 +221,19 @@ class Manifest:
 
 
 def parse_manifest(obj: dict, *, file: str = MANIFEST) -> Manifest:
-    """Check every field the spec requires; raise FormatError naming the first bad one."""
+    """Check every field the spec requires; raise FormatError naming the first bad one.
+
+    Invariants V2, V3 (every REQUIRED key with its type, via ``_req``), V4, V5, V6, V7, V8, V9 of spec §6.
+    """
     fmt = obj.get("format")
     if fmt != FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(FORMAT_NAME), found=repr(fmt))
-    version = parse_version(_req(obj, "format_version", str, file=file), file=file)
+    version = parse_version(_req(obj, "format_version", str, file=file), file=file)  # V2
     producer = _req(obj, "producer", dict, file=file)
     _req(producer, "name", str, file=file, prefix="producer.")
     _req(producer, "version", str, file=file, prefix="producer.")
     vocab_size = _req(obj, "vocab_size", int, file=file)
-    if not 1 <= vocab_size <= MAX_VOCAB_SIZE:
+    if not 1 <= vocab_size <= MAX_VOCAB_SIZE:  # V4
         raise FormatError(file=file, field="vocab_size", expected=f"integer in [1, {MAX_VOCAB_SIZE}]", found=vocab_size)
     token_dtype = _req(obj, "token_dtype", str, file=file)
     expected_dtype = token_dtype_for_vocab(vocab_size)
@@ -227,24 +241,24 @@ def parse_manifest(obj: dict, *, file: str = MANIFEST) -> Manifest:
         raise FormatError(file=file, field="token_dtype", expected=f"{expected_dtype!r} for vocab_size {vocab_size}", found=repr(token_dtype))
     tokenizer = _req(obj, "tokenizer", dict, file=file)
     _req(tokenizer, "name", str, file=file, prefix="tokenizer.")
-    tok_hash = _req(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")
+    tok_hash = _req(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")  # V5
     if tok_hash is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", tok_hash):
         raise FormatError(file=file, field="tokenizer.hash", expected='null or "sha256:" + 64 hex digits', found=repr(tok_hash))
-    special = _req(obj, "special_tokens", dict, file=file)
+    special = _req(obj, "special_tokens", dict, file=file)  # V6
     for key in SPECIAL_TOKEN_KEYS:
         value = _req(special, key, (int, type(None)), file=file, prefix="special_tokens.")
         if value is not None and not 0 <= value < vocab_size:
             raise FormatError(file=file, field=f"special_tokens.{key}", expected=f"null or id in [0, {vocab_size})", found=value)
-    counts = _req(obj, "counts", dict, file=file)
+    counts = _req(obj, "counts", dict, file=file)  # V7
     n_docs = _nonneg(_req(counts, "documents", int, file=file, prefix="counts."), file=file, field="counts.documents")
     n_tokens = _nonneg(_req(counts, "tokens", int, file=file, prefix="counts."), file=file, field="counts.tokens")
     n_images = _nonneg(_req(counts, "images", int, file=file, prefix="counts."), file=file, field="counts.images")
     has_mask = _req(obj, "loss_mask", bool, file=file)
-    checksum_alg = _req(obj, "checksum_algorithm", str, file=file)
+    checksum_alg = _req(obj, "checksum_algorithm", str, file=file)  # V8
     if checksum_alg != CHECKSUM_ALGORITHM:
         raise FormatError(file=file, field="checksum_algorithm", expected=repr(CHECKSUM_ALGORITHM), found=repr(checksum_alg))
     files = parse_files_table(obj, file=file)
-    needed = required_files(has_mask, n_images > 0)
+    needed = required_files(has_mask, n_images > 0)  # V9
     for name in needed:
         if name not in files:
             raise FormatError(f"{file}: files.{name}: required entry missing", file=file, field=f"files.{name}", expected="present", found="missing")
@@ -326,7 +340,16 @@ class PackIndexManifest:
         return self.raw.get("params", {})
 
 
+def check_seed(seed: Any, *, file: str | None = None, field: str = "seed") -> int | None:
+    """``seed`` of a pack index: null or an integer in ``[0, 2**63)`` (spec §4.1), else FormatError."""
+    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
+                             or not 0 <= seed < SEED_LIMIT):
+        raise FormatError(file=file, field=field, expected="null or an integer in [0, 2**63)", found=repr(seed))
+    return None if seed is None else int(seed)
+
+
 def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
+    """Check ``index.json`` (spec §4.1): V21 (format, version) and V22 (keys, types and ranges)."""
     fmt = obj.get("format")
     if fmt != PACK_INDEX_FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(PACK_INDEX_FORMAT_NAME), found=repr(fmt))
@@ -343,13 +366,13 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
     algorithm = _req(obj, "algorithm", str, file=file)
     if algorithm not in ALGORITHM_NAMES and version[1] <= FORMAT_VERSION[1]:
         raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))
-    seed = _req(obj, "seed", (int, type(None)), file=file)
+    seed = check_seed(_req(obj, "seed", (int, type(None)), file=file), file=file)
     oversize = _req(obj, "oversize", str, file=file)
     if oversize not in OVERSIZE_POLICIES:
         raise FormatError(file=file, field="oversize", expected=f"one of {list(OVERSIZE_POLICIES)}", found=repr(oversize))
     params = _req(obj, "params", dict, file=file)
     for key in ("max_docs_per_pack", "max_images_per_pack"):
-        value = params.get(key)
+        value = params.get(key)  # an absent key reads as null (no limit), spec §4.1
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise FormatError(file=file, field=f"params.{key}", expected="null or integer >= 1", found=repr(value))
     _req(obj, "stats", dict, file=file)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import FormatError, InputError
-from .format import PIL_FORMATS
+from .format import MAX_IMAGE_PIXELS, PIL_FORMATS
 
-#: Default bound on decoded pixels (a decompression bomb guard): 178,956,970 = Pillow's own default.
-DEFAULT_MAX_PIXELS = 178_956_970
+#: Default bound on decoded pixels (a decompression bomb guard): the format's bound, spec §3.4.
+DEFAULT_MAX_PIXELS = MAX_IMAGE_PIXELS
 
 
 #: codec name -> the Pillow format that must decode it (a PNG stored as "jpeg" is refused).
@@ -21,7 +21,14 @@ _PIL_NAME = {codec: pil for pil, codec in PIL_FORMATS.items()}
 
 
 def decode_image(data: bytes, codec: str, width: int, height: int, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Decode one stored image to a uint8 array of shape (height, width, channels)."""
+    """Decode one stored image to a uint8 array of shape (height, width, channels).
+
+    The channel count follows the decoded image (spec §3.4, "Decoded pixels"): 1 for grayscale
+    (8-bit ``L``, bilevel ``1``, 16-bit ``I;16*`` reduced to its high byte), 4 when it has alpha
+    (``RGBA``, ``LA``, ``PA``, a palette with transparency: all expanded to RGBA), else 3 (RGB:
+    ``rgb8`` codecs, RGB, a palette without transparency, and every other mode through Pillow's
+    ``convert("RGB")``).
+    """
     if width * height > max_pixels:
         raise FormatError(field="image size", expected=f"<= {max_pixels} pixels", found=f"{width}x{height}")
     if codec in ("rgb8", "rgb8+zstd"):
@@ -36,8 +43,7 @@ def decode_image(data: bytes, codec: str, width: int, height: int, *, max_pixels
             if im.size != (width, height):
                 raise FormatError(field="image size", expected=f"{width}x{height} (image_meta)",
                                   found=f"{im.size[0]}x{im.size[1]}")
-            im = im.convert("RGB") if im.mode not in ("RGB", "L", "RGBA") else im
-            arr = np.asarray(im, dtype=np.uint8)
+            arr = _pixels(im)
     except FormatError:
         raise
     except Exception as exc:  # Pillow raises many types for corrupt data; none may escape as a crash
@@ -45,6 +51,23 @@ def decode_image(data: bytes, codec: str, width: int, height: int, *, max_pixels
                           f"({type(exc).__name__}: {exc})", field="image data", expected=f"decodable {codec}",
                           found=type(exc).__name__) from None
     return arr if arr.ndim == 3 else arr[:, :, None]
+
+
+_ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
+_GRAY16_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _pixels(im) -> np.ndarray:
+    """uint8 ``(H, W)`` (grayscale) or ``(H, W, 3|4)`` pixels of a Pillow image, per spec §3.4."""
+    if im.mode in ("RGB", "L", "RGBA"):
+        return np.asarray(im, dtype=np.uint8)
+    if im.mode == "1":
+        return np.asarray(im.convert("L"), dtype=np.uint8)
+    if im.mode in _GRAY16_MODES:
+        return (np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8)
+    if im.mode in _ALPHA_MODES or (im.mode == "P" and "transparency" in im.info):
+        return np.asarray(im.convert("RGBA"), dtype=np.uint8)
+    return np.asarray(im.convert("RGB"), dtype=np.uint8)
 
 
 def sniff_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[str, int, int]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import format as F
 from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling
-from .errors import WriteError
+from .errors import FormatError, WriteError
 from .reader import PackIndex, Store, open_dataset
 from .version import __version__
 
@@ -91,6 +91,15 @@ def build_pack_index(
     if not 0 <= max_lost_fraction <= 1:
         raise WriteError(field="max_lost_fraction", expected="a fraction in [0, 1]", found=max_lost_fraction)
     capacity = int(capacity)
+    try:
+        seed = F.check_seed(seed, field="seed=")
+    except FormatError as exc:
+        raise WriteError(field="seed=", expected="None or an integer in [0, 2**63) (spec §4.1)", found=exc.found) from None
+    for key, limit in (("max_docs_per_pack", max_docs_per_pack), ("max_images_per_pack", max_images_per_pack)):
+        if limit is not None and (not isinstance(limit, (int, np.integer)) or isinstance(limit, bool) or limit < 1):
+            raise WriteError(field=f"{key}=", expected="None (no limit) or an integer >= 1 (spec §4.1)", found=repr(limit))
+    max_docs_per_pack = None if max_docs_per_pack is None else int(max_docs_per_pack)
+    max_images_per_pack = None if max_images_per_pack is None else int(max_images_per_pack)
     name = F.check_index_name(name or default_index_name(algorithm, capacity, seed))
     t0 = time.perf_counter()
     lengths = store.doc_lengths

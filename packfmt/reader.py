@@ -224,7 +224,7 @@ class ImageStore:
     def of_document(self, d: int) -> range:
         return range(int(self.doc_image_offsets[d]), int(self.doc_image_offsets[d + 1]))
 
-    def decode(self, i: int, max_pixels: int = 1 << 28) -> np.ndarray:
+    def decode(self, i: int, max_pixels: int = F.MAX_IMAGE_PIXELS) -> np.ndarray:
         """Decode image ``i`` to a uint8 HxWxC array (Pillow for encoded codecs)."""
         from .images import decode_image
 

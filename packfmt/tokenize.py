@@ -185,11 +185,11 @@ class TextEncoder:
 
     @cached_property
     def identity(self) -> dict:
-        """The manifest's ``tokenizer`` object: name, hash, path, class."""
+        """The manifest's ``tokenizer`` object: name, hash, class (no path: it would name a file on
+        this host, which the manifest must not hold, spec §2.2 and §5.3)."""
         p = Path(self.spec.path)
         name = getattr(self.tokenizer, "name_or_path", "") or p.name
-        return {"name": Path(name).name or p.name, "hash": tokenizer_hash(p), "path": str(p.resolve()),
-                "class": type(self.tokenizer).__name__}
+        return {"name": Path(name).name or p.name, "hash": tokenizer_hash(p), "class": type(self.tokenizer).__name__}
 
     @property
     def special_tokens(self) -> dict:

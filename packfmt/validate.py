@@ -296,11 +296,11 @@ class _DatasetChecks:
 
     # -- structural
     def structural(self) -> None:
-        self._files_table()
+        self._files_table()  # V9 (the "only if" half), V10, V11
         self._unknown_files()
-        self._doc_offsets()
+        self._doc_offsets()  # V13
         if self.m.num_images > 0:
-            self._image_offsets()
+            self._image_offsets()  # V14, V15, V19
 
     def _files_table(self) -> None:
         layout = F.expected_layout(self.m)
@@ -368,14 +368,14 @@ class _DatasetChecks:
 
     def deep(self, bar) -> None:
         for name, entry in sorted(self.m.files.items()):
-            _check_checksum(self.out, self.root / name, name, entry, bar)
-        self._token_range(bar)
+            _check_checksum(self.out, self.root / name, name, entry, bar)  # V12
+        self._token_range(bar)  # V16
         if self.m.has_loss_mask:
             mask = self.array(F.LOSS_MASK)
             if mask is not None:
-                _check_mask_values(self.out, F.LOSS_MASK, mask, bar)
+                _check_mask_values(self.out, F.LOSS_MASK, mask, bar)  # V17
         if self.m.num_images > 0:
-            self._image_meta()
+            self._image_meta()  # V18 (V19 is structural)
             if self.decode_images:
                 self._image_decode(progress=bar is not None)
 
@@ -419,9 +419,12 @@ class _DatasetChecks:
         meta = np.asarray(meta)
         codes = np.array(sorted(F.CODECS), dtype=np.uint32)
         bad_codec = np.flatnonzero(~np.isin(meta[:, 2], codes))
-        if bad_codec.size:
+        if bad_codec.size:  # a newer minor version may add codec ids (spec §8): not checkable here, not an error
+            newer = self.m.version[1] > F.FORMAT_VERSION[1]
             self.out.add(F.IMAGE_META, "codec (column 2)", f"one of {dict(sorted(F.CODECS.items()))}",
-                         f"unknown codec ids {sorted(set(meta[bad_codec[:MAX_LISTED], 2].tolist()))} at images {_listed(bad_codec)}")
+                         f"unknown codec ids {sorted(set(meta[bad_codec[:MAX_LISTED], 2].tolist()))} at images {_listed(bad_codec)}"
+                         + (f" (format {self.m.version[0]}.{self.m.version[1]} may define them; not decoded)" if newer else ""),
+                         severity=WARNING if newer else ERROR)
         bad_size = np.flatnonzero((meta[:, 0] < 1) | (meta[:, 1] < 1))
         if bad_size.size:
             self.out.add(F.IMAGE_META, "width/height (columns 0, 1)", ">= 1 pixel", f"0 at images {_listed(bad_size)}")
@@ -553,10 +556,10 @@ class _IndexChecks:
             self.out.from_error(exc, json_label)
             return
         _minor_version_note(self.pm.version, json_label, self.out)
-        if self.pm.name != self.name:
+        if self.pm.name != self.name:  # V22 (the rest of V21/V22: format.parse_pack_index_manifest)
             self.out.add(json_label, "name", repr(self.name) + " (its directory name)", repr(self.pm.name))
         m = self.ds.m
-        for key in (F.TOKENS, F.DOC_OFFSETS):
+        for key in (F.TOKENS, F.DOC_OFFSETS):  # V23
             if self.pm.dataset[key] != m.files[key].checksum:
                 self.out.add(json_label, f"dataset.{key}", f"{m.files[key].checksum} (manifest.json: the token store "
                              "this index must describe)", f"{self.pm.dataset[key]} (built for another token store?)")
@@ -565,7 +568,7 @@ class _IndexChecks:
             self.out.add(json_label, "counts.packed_tokens", "an integer >= 0 (materialized index)", repr(n_packed))
             n_packed = None
         self.layout = F.pack_index_layout(self.pm, m.np_token_dtype, m.has_loss_mask, n_packed)
-        for fname, entry in sorted(self.pm.files.items()):
+        for fname, entry in sorted(self.pm.files.items()):  # V24
             source = "counts.packs" if fname in (F.PACK_OFFSETS, F.PACK_TOKEN_OFFSETS) else (
                 "counts.segments" if fname == F.SEGMENTS else "counts.packed_tokens")
             self.sizes_ok[fname] = _check_file_size(self.out, self.dir / fname, self.file(fname), entry,
@@ -586,7 +589,7 @@ class _IndexChecks:
         for p in sorted(self.dir.iterdir()):
             if p.name not in known:
                 self.out.add(self.file(p.name), None, severity=WARNING, detail="unknown file, not listed in index.json")
-        self._offsets(n_packed)
+        self._offsets(n_packed)  # V25
 
     def array(self, fname: str) -> np.ndarray | None:
         if not self.sizes_ok.get(fname) or fname not in self.layout:
@@ -628,19 +631,19 @@ class _IndexChecks:
         if self.pm is None:
             return
         for fname, entry in sorted(self.pm.files.items()):
-            _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)
+            _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)  # V26
         if not self.segments_ok:
             return  # reported structurally
         segs, po = np.asarray(self.array(F.SEGMENTS)), np.asarray(self.array(F.PACK_OFFSETS))
         seg_len = segs[:, 2] - segs[:, 1]
-        self._max_docs(po)
+        self._max_docs(po)  # V30 (segments)
         off = np.asarray(self.ds.array(F.DOC_OFFSETS))
         doc_len = np.diff(off)
-        self._images_per_pack(segs, po, off)
-        self._coverage(segs, doc_len)
-        self._stats(segs, po, seg_len, doc_len)
+        self._images_per_pack(segs, po, off)  # V28, V30 (images)
+        self._coverage(segs, doc_len)  # V31
+        self._stats(segs, po, seg_len, doc_len)  # V33
         if self.pm.materialized:
-            self._materialized(segs, po, seg_len, off, bar)
+            self._materialized(segs, po, seg_len, off, bar)  # V32
 
     def _max_docs(self, po) -> None:
         """V30: each pack holds at most ``params.max_docs_per_pack`` segments."""

@@ -58,7 +58,8 @@ class DatasetWriter:
     Args:
         path: target dataset directory (must not exist unless ``overwrite``).
         vocab_size: number of token ids; fixes the token dtype (uint16 if <= 65,536, else uint32).
-        tokenizer: ``{"name": str, "hash": "sha256:..." | None, ...}`` identity of the tokenizer.
+        tokenizer: ``{"name": str, "hash": "sha256:..." | None, ...}`` identity of the tokenizer. No
+            ``path``: a path names a file on this host only (spec §2.2), so it is refused.
         special_tokens: ids for ``bos``, ``eos``, ``pad``, ``image`` (missing keys are null).
         loss_mask: whether every document carries a per-token loss mask.
         overwrite: replace an existing dataset at ``path`` (atomically, at finalize).
@@ -84,6 +85,11 @@ class DatasetWriter:
         self.tokenizer.setdefault("hash", None)
         if not isinstance(self.tokenizer.get("name"), str):
             raise WriteError(field="tokenizer.name", expected="string", found=repr(self.tokenizer.get("name")))
+        if "path" in self.tokenizer:
+            raise WriteError(f"tokenizer.path: {self.tokenizer['path']!r} names a file on this host only and readers must not "
+                             "open it (spec/FORMAT.md §2.2); leave it out of tokenizer= (decode later with "
+                             "`packfmt inspect --show-pack N --tokenizer DIR`)",
+                             field="tokenizer.path", expected="absent", found=repr(self.tokenizer["path"]))
         th = self.tokenizer["hash"]
         if th is not None and not (isinstance(th, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", th)):
             raise WriteError(field="tokenizer.hash", expected='null or "sha256:" + 64 hex digits', found=repr(th))
@@ -256,6 +262,9 @@ class DatasetWriter:
                 raise WriteError(field=f"{where}: codec", expected=f"one of {sorted(F.CODEC_IDS)}", found=repr(img.codec))
             if not (1 <= img.width < 2**32 and 1 <= img.height < 2**32):
                 raise WriteError(field=f"{where}: size", expected="width, height in [1, 2^32)", found=(img.width, img.height))
+            if img.width * img.height > F.MAX_IMAGE_PIXELS:
+                raise WriteError(field=f"{where}: size", expected=f"width x height <= {F.MAX_IMAGE_PIXELS:,} pixels (spec §3.4)",
+                                 found=f"{img.width}x{img.height} = {img.width * img.height:,} pixels")
             if not (prev_end <= img.token_begin < img.token_end <= doc_len):
                 raise WriteError(field=f"{where}: token span", expected=f"{prev_end} <= begin < end <= {doc_len}, in order, not overlapping",
                                  found=(img.token_begin, img.token_end))

@@ -199,7 +199,8 @@ def test_manifest_tokenizer_and_single_file_tokenizer(tmp_path, hf_tok):
     result = build_text([src], tmp_path / "ds", SAMPLE_TOK / "tokenizer.json")
     tok_entry = packfmt.open(result.path).manifest.tokenizer
     assert tok_entry["hash"] == tokenizer_hash(SAMPLE_TOK / "tokenizer.json")
-    assert tok_entry["class"] and tok_entry["path"].endswith("tokenizer.json")
+    assert tok_entry["class"] and "path" not in tok_entry  # no host path in the manifest (spec §2.2)
+    assert tok_entry["name"] == "tokenizer.json"
     # the post-processor in tokenizer.json alone still adds <s> ... </s>
     assert docs(result.path) == [hf_tok["bpe"](r["text"])["input_ids"] for r in sample_records()[:5]]
 

@@ -113,6 +113,31 @@ def test_accepts_newer_minor_with_unknown_keys_and_files(ds):
     assert [store.document(i).tolist() for i in range(len(store))] == DOCS
 
 
+@pytest.mark.parametrize("version,ok", [("1.0", False), ("1.1", True)])
+def test_unknown_codec_id_is_valid_only_in_a_newer_minor(tmp_path, version, ok):
+    """§8: a newer minor may add codec ids; readers open the dataset and fail only at decode time."""
+    from packfmt.validate import validate
+
+    root = tmp_path / "ds"
+    with packfmt.DatasetWriter(root, vocab_size=100) as w:
+        w.add_document([1, 3, 3, 2], images=[_img(1, 3)])
+    meta = np.fromfile(root / F.IMAGE_META, dtype=F.IMAGE_META_DTYPE)
+    meta[2] = 99  # (width, height, codec) of image 0: a codec this reader does not know
+    meta.tofile(root / F.IMAGE_META)
+    m = edit(load_manifest(root), "format_version", version)
+    m["files"][F.IMAGE_META]["checksum"] = "xxh3_64:" + xxhash.xxh3_64(meta.tobytes()).hexdigest()
+    save_manifest(root, m)
+    report = validate(root, deep=True)
+    codec_problems = [p for p in report.problems if p.file == F.IMAGE_META]
+    assert report.ok is ok and len(codec_problems) == 1 and "99" in codec_problems[0].message
+    assert codec_problems[0].severity == ("warning" if ok else "error")
+    store = packfmt.open(root)
+    assert store.document(0).tolist() == [1, 3, 3, 2]  # tokens are served either way
+    with pytest.raises(FormatError) as info:
+        store.images.decode(0)
+    assert "codec" in str(info.value) and "99" in str(info.value)
+
+
 def test_unknown_listed_file_is_still_size_checked(ds):
     m = load_manifest(ds)
     m["format_version"] = "1.9"
@@ -236,6 +261,55 @@ def test_refuses_pack_index_of_another_store(tmp_path):
     assert "dataset.tokens.bin" in str(info.value)
 
 
+def _index_json(ds: Path, name: str = "ix") -> Path:
+    build_pack_index(ds, capacity=4, algorithm="ffd", name=name)
+    return ds / F.PACKS_DIR / name / F.PACK_INDEX_JSON
+
+
+@pytest.mark.parametrize("key,value", [
+    ("seed", -1), ("seed", 2**63), ("seed", True), ("seed", 1.0),
+    ("params.max_images_per_pack", 0), ("params.max_docs_per_pack", 0), ("params.max_docs_per_pack", "4"),
+])
+def test_refuses_pack_index_values_out_of_range(ds, key, value):
+    path = _index_json(ds)
+    path.write_bytes(F.canonical_json(edit(json.loads(path.read_text("utf-8")), key, value)))
+    with pytest.raises(FormatError) as info:
+        packfmt.open(ds).pack_index("ix")
+    assert info.value.field == key
+
+
+@pytest.mark.parametrize("key,value", [("seed", None), ("seed", 2**63 - 1), ("seed", 0)])
+def test_accepts_seed_range_bounds(ds, key, value):
+    path = _index_json(ds)
+    path.write_bytes(F.canonical_json(edit(json.loads(path.read_text("utf-8")), key, value)))
+    assert packfmt.open(ds).pack_index("ix").manifest.seed == value
+
+
+def test_absent_params_keys_read_as_no_limit(ds):
+    path = _index_json(ds)
+    path.write_bytes(F.canonical_json(edit(json.loads(path.read_text("utf-8")), "params", {})))
+    assert packfmt.open(ds).pack_index("ix").manifest.params == {}
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"seed": -1}, "seed="), ({"seed": 2**63}, "seed="), ({"seed": 1.5}, "seed="),
+    ({"max_images_per_pack": 0}, "max_images_per_pack="), ({"max_docs_per_pack": 0}, "max_docs_per_pack="),
+])
+def test_build_pack_index_refuses_what_index_json_cannot_hold(ds, kwargs, field):
+    with pytest.raises(WriteError) as info:
+        build_pack_index(ds, capacity=4, algorithm="ffd", name="ix", **kwargs)
+    assert info.value.field == field and "spec §4.1" in str(info.value)
+    assert not (ds / F.PACKS_DIR / "ix").exists()
+
+
+def test_cli_pack_refuses_a_seed_out_of_range_in_cli_words(ds, capsys):
+    from packfmt.cli import main
+
+    assert main(["pack", str(ds), "--capacity", "4", "--seed", "-1"]) == 2
+    assert "--seed must be in [0, 2**63), got -1" in capsys.readouterr().err
+    assert not (ds / F.PACKS_DIR).exists()
+
+
 # ----------------------------------------------------------------------------- writer: token range
 def test_writer_refuses_token_id_ge_vocab_naming_document_and_position(tmp_path):
     w = packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100)
@@ -281,6 +355,14 @@ def test_writer_refuses_empty_or_non_integer_documents(tmp_path, tokens):
     with pytest.raises(WriteError):
         w.add_document(tokens)
     w.abort()
+
+
+def test_writer_refuses_a_tokenizer_path(tmp_path):
+    """§2.2: a host path does not belong in a manifest; the writer says so instead of storing it."""
+    with pytest.raises(WriteError) as info:
+        packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, tokenizer={"name": "t", "hash": None, "path": "/home/x/tok"})
+    assert info.value.field == "tokenizer.path" and "--tokenizer" in str(info.value)
+    assert not (tmp_path / "ds").exists()
 
 
 def test_writer_refuses_special_token_out_of_range(tmp_path):
@@ -343,6 +425,7 @@ def _img(begin, end, *, codec="png", width=2, height=2, data=PNG):
     ([_img(0, 2, codec="heic")], "codec"),
     ([_img(0, 2, width=0)], "size"),
     ([_img(0, 2, height=2**32)], "size"),
+    ([_img(0, 2, width=13_379, height=13_376)], "size"),  # 178,957,504 pixels > F.MAX_IMAGE_PIXELS (§3.4)
     ([_img(0, 2, data=b"")], "data"),
 ])
 def test_writer_refuses_bad_images(tmp_path, images, what):
@@ -365,6 +448,53 @@ def test_image_spans_are_global_and_adjacent_runs_allowed(tmp_path):
     assert s.images.token_spans.tolist() == [[2, 4], [4, 6]]
     assert s.images.doc_image_offsets.tolist() == [0, 0, 2]
     assert s.images.offsets.tolist() == [0, 8, 9]
+
+
+def _encoded(im, fmt="PNG", **params) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    im.save(buf, format=fmt, **params)
+    return buf.getvalue()
+
+
+def _decoded_pixel_cases():
+    """(name, encoded bytes, codec, expected (C, pixel [0, 0])) for each colour model of §3.4."""
+    from PIL import Image
+
+    palette = Image.new("P", (2, 2), 1)
+    palette.putpalette([0, 0, 0, 200, 10, 20])
+    gray16 = Image.fromarray(np.array([[0x12FF, 0], [0, 0]], dtype=np.uint16))
+    return [
+        ("gray", _encoded(Image.new("L", (2, 2), 77)), "png", (1, [77])),
+        ("bilevel", _encoded(Image.new("1", (2, 2), 1)), "png", (1, [255])),
+        ("gray16", _encoded(gray16), "png", (1, [0x12])),
+        ("rgb", _encoded(Image.new("RGB", (2, 2), (1, 2, 3))), "png", (3, [1, 2, 3])),
+        ("palette", _encoded(palette), "png", (3, [200, 10, 20])),
+        ("cmyk", _encoded(Image.new("CMYK", (2, 2), (0, 0, 0, 0)), "JPEG", quality=100), "jpeg", (3, [255, 255, 255])),
+        ("rgba", _encoded(Image.new("RGBA", (2, 2), (1, 2, 3, 4))), "png", (4, [1, 2, 3, 4])),
+        ("gray+alpha", _encoded(Image.new("LA", (2, 2), (9, 8))), "png", (4, [9, 9, 9, 8])),
+        ("palette+transparency", _encoded(palette, transparency=1), "png", (4, [200, 10, 20, 0])),
+    ]
+
+
+@pytest.mark.parametrize("case", _decoded_pixel_cases(), ids=lambda c: c[0])
+def test_decoded_channel_count_follows_the_image(case):
+    """§3.4 "Decoded pixels": 1 channel for grayscale, 4 with alpha (palette transparency included), else 3."""
+    from packfmt.images import decode_image
+
+    _, data, codec, (channels, first) = case
+    px = decode_image(data, codec, 2, 2)
+    assert px.dtype == np.uint8 and px.shape == (2, 2, channels)
+    assert px[0, 0].tolist() == first
+
+
+def test_decode_refuses_more_than_the_pixel_bound_before_decoding():
+    from packfmt.images import decode_image
+
+    with pytest.raises(FormatError, match="pixels"):  # the bytes are not even an image: never looked at
+        decode_image(b"not an image", "png", 13_379, 13_376)
+    assert F.MAX_IMAGE_PIXELS == 178_956_970
 
 
 # ----------------------------------------------------------------------------- atomicity
@@ -452,3 +582,21 @@ def test_add_documents_refuses_out_of_range_and_empty(tmp_path):
         w.add_documents(np.array([1, 2]), [2, 0])
     w.abort()
     assert not (tmp_path / "c").exists()
+
+
+# ----------------------------------------------------------------------------- labels (§7)
+@pytest.mark.parametrize("materialize", [False, True])
+def test_label_at_a_truncation_cut_is_the_documents_next_token(tmp_path, materialize):
+    """§7: labels follow the document, so a truncation cut keeps its true next token (unless masked)."""
+    pytest.importorskip("torch")
+    from packfmt.torch import IGNORE_INDEX, PackedDataset
+
+    root = tmp_path / "ds"
+    with packfmt.DatasetWriter(root, vocab_size=100, loss_mask=True) as w:
+        w.add_document([5, 6, 7, 8, 9], [1, 1, 1, 1, 1])
+        w.add_document([10, 11, 12, 13], [1, 1, 1, 0])  # the target at the cut (13) is not trained
+    build_pack_index(root, capacity=3, algorithm="pad", oversize="truncate", name="t", materialize=materialize)
+    ds = PackedDataset(root, "t")
+    assert [ds[i]["input_ids"].tolist() for i in range(len(ds))] == [[5, 6, 7], [10, 11, 12]]
+    assert ds[0]["labels"].tolist() == [6, 7, 8]  # 8 is in no pack, yet it is the label at the cut
+    assert ds[1]["labels"].tolist() == [11, 12, IGNORE_INDEX]

@@ -159,34 +159,34 @@ def tokenized(tmp_path_factory) -> tuple[Path, Path, list[str]]:
     docs = ["The quick brown fox jumps over the lazy dog.", "A pack index records which segment goes where.",
             "Validation checks every checksum."]
     root = base / "ds"
-    with packfmt.DatasetWriter(root, vocab_size=hf.vocab_size,
-                               tokenizer={"name": "tiny-bpe", "hash": None, "path": str(tok_dir)}) as w:
+    with packfmt.DatasetWriter(root, vocab_size=hf.vocab_size, tokenizer={"name": "tiny-bpe", "hash": None}) as w:
         for text in docs:
             w.add_document(hf(text)["input_ids"])
     build_pack_index(root, capacity=64, algorithm="ffd", name="ffd-64")
     return root, tok_dir, docs
 
 
-def test_show_pack_decodes_with_manifest_tokenizer(tokenized, capsys):
-    root, _, docs = tokenized
-    assert main(["inspect", str(root), "--show-pack", "0"]) == 0
+def test_show_pack_decodes_with_explicit_tokenizer(tokenized, capsys):
+    root, tok_dir, docs = tokenized
+    assert main(["inspect", str(root), "--show-pack", "0", "--tokenizer", str(tok_dir)]) == 0
     out = capsys.readouterr().out
     for d, text in enumerate(docs):
         assert f"‖ doc {d} [0:" in out
         assert text in out  # decoded, not token ids
 
 
-def test_show_pack_with_explicit_tokenizer(tokenized, tmp_path, capsys):
+def test_show_pack_never_opens_a_path_from_the_manifest(tokenized, tmp_path, capsys):
+    """spec §2.2: a manifest's tokenizer.path (written by older builds) is ignored, even when it exists here."""
     root, tok_dir, docs = tokenized
     moved = tmp_path / "ds"
     import shutil
 
     shutil.copytree(root, moved)
     manifest = json.loads((moved / F.MANIFEST).read_text())
-    manifest["tokenizer"]["path"] = str(tmp_path / "gone")  # the recorded path does not exist here
+    manifest["tokenizer"]["path"] = str(tok_dir)  # an existing, working tokenizer: still not opened
     (moved / F.MANIFEST).write_bytes(F.canonical_json(manifest))
     assert main(["inspect", str(moved), "--show-pack", "0"]) == 0
-    assert docs[0] not in capsys.readouterr().out  # no tokenizer: ids only
+    assert docs[0] not in capsys.readouterr().out  # no --tokenizer: ids only
     assert main(["inspect", str(moved), "--show-pack", "0", "--tokenizer", str(tok_dir)]) == 0
     out = capsys.readouterr().out
     assert all(text in out for text in docs)

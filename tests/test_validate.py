@@ -275,6 +275,21 @@ def test_empty_document_named(ds):
     assert any(p.file == F.DOC_OFFSETS and ">= 1 token" in p.message for p in report.errors), report.format()
 
 
+def test_empty_pack_and_empty_image_blob_named(ds):
+    """V25 / V14: pack_offsets and image_offsets are strictly increasing (no empty pack, no empty blob)."""
+    rel = f"{F.PACKS_DIR}/{SPLIT}/{F.PACK_OFFSETS}"
+    po = np.fromfile(ds / rel, dtype=F.OFFSET_DTYPE)
+    po[1] = po[0]  # pack 0 empty, pack 1 takes its segments
+    _rewrite(ds, rel, po)
+    io_ = np.fromfile(ds / F.IMAGE_OFFSETS, dtype=F.OFFSET_DTYPE)
+    io_[1] = io_[0]  # image 0 has no bytes, image 1 takes them
+    _rewrite(ds, F.IMAGE_OFFSETS, io_)
+    report = validate(ds)  # structural is enough
+    assert any(p.file == rel and p.field == "[0:2]" and ">= 1 segment" in p.message for p in report.errors), report.format()
+    assert any(p.file == F.IMAGE_OFFSETS and p.field == "[0:2]" and ">= 1 byte" in p.message
+               for p in report.errors), report.format()
+
+
 def test_segment_beyond_document_named(ds):
     rel = f"{F.PACKS_DIR}/{SPLIT}/{F.SEGMENTS}"
     segs = np.fromfile(ds / rel, dtype=F.OFFSET_DTYPE).reshape(-1, 3)

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--show-pack", metavar="N", type=int, help="print pack N's segments and text (or token ids)")
     p.add_argument("--index", metavar="NAME", help="pack index for --show-pack / --plot (default: the only or first one)")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory or tokenizer.json for decoding "
-                                                     "(default: the manifest's tokenizer.path when it exists here)")
+                                                     "(without it, token ids are printed)")
     p.add_argument("--batch-size", type=int, default=8, help="rows per batch of the pad-to-longest baseline and of the --plot batch "
                                                                "(default 8)")
     p.set_defaults(func=run)
@@ -80,19 +80,19 @@ def _show_pack(store, names: list[str], args: argparse.Namespace, format_pack) -
         print(f"packfmt inspect: error: --show-pack {args.show_pack}: index {index.name!r} has packs "
               f"0..{index.num_packs - 1}", file=sys.stderr)
         return 1
-    decode = _decoder(store, args.tokenizer)
+    decode = _decoder(args.tokenizer)
     stream = sys.stderr if args.json else sys.stdout
     print(format_pack(index, args.show_pack, decode), file=stream)
     return 0
 
 
-def _decoder(store, tokenizer_arg: str | None):
-    """--tokenizer, else the manifest's tokenizer.path if it exists locally, else None (token ids)."""
+def _decoder(tokenizer_arg: str | None):
+    """--tokenizer, else None (token ids). A manifest's tokenizer.path is never opened (spec §2.2)."""
     from ..inspect import load_decoder
 
-    path = tokenizer_arg or store.manifest.tokenizer.get("path")
-    if not path or not Path(path).exists():
-        if tokenizer_arg:
-            print(f"packfmt inspect: warning: --tokenizer {tokenizer_arg}: not found; printing token ids", file=sys.stderr)
+    if not tokenizer_arg:
         return None
-    return load_decoder(path)
+    if not Path(tokenizer_arg).exists():
+        print(f"packfmt inspect: warning: --tokenizer {tokenizer_arg}: not found; printing token ids", file=sys.stderr)
+        return None
+    return load_decoder(tokenizer_arg)

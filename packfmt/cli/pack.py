@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"packfmt pack: error: --{flag.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
             return 2
+    if not 0 <= args.seed < F.SEED_LIMIT:  # the range index.json can hold (spec §4.1)
+        print(f"packfmt pack: error: --seed must be in [0, 2**63), got {args.seed}", file=sys.stderr)
+        return 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LostTokensWarning)  # said below in CLI words
         index = build_pack_index(
