@@ -8,7 +8,7 @@ allocate more than a pack's ``capacity`` per pack, or loop past its arrays.
 
 Each function takes plain arrays (memmaps included), scans them in bounded chunks with vectorised
 numpy, and returns a list of ``Finding`` (empty when the invariant holds). Cost: one pass over each
-array; at 10^7 segments well under a second (``benchmarks/bench_open.py``).
+array; at 10^7 segments a small fraction of a second (``benchmarks/bench_open.py``).
 """
 
 from __future__ import annotations
@@ -129,53 +129,75 @@ def image_spans(spans: np.ndarray, doc_image_offsets: np.ndarray, doc_offsets: n
     return out
 
 
-def segments(segs: np.ndarray, doc_offsets: np.ndarray, *, file: str) -> tuple[list[Finding], np.ndarray | None]:
+def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray, *,
+             file: str) -> tuple[list[Finding], np.ndarray | None]:
     """V27: every segment ``(doc, begin, end)`` has ``0 <= doc < n`` and ``0 <= begin < end <= len(doc)``.
 
-    Needs V13 (``doc_offsets`` checked). Returns the findings and, when there are none, the int64
-    running sum of segment lengths (``S + 1`` entries, for ``packs``).
+    Needs V13 (``doc_offsets``) and V25 (``pack_offsets``) to hold. Returns the findings and, when
+    there are none, the int64 token count of every pack (for ``packs``).
     """
-    doc_offsets, segs = np.asarray(doc_offsets), np.asarray(segs)
+    doc_offsets, segs, pack_offsets = np.asarray(doc_offsets), np.asarray(segs), np.asarray(pack_offsets)
     n_docs = doc_offsets.shape[0] - 1
-    S = segs.shape[0]
-    cum = np.empty(S + 1, dtype=np.int64)
-    cum[0] = 0
-    bad_doc, bad_range = _First(), _First()
-    for a, b in _chunks(S):
-        chunk = segs[a:b]
-        doc, begin, end = chunk[:, 0], chunk[:, 1], chunk[:, 2]
-        wrong = (doc < 0) | (doc >= n_docs)
-        if wrong.any():
-            bad_doc.add(wrong, a)
-            doc = np.where(wrong, 0, doc)
-        length = end - begin
-        doc_len = doc_offsets[doc + 1] - doc_offsets[doc]
-        bad_range.add(~wrong & ((begin < 0) | (begin >= end) | (end > doc_len)), a)
-        np.cumsum(length, out=cum[a + 1:b + 1])
-        cum[a + 1:b + 1] += cum[a]
+    lengths = np.empty(pack_offsets.shape[0] - 1, dtype=np.int64)
+    first_doc, n_doc, first_range, n_range = _segment_kernel()(segs, doc_offsets, pack_offsets, lengths)
     out = []
-    if bad_doc.first is not None:
-        k = bad_doc.first
+    if first_doc >= 0:
+        k = first_doc
         out.append(Finding("V27", file, f"[{k}].doc", f"a document id in [0, {n_docs})",
-                           f"{int(segs[k, 0])} ({bad_doc.count} bad in all)"))
-    if bad_range.first is not None:
-        k = bad_range.first
+                           f"{int(segs[k, 0])} ({n_doc} bad in all)"))
+    if first_range >= 0:
+        k = first_range
         d, beg, end = (int(v) for v in segs[k])
         out.append(Finding("V27", file, f"[{k}]", f"0 <= begin < end <= length of document {d} "
                            f"({int(doc_offsets[d + 1] - doc_offsets[d])})",
-                           f"[{beg}, {end}) (segment beyond its document, or empty; {bad_range.count} bad segment(s) in all)"))
-    return out, (None if out else cum)
+                           f"[{beg}, {end}) (segment beyond its document, or empty; {n_range} bad segment(s) in all)"))
+    return out, (None if out else lengths)
 
 
-def packs(cum: np.ndarray, pack_offsets: np.ndarray, capacity: int, *, file: str,
-          pack_token_offsets: np.ndarray | None = None, pto_file: str = "") -> tuple[list[Finding], np.ndarray]:
-    """V29: every pack holds at most ``capacity`` tokens; V32 (first half): when materialized, each
-    pack's run in ``pack_token_offsets`` is as long as the pack. Needs V25 and V27.
+_KERNEL = None
 
-    Returns the findings and the int64 length of every pack.
+
+def _segment_kernel():
+    """The one-pass numba scan of ``segments`` (numba is imported on first use, not by ``import packfmt``).
+
+    One loop, no temporaries the size of the segments: ten times faster than the same test as
+    chunked numpy expressions (``benchmarks/bench_open.py``).
     """
-    po = np.asarray(pack_offsets)
-    lengths = cum[po[1:]] - cum[po[:-1]]
+    global _KERNEL
+    if _KERNEL is None:
+        from numba import njit
+
+        @njit(cache=True, nogil=True)
+        def scan(segs, doc_offsets, pack_offsets, lengths):
+            """(first bad doc id, count, first bad range, count), -1 for none; fills ``lengths``."""
+            n_docs = doc_offsets.shape[0] - 1
+            first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
+            for p in range(pack_offsets.shape[0] - 1):
+                total = 0
+                for s in range(pack_offsets[p], pack_offsets[p + 1]):
+                    d, b, e = segs[s, 0], segs[s, 1], segs[s, 2]
+                    if d < 0 or d >= n_docs:
+                        if first_doc < 0:
+                            first_doc = s
+                        n_doc += 1
+                    elif b < 0 or b >= e or e > doc_offsets[d + 1] - doc_offsets[d]:
+                        if first_range < 0:
+                            first_range = s
+                        n_range += 1
+                    else:
+                        total += e - b
+                lengths[p] = total
+            return first_doc, n_doc, first_range, n_range
+
+        _KERNEL = scan
+    return _KERNEL
+
+
+def packs(lengths: np.ndarray, capacity: int, *, file: str, pack_token_offsets: np.ndarray | None = None,
+          pto_file: str = "") -> list[Finding]:
+    """V29: every pack holds at most ``capacity`` tokens; V32 (first half): when materialized, each
+    pack's run in ``pack_token_offsets`` is as long as the pack. ``lengths`` from ``segments``.
+    """
     out = []
     over = np.flatnonzero(lengths > capacity)
     if over.size:
@@ -189,4 +211,4 @@ def packs(cum: np.ndarray, pack_offsets: np.ndarray, capacity: int, *, file: str
             p = int(wrong[0])
             out.append(Finding("V32", pto_file, f"[{p}:{p + 2}]", f"a run of {int(lengths[p])} tokens (the length of "
                                f"pack {p} by its segments)", f"{int(runs[p])} ({wrong.size} pack(s): {listed(wrong)})"))
-    return out, lengths
+    return out

@@ -198,7 +198,7 @@ class ImageStore:
         self.doc_image_offsets = store._array(F.DOC_IMAGE_OFFSETS)
         self.token_spans = store._array(F.IMAGE_TOKEN_SPANS)  # (n_images, 2) global token offsets
         checks.raise_first(checks.offsets(self.offsets, rule="V14", file=F.IMAGE_OFFSETS, last=self.blobs.shape[0],
-                                          last_what=f"size of {F.IMAGE_BLOBS}", strict=True, unit="no empty blob"))
+                                          last_what=f"size of {F.IMAGE_BLOBS}", strict=True, unit="every image has >= 1 byte in image_blobs.bin"))
         checks.raise_first(checks.offsets(self.doc_image_offsets, rule="V15", file=F.DOC_IMAGE_OFFSETS,
                                           last=store.num_images, last_what="counts.images", strict=False,
                                           unit="images per document"))
@@ -275,16 +275,16 @@ class PackIndex:
         lab = self._label
         checks.raise_first(checks.offsets(self.pack_offsets, rule="V25", file=lab + F.PACK_OFFSETS,
                                           last=self.manifest.num_segments, last_what="counts.segments", strict=True,
-                                          unit="no empty pack"))
+                                          unit="every pack has >= 1 segment"))
         if self.pack_token_offsets is not None:
             checks.raise_first(checks.offsets(self.pack_token_offsets, rule="V25", file=lab + F.PACK_TOKEN_OFFSETS,
                                               last=n_packed, last_what="counts.packed_tokens", strict=False,
                                               unit="tokens per pack"))
-        found, cum = checks.segments(self.segments, self.store.doc_offsets, file=lab + F.SEGMENTS)
+        found, lengths = checks.segments(self.segments, self.store.doc_offsets, self.pack_offsets,
+                                         file=lab + F.SEGMENTS)
         checks.raise_first(found)
-        found, lengths = checks.packs(cum, self.pack_offsets, self.capacity, file=lab + F.SEGMENTS,
-                                      pack_token_offsets=self.pack_token_offsets, pto_file=lab + F.PACK_TOKEN_OFFSETS)
-        checks.raise_first(found)
+        checks.raise_first(checks.packs(lengths, self.capacity, file=lab + F.SEGMENTS,
+                                        pack_token_offsets=self.pack_token_offsets, pto_file=lab + F.PACK_TOKEN_OFFSETS))
         return lengths
 
     def _array(self, name: str) -> np.ndarray:

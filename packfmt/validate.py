@@ -352,7 +352,7 @@ class _DatasetChecks:
         blob_entry = self.m.files.get(F.IMAGE_BLOBS)
         if off is not None and blob_entry is not None and self.sizes_ok.get(F.IMAGE_BLOBS):
             _check_offsets(self.out, F.IMAGE_OFFSETS, off, rule="V14", last=blob_entry.bytes,
-                           last_what=f"size of {F.IMAGE_BLOBS}", strict=True, unit="no empty blob")
+                           last_what=f"size of {F.IMAGE_BLOBS}", strict=True, unit="every image has >= 1 byte in image_blobs.bin")
         dio = self.array(F.DOC_IMAGE_OFFSETS)
         if dio is not None:
             dio_ok = _check_offsets(self.out, F.DOC_IMAGE_OFFSETS, dio, rule="V15", last=self.m.num_images,
@@ -602,7 +602,7 @@ class _IndexChecks:
         if po is not None:
             self.offsets_ok = _check_offsets(self.out, self.file(F.PACK_OFFSETS), po, rule="V25",
                                              last=self.pm.num_segments, last_what="counts.segments", strict=True,
-                                             unit="no empty pack")
+                                             unit="every pack has >= 1 segment")
         pto = self.array(F.PACK_TOKEN_OFFSETS)
         pto_ok = pto is not None and n_packed is not None and _check_offsets(
             self.out, self.file(F.PACK_TOKEN_OFFSETS), pto, rule="V25", last=n_packed,
@@ -614,11 +614,11 @@ class _IndexChecks:
         segs, po, off = self.array(F.SEGMENTS), self.array(F.PACK_OFFSETS), self.ds.array(F.DOC_OFFSETS)
         if segs is None or po is None or off is None or not (self.offsets_ok and self.ds.doc_offsets_ok):
             return
-        found, cum = checks.segments(segs, off, file=self.file(F.SEGMENTS))
+        found, lengths = checks.segments(segs, off, po, file=self.file(F.SEGMENTS))
         if not self.out.findings(found):
             return
-        found, _ = checks.packs(cum, po, self.pm.capacity, file=self.file(F.SEGMENTS), pack_token_offsets=pto,
-                                pto_file=self.file(F.PACK_TOKEN_OFFSETS))
+        found = checks.packs(lengths, self.pm.capacity, file=self.file(F.SEGMENTS), pack_token_offsets=pto,
+                             pto_file=self.file(F.PACK_TOKEN_OFFSETS))
         self.segments_ok = self.out.findings(found)
 
     # -- deep
