@@ -49,7 +49,7 @@ def checks_disabled():
     saved = {name: getattr(checks, name) for name in ("offsets", "image_spans", "segments", "packs")}
     checks.offsets = checks.image_spans = lambda *a, **k: []
     checks.segments = lambda segs, off, po, **k: ([], np.zeros(po.shape[0] - 1, dtype=np.int64))
-    checks.packs = lambda lengths, cap, **k: []
+    checks.packs = lambda lengths, cap, total, **k: []
     try:
         yield
     finally:

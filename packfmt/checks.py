@@ -1,4 +1,4 @@
-"""The structural invariants a reader indexes with, written once (spec/FORMAT.md §6, V13-V15, V19, V25, V27, V29, V32).
+"""The structural invariants a reader indexes with, written once (spec/FORMAT.md §6: V13-V15, V19, V25, V27, V29).
 
 The reader (``Store``, ``ImageStore``, ``PackIndex``: every public entry) runs these when it opens a
 store or a pack index and raises the first finding as a ``FormatError``; ``validate`` runs the same
@@ -193,12 +193,17 @@ def _segment_kernel():
     return _KERNEL
 
 
-def packs(lengths: np.ndarray, capacity: int, *, file: str, pack_token_offsets: np.ndarray | None = None,
-          pto_file: str = "") -> list[Finding]:
-    """V29: every pack holds at most ``capacity`` tokens; V32 (first half): when materialized, each
-    pack's run in ``pack_token_offsets`` is as long as the pack. ``lengths`` from ``segments``.
+def packs(lengths: np.ndarray, capacity: int, packed_tokens: int, *, file: str,
+          pack_token_offsets: np.ndarray | None = None, pto_file: str = "") -> list[Finding]:
+    """V29: every pack holds at most ``capacity`` tokens, and all of them ``counts.packed_tokens``;
+    and when materialized, each pack's run in ``pack_token_offsets`` is as long as
+    the pack. ``lengths`` from ``segments``.
     """
     out = []
+    total = int(lengths.sum())
+    if total != packed_tokens:
+        out.append(Finding("V29", file, "segment lengths (sum)", f"{packed_tokens} (counts.packed_tokens, index.json)",
+                           total))
     over = np.flatnonzero(lengths > capacity)
     if over.size:
         p = int(over[0])
@@ -209,6 +214,6 @@ def packs(lengths: np.ndarray, capacity: int, *, file: str, pack_token_offsets: 
         wrong = np.flatnonzero(runs != lengths)
         if wrong.size:
             p = int(wrong[0])
-            out.append(Finding("V32", pto_file, f"[{p}:{p + 2}]", f"a run of {int(lengths[p])} tokens (the length of "
+            out.append(Finding("V29", pto_file, f"[{p}:{p + 2}]", f"a run of {int(lengths[p])} tokens (the length of "
                                f"pack {p} by its segments)", f"{int(runs[p])} ({wrong.size} pack(s): {listed(wrong)})"))
     return out

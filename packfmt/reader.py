@@ -271,7 +271,7 @@ class PackIndex:
         self.pack_lengths = self._check(n_packed)
 
     def _check(self, n_packed: int) -> np.ndarray:
-        """V25, V27, V29, V32 (lengths): return the int64 token count of every pack."""
+        """V25, V27, V29: return the int64 token count of every pack."""
         lab = self._label
         checks.raise_first(checks.offsets(self.pack_offsets, rule="V25", file=lab + F.PACK_OFFSETS,
                                           last=self.manifest.num_segments, last_what="counts.segments", strict=True,
@@ -283,7 +283,7 @@ class PackIndex:
         found, lengths = checks.segments(self.segments, self.store.doc_offsets, self.pack_offsets,
                                          file=lab + F.SEGMENTS)
         checks.raise_first(found)
-        checks.raise_first(checks.packs(lengths, self.capacity, file=lab + F.SEGMENTS,
+        checks.raise_first(checks.packs(lengths, self.capacity, n_packed, file=lab + F.SEGMENTS,
                                         pack_token_offsets=self.pack_token_offsets, pto_file=lab + F.PACK_TOKEN_OFFSETS))
         return lengths
 

@@ -610,14 +610,15 @@ class _IndexChecks:
         self._segments(pto if pto_ok else None)
 
     def _segments(self, pto: np.ndarray | None) -> None:
-        """V27, V29, V32 (run lengths): what the reader checks when it opens the index."""
+        """V27, V29: what the reader checks when it opens the index."""
         segs, po, off = self.array(F.SEGMENTS), self.array(F.PACK_OFFSETS), self.ds.array(F.DOC_OFFSETS)
         if segs is None or po is None or off is None or not (self.offsets_ok and self.ds.doc_offsets_ok):
             return
         found, lengths = checks.segments(segs, off, po, file=self.file(F.SEGMENTS))
         if not self.out.findings(found):
             return
-        found = checks.packs(lengths, self.pm.capacity, file=self.file(F.SEGMENTS), pack_token_offsets=pto,
+        found = checks.packs(lengths, self.pm.capacity, self.pm.raw["counts"]["packed_tokens"],
+                             file=self.file(F.SEGMENTS), pack_token_offsets=pto,
                              pto_file=self.file(F.PACK_TOKEN_OFFSETS))
         self.segments_ok = self.out.findings(found)
 

@@ -144,7 +144,7 @@ def test_materialized_run_lengths_checked_at_open(store):
     (index.path / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(doc))
     with pytest.raises(FormatError) as exc:
         PackedDataset(store, "mat")
-    assert exc.value.file == "packs/mat/pack_token_offsets.bin" and "(V32" in str(exc.value)
+    assert exc.value.file == "packs/mat/pack_token_offsets.bin" and "(V29" in str(exc.value)
 
 
 def test_index_replaced_under_an_open_reader_keeps_its_own_files(store):

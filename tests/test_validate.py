@@ -315,11 +315,13 @@ def test_document_missing_from_index_named(ds):
     victim = int(docs[counts == 1][0])
     k = int(np.flatnonzero(segs[:, 0] == victim)[0])
     pack = int(np.searchsorted(po, k, side="right")) - 1
+    lost = int(segs[k, 2] - segs[k, 1])
     segs = np.delete(segs, k, axis=0)
     po[pack + 1:] -= 1
     _rewrite(ds, f"{rel}/{F.SEGMENTS}", segs)
     _rewrite(ds, f"{rel}/{F.PACK_OFFSETS}", po)
-    _edit_json(ds / rel / F.PACK_INDEX_JSON, lambda o: o["counts"].update(segments=int(segs.shape[0])))
+    _edit_json(ds / rel / F.PACK_INDEX_JSON, lambda o: o["counts"].update(
+        segments=int(segs.shape[0]), packed_tokens=o["counts"]["packed_tokens"] - lost))
     assert validate(ds).ok  # structure is consistent; only coverage shows the hole
     report = validate(ds, deep=True)
     missing = [p for p in report.errors if "missing from the index" in p.message]
