@@ -292,9 +292,10 @@ class ChatEncoder(TextEncoder):
             if span_list is None:
                 mask = np.ones(ids.size, dtype=np.uint8)
             else:
-                starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=ids.size)
+                offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+                starts, ends = offsets[:, 0], offsets[:, 1]
                 mask = np.zeros(ids.size, dtype=np.uint8)
                 for begin, end in span_list:
-                    mask[(starts >= begin) & (starts < end)] = 1
+                    mask[(starts < end) & (ends > begin)] = 1
             results[k] = (ids, mask)
         return results

@@ -175,3 +175,13 @@ def test_any_conversation_mask_matches_transformers(tmp_path_factory, tok, turns
     result = build_chat([write_jsonl(tmp / "c.jsonl", [{"messages": messages}])], tmp / "ds", SAMPLE_TOK)
     [(ids, mask)] = stored(result.path)
     assert (ids, mask) == hf_reference(tok, messages)
+
+
+def test_token_straddling_header_and_message_is_trained_like_transformers(tmp_path, tok):
+    """A message that starts with a space: the tokenizer may merge the header's newline with it."""
+    for content in (" ", "  x", " \t y"):
+        messages = [{"role": "user", "content": "0"}, {"role": "assistant", "content": content}]
+        result = build_chat([write_jsonl(tmp_path / f"c{len(content)}.jsonl", [{"messages": messages}])],
+                            tmp_path / f"ds{len(content)}", SAMPLE_TOK)
+        [(ids, mask)] = stored(result.path)
+        assert (ids, mask) == hf_reference(tok, messages)
