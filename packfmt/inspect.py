@@ -203,7 +203,10 @@ def documents_per_pack(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndar
     if segs.shape[0] == 0:
         return per_pack
     doc = segs[:, 0]
-    several = np.flatnonzero(np.bincount(doc, minlength=n_docs)[doc] > 1)
+    per_doc = np.bincount(doc, minlength=n_docs)
+    if per_doc.max() <= 1:  # no document has two segments: nothing can repeat
+        return per_pack
+    several = np.flatnonzero(per_doc[doc] > 1)
     if several.size:
         pack = np.searchsorted(po, several, side="right") - 1
         d = doc[several]

@@ -111,10 +111,7 @@ def build_pack_index(
         f = HashedFile(tmp / F.PACK_OFFSETS)
         f.write_array(pack_offsets, F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
-        f = HashedFile(tmp / F.SEGMENTS)
-        for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):  # (doc, begin, end) in pack order, streamed
-            f.write_array(seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK]), F.OFFSET_DTYPE)
-        files[F.SEGMENTS] = f.close()
+        files[F.SEGMENTS] = _write_segments(tmp / F.SEGMENTS, seg, result)
         packed_tokens = stats["tokens"]
         if materialize:
             files.update(_materialize(store, tmp, seg.rows(result.order), pack_offsets))
@@ -146,6 +143,14 @@ def build_pack_index(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PackIndex(store, name)
+
+
+def _write_segments(path: Path, seg, result) -> dict:
+    """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks."""
+    f = HashedFile(path)
+    for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):
+        f.write_array(seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK]), F.OFFSET_DTYPE)
+    return f.close()
 
 
 def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_counts: np.ndarray | None = None) -> dict:

@@ -679,33 +679,37 @@ class _IndexChecks:
             return
         off = np.asarray(off)
         doc_len = np.diff(off)
-        if not self._segments_inside(segs, doc_len):
+        length = self._segments_inside(segs, doc_len)
+        if length is None:
             return
         self._images_per_pack(segs, po, off)
         per_doc = np.bincount(segs[:, 0], minlength=doc_len.shape[0])  # segments of each document
-        self._coverage(segs, doc_len, per_doc)
+        self._coverage(segs, length, doc_len, per_doc)
         self._stats(segs, po, seg_len, doc_len, per_doc)
         if self.pm.materialized:
             self._materialized(segs, po, seg_len, off, bar)
 
-    def _segments_inside(self, segs: np.ndarray, doc_len: np.ndarray) -> bool:
+    def _segments_inside(self, segs: np.ndarray, doc_len: np.ndarray) -> np.ndarray | None:
+        """Each segment lies inside its document. Returns each segment's document length (None if not)."""
         label = self.file(F.SEGMENTS)
         n_docs = doc_len.shape[0]
         doc = segs[:, 0]
-        bad_doc = np.flatnonzero((doc < 0) | (doc >= n_docs))
+        in_range = doc.size == 0 or (int(doc.min()) >= 0 and int(doc.max()) < n_docs)
+        bad_doc = np.flatnonzero((doc < 0) | (doc >= n_docs)) if not in_range else doc[:0]
         if bad_doc.size:
             k = int(bad_doc[0])
             self.out.add(label, f"[{k}].doc", f"a document id in [0, {n_docs})", f"{int(doc[k])} ({bad_doc.size} bad in all)")
-            return False
+            return None
         begin, end = segs[:, 1], segs[:, 2]
-        bad = np.flatnonzero((begin < 0) | (end <= begin) | (end > doc_len[doc]))
+        length = doc_len[doc]
+        bad = np.flatnonzero((begin < 0) | (end <= begin) | (end > length))
         if bad.size:
             k = int(bad[0])
             self.out.add(label, f"[{k}]", f"0 <= begin < end <= length of document {int(doc[k])} ({int(doc_len[doc[k]])})",
                          f"[{int(begin[k])}, {int(end[k])}) (segment beyond its document; {bad.size} bad segment(s): "
                          f"{_listed(bad)})")
-            return False
-        return True
+            return None
+        return length
 
     def _capacity(self, po, seg_len) -> None:
         """Each pack holds at most ``capacity`` tokens and ``params.max_docs_per_pack`` segments."""
@@ -754,8 +758,8 @@ class _IndexChecks:
                 self.out.add(self.file(F.SEGMENTS), "params.max_images_per_pack", f"<= {max_images} images per pack",
                              f"{int(per_pack[bad[0]])} in pack {int(bad[0])} ({bad.size} pack(s): {_listed(bad)})")
 
-    def _coverage(self, segs: np.ndarray, doc_len: np.ndarray, per_doc: np.ndarray) -> None:
-        """Every document covered as the ``oversize`` policy says.
+    def _coverage(self, segs: np.ndarray, length: np.ndarray, doc_len: np.ndarray, per_doc: np.ndarray) -> None:
+        """Every document covered as the ``oversize`` policy says (``length``: each segment's document length).
 
         O(n_segments): a document with one segment is checked on that row; only the segments of
         documents with several (the split ones, or duplicates) are put in (doc, begin) order.
@@ -773,9 +777,8 @@ class _IndexChecks:
             self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop')",
                          f"{dropped_present.size} present: {_listed(dropped_present)}")
         doc, begin, end = segs[:, 0], segs[:, 1], segs[:, 2]
-        length = doc_len[doc]
         if policy == "split":
-            once = per_doc[doc] == 1
+            once = per_doc[doc] == 1 if per_doc.size and per_doc.max() > 1 else np.ones(doc.shape[0], dtype=bool)
             bad = [doc[once & ((begin != 0) | (end != length))]]  # a lone segment must be [0, length)
             several = np.flatnonzero(~once)
             if several.size:

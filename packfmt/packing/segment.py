@@ -88,15 +88,23 @@ class Segmentation:
         if self._whole is None:
             return self._segments[idx]
         out = np.empty((idx.shape[0], 3), dtype=np.int64)
-        out[:, 0] = idx
-        out[:, 1] = 0
-        out[:, 2] = self._whole[idx]
+        _whole_rows(idx, np.asarray(self._whole, dtype=np.int64), out)
         return out
 
     def __repr__(self) -> str:
         return (f"Segmentation(segments={self.num_segments}, whole_documents={self.is_whole_documents}, "
                 f"dropped_docs={self.dropped_docs}, split_docs={self.split_docs}, "
                 f"truncated_docs={self.truncated_docs})")
+
+
+@njit(cache=True, nogil=True)
+def _whole_rows(idx, lengths, out):
+    """``out[i] = (idx[i], 0, lengths[idx[i]])``: rows of whole-document segments, in one pass."""
+    for i in range(idx.shape[0]):
+        d = idx[i]
+        out[i, 0] = d
+        out[i, 1] = 0
+        out[i, 2] = lengths[d]
 
 
 @njit(cache=True, nogil=True, inline="always")
