@@ -94,8 +94,6 @@ def build_pack_index(
                         image_counts=image_counts, max_images_per_pack=max_images_per_pack)
     pack_offsets = np.ascontiguousarray(result.pack_offsets, dtype=F.OFFSET_DTYPE)
     seconds = time.perf_counter() - t0
-    stats = index_stats(lengths, seg, result, capacity, image_counts)
-    stats["seconds"] = round(seconds, 6)
     packs_root = store.path / F.PACKS_DIR
     packs_root.mkdir(exist_ok=True)
     target = packs_root / name
@@ -111,7 +109,9 @@ def build_pack_index(
         f = HashedFile(tmp / F.PACK_OFFSETS)
         f.write_array(pack_offsets, F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
-        files[F.SEGMENTS] = _write_segments(tmp / F.SEGMENTS, seg, result)
+        files[F.SEGMENTS], pack_tokens = _write_segments(tmp / F.SEGMENTS, seg, result)
+        stats = index_stats(lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
+        stats["seconds"] = round(seconds, 6)
         packed_tokens = stats["tokens"]
         if materialize:
             files.update(_materialize(store, tmp, seg.rows(result.order), pack_offsets))
@@ -145,20 +145,35 @@ def build_pack_index(
     return PackIndex(store, name)
 
 
-def _write_segments(path: Path, seg, result) -> dict:
-    """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks."""
+def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
+    """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
+
+    Returns the ``files`` entry and the tokens of each pack, summed from the same chunks (so the
+    statistics need no second gather of the lengths in pack order).
+    """
+    po = result.pack_offsets
+    cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
+    total = 0
     f = HashedFile(path)
     for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):
-        f.write_array(seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK]), F.OFFSET_DTYPE)
-    return f.close()
+        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK])
+        f.write_array(rows, F.OFFSET_DTYPE)
+        b = a + rows.shape[0]
+        cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
+        lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
+        cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
+        total = int(cum[-1])
+    return f.close(), np.diff(cum_at)
 
 
-def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_counts: np.ndarray | None = None) -> dict:
+def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_counts: np.ndarray | None = None,
+                pack_tokens: np.ndarray | None = None) -> dict:
     """The ``stats`` of ``index.json`` (spec FORMAT §4, all but ``seconds``) from the inputs and outputs of packing.
 
     Args:
         doc_lengths: int (n_docs,) the store's document lengths.
         seg: the ``Segmentation`` of those documents; result: the ``PackResult`` of its segments.
+        pack_tokens: tokens per pack when already summed (else ``pack_stats`` sums them).
 
     O(n_documents) time and no temporary larger than one array of lengths: every document with a
     segment is packed, so ``documents_packed`` is ``documents - dropped_documents`` (no search for
@@ -167,7 +182,7 @@ def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_count
     from .packing import pack_stats
 
     lengths = np.asarray(doc_lengths, dtype=np.int64)
-    stats = pack_stats(seg.lengths, result, capacity, image_counts=image_counts)
+    stats = pack_stats(seg.lengths, result, capacity, image_counts=image_counts, pack_tokens=pack_tokens)
     n_docs = int(lengths.shape[0])
     over = np.flatnonzero(lengths > capacity)
     clipped_tokens = int(lengths.sum()) - int(lengths[over].sum()) + capacity * int(over.size)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packfmt import format as F
+from packfmt import packindex
 from packfmt._io import HashedFile
 from packfmt.inspect import documents_per_pack, row_lengths
 from packfmt.packindex import build_pack_index
@@ -168,11 +169,16 @@ def test_hashed_file_large_write_equals_buffered(tmp_path):
 # ----------------------------------------------------------------------------- packfmt pack
 @SETTINGS
 @given(lengths=lengths_st, cap=st.integers(4, 32), policy=policy_st,
-       algorithm=st.sampled_from(["ffd", "bfd", "greedy", "balanced", "first_fit_shuffle"]))
-def test_index_stats_equal_reference(lengths, cap, policy, algorithm):
+       algorithm=st.sampled_from(["ffd", "bfd", "greedy", "balanced", "first_fit_shuffle"]),
+       chunk=st.sampled_from([1, 3, 1 << 20]))
+def test_index_stats_equal_reference(lengths, cap, policy, algorithm, chunk):
     with tempfile.TemporaryDirectory() as tmp:
         store = _store(Path(tmp), lengths)
-        index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy)
+        saved, packindex._SEGMENT_ROWS_CHUNK = packindex._SEGMENT_ROWS_CHUNK, chunk  # rows streamed in chunks
+        try:
+            index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy)
+        finally:
+            packindex._SEGMENT_ROWS_CHUNK = saved
         segs, po = np.asarray(index.segments), np.asarray(index.pack_offsets)
         want = ref_index_stats(segs, po, lengths, cap, policy)
         stats = index.stats
