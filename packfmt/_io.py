@@ -53,6 +53,10 @@ class HashedFile:
             return
         self._h.update(mv)
         self.nbytes += mv.nbytes
+        if mv.nbytes >= CHUNK_BYTES:  # large: write it through, no copy into the buffer
+            self.flush()
+            self._f.write(mv)
+            return
         self._buf.append(bytes(mv))
         self._buffered += mv.nbytes
         if self._buffered >= CHUNK_BYTES:

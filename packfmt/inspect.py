@@ -27,8 +27,8 @@ import numpy as np
 from . import format as F
 from .reader import PackIndex, Store
 
-__all__ = ["summarize", "length_stats", "padding_costs", "index_summary", "format_summary", "format_pack",
-           "load_decoder", "plot_summary", "batch_grids"]
+__all__ = ["summarize", "length_stats", "padding_costs", "index_summary", "documents_per_pack", "format_summary",
+           "format_pack", "load_decoder", "plot_summary", "batch_grids"]
 
 #: Percentiles reported for document lengths (linear interpolation, numpy's default).
 PERCENTILES = (50, 90, 99)
@@ -54,8 +54,13 @@ def length_stats(lengths: np.ndarray) -> dict:
 
 
 def row_lengths(doc_lengths: np.ndarray, capacity: int) -> np.ndarray:
-    """Documents cut into rows of at most ``capacity`` tokens, in data order. int64 ``(n_rows,)``."""
+    """Documents cut into rows of at most ``capacity`` tokens, in data order. int64 ``(n_rows,)``.
+
+    When every document is non-empty and fits, the rows are the documents: returned without a copy.
+    """
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    if doc_lengths.size == 0 or (doc_lengths.min() >= 1 and doc_lengths.max() <= capacity):
+        return doc_lengths
     full, rem = np.divmod(doc_lengths, capacity)
     per_doc = full + (rem > 0)
     rows = np.full(int(per_doc.sum()), capacity, dtype=np.int64)
@@ -157,11 +162,10 @@ def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = D
     packed = int(seg_len.sum())
     n_packs = int(po.shape[0] - 1)
     cap = index.capacity
-    pack_of_seg = np.repeat(np.arange(n_packs, dtype=np.int64), np.diff(po))
-    cum = np.concatenate([[0], np.cumsum(seg_len)])
+    cum = np.zeros(seg_len.shape[0] + 1, dtype=np.int64)
+    np.cumsum(seg_len, out=cum[1:])
     totals = cum[po[1:]] - cum[po[:-1]]
-    docs_per_pack = np.bincount(np.unique(pack_of_seg * max(1, len(doc_lengths)) + segs[:, 0]) // max(1, len(doc_lengths)),
-                                minlength=n_packs) if segs.size else np.zeros(n_packs, dtype=np.int64)
+    docs_per_pack = documents_per_pack(segs, po, len(doc_lengths))
     stats = index.stats
     out = {
         "algorithm": index.algorithm,
@@ -187,6 +191,30 @@ def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = D
     if images is not None:
         out["images_per_pack"] = images
     return out
+
+
+def documents_per_pack(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndarray:
+    """Distinct documents in each pack, int64 ``(n_packs,)``, in O(n_segments + n_docs).
+
+    A pack can hold a document twice only through a document with several segments, so only
+    those segments are sorted (by pack, then document) to find the repeats.
+    """
+    per_pack = np.diff(po).astype(np.int64)
+    if segs.shape[0] == 0:
+        return per_pack
+    doc = segs[:, 0]
+    per_doc = np.bincount(doc, minlength=n_docs)
+    if per_doc.max() <= 1:  # no document has two segments: nothing can repeat
+        return per_pack
+    several = np.flatnonzero(per_doc[doc] > 1)
+    if several.size:
+        pack = np.searchsorted(po, several, side="right") - 1
+        d = doc[several]
+        order = np.lexsort((d, pack))
+        pack, d = pack[order], d[order]
+        repeat = (pack[1:] == pack[:-1]) & (d[1:] == d[:-1])
+        per_pack -= np.bincount(pack[1:][repeat], minlength=per_pack.shape[0])
+    return per_pack
 
 
 def _images_per_pack(index: PackIndex, segs: np.ndarray, po: np.ndarray) -> dict | None:

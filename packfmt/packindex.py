@@ -20,7 +20,7 @@ from .errors import FormatError, WriteError
 from .reader import PackIndex, Store, open_dataset
 from .version import __version__
 
-__all__ = ["build_pack_index", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
+__all__ = ["build_pack_index", "index_stats", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
            "DEFAULT_MAX_LOST_FRACTION"]
 
 #: Share of a dataset's tokens that ``oversize="truncate"`` / ``"drop"`` may lose before a warning.
@@ -32,6 +32,8 @@ class LostTokensWarning(UserWarning):
 
 #: Segments gathered per chunk when materializing (bounds the temporary index arrays).
 _MATERIALIZE_CHUNK_TOKENS = 1 << 24
+#: Rows of segments.bin built and written per chunk (24 bytes each: bounds the temporary copy).
+_SEGMENT_ROWS_CHUNK = 1 << 20
 
 
 def default_index_name(algorithm: str, capacity: int, seed: int | None) -> str:
@@ -79,7 +81,7 @@ def build_pack_index(
     Returns:
         The new index, opened.
     """
-    from .packing import pack_items, pack_stats, segment_documents
+    from .packing import pack_items, segment_documents
 
     store = dataset if isinstance(dataset, Store) else open_dataset(dataset)
     if algorithm not in F.ALGORITHM_NAMES:
@@ -109,28 +111,12 @@ def build_pack_index(
     except ValueError as exc:  # an image run longer than capacity cannot be placed under any policy
         raise WriteError(f"capacity {capacity}: {exc}", field="capacity", expected=">= the longest image token run",
                          found=capacity) from None
-    item_lengths = seg.segments[:, 2] - seg.segments[:, 1]
+    item_lengths = seg.lengths
     image_counts = seg.image_counts if store.num_images else None
     result = pack_items(item_lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
                         image_counts=image_counts, max_images_per_pack=max_images_per_pack)
-    segments = np.ascontiguousarray(seg.segments[result.order], dtype=F.OFFSET_DTYPE)
     pack_offsets = np.ascontiguousarray(result.pack_offsets, dtype=F.OFFSET_DTYPE)
     seconds = time.perf_counter() - t0
-    stats = pack_stats(item_lengths, result, capacity, image_counts=image_counts)
-    stats.update({
-        "documents": int(store.num_documents),
-        "documents_packed": int(np.unique(segments[:, 0]).size) if segments.size else 0,
-        "segments": int(segments.shape[0]),
-        "dropped_documents": int(seg.dropped_docs),
-        "dropped_tokens": int(seg.dropped_tokens),
-        "split_documents": int(seg.split_docs),
-        "truncated_documents": int(seg.truncated_docs),
-        "truncated_tokens": int(seg.truncated_tokens),
-        "packs_per_lower_bound": float(stats["packs"] / stats["lower_bound"]) if stats["lower_bound"] else 1.0,
-        "padding_baseline_efficiency": float(lengths.clip(max=capacity).sum() / max(1, store.num_documents * capacity)),
-        "seconds": round(seconds, 6),
-    })
-
     packs_root = store.path / F.PACKS_DIR
     packs_root.mkdir(exist_ok=True)
     target = packs_root / name
@@ -144,13 +130,15 @@ def build_pack_index(
     tmp = temp_sibling(target)
     try:
         files = {}
-        for fname, arr in ((F.PACK_OFFSETS, pack_offsets), (F.SEGMENTS, segments)):
-            f = HashedFile(tmp / fname)
-            f.write_array(arr, F.OFFSET_DTYPE)
-            files[fname] = f.close()
-        packed_tokens = int((segments[:, 2] - segments[:, 1]).sum()) if segments.size else 0
+        f = HashedFile(tmp / F.PACK_OFFSETS)
+        f.write_array(pack_offsets, F.OFFSET_DTYPE)
+        files[F.PACK_OFFSETS] = f.close()
+        files[F.SEGMENTS], pack_tokens = _write_segments(tmp / F.SEGMENTS, seg, result)
+        stats = index_stats(lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
+        stats["seconds"] = round(seconds, 6)
+        packed_tokens = stats["tokens"]
         if materialize:
-            files.update(_materialize(store, tmp, segments, pack_offsets))
+            files.update(_materialize(store, tmp, seg.rows(result.order), pack_offsets))
         index = {
             "format": F.PACK_INDEX_FORMAT_NAME,
             "format_version": F.FORMAT_VERSION_STR,
@@ -161,7 +149,7 @@ def build_pack_index(
             "seed": seed,
             "oversize": oversize,
             "params": {"max_docs_per_pack": max_docs_per_pack, "max_images_per_pack": max_images_per_pack},
-            "counts": {"packs": int(pack_offsets.shape[0] - 1), "segments": int(segments.shape[0]), "packed_tokens": packed_tokens},
+            "counts": {"packs": result.n_packs, "segments": result.n_items, "packed_tokens": packed_tokens},
             "stats": stats,
             "materialized": bool(materialize),
             "dataset": {F.TOKENS: store.manifest.files[F.TOKENS].checksum,
@@ -196,6 +184,62 @@ def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT
     fraction = lost / num_tokens if num_tokens else 0.0
     return {"tokens": lost, "fraction": fraction, "max_fraction": max_lost_fraction,
             "exceeded": fraction > max_lost_fraction}
+
+
+def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
+    """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
+
+    Returns the ``files`` entry and the tokens of each pack, summed from the same chunks (so the
+    statistics need no second gather of the lengths in pack order).
+    """
+    po = result.pack_offsets
+    cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
+    total = 0
+    f = HashedFile(path)
+    for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):
+        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK])
+        f.write_array(rows, F.OFFSET_DTYPE)
+        b = a + rows.shape[0]
+        cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
+        lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
+        cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
+        total = int(cum[-1])
+    return f.close(), np.diff(cum_at)
+
+
+def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_counts: np.ndarray | None = None,
+                pack_tokens: np.ndarray | None = None) -> dict:
+    """The ``stats`` of ``index.json`` (spec FORMAT §4, all but ``seconds``) from the inputs and outputs of packing.
+
+    Args:
+        doc_lengths: int (n_docs,) the store's document lengths.
+        seg: the ``Segmentation`` of those documents; result: the ``PackResult`` of its segments.
+        pack_tokens: tokens per pack when already summed (else ``pack_stats`` sums them).
+
+    O(n_documents) time and no temporary larger than one array of lengths: every document with a
+    segment is packed, so ``documents_packed`` is ``documents - dropped_documents`` (no search for
+    distinct documents among the segments).
+    """
+    from .packing import pack_stats
+
+    lengths = np.asarray(doc_lengths, dtype=np.int64)
+    stats = pack_stats(seg.lengths, result, capacity, image_counts=image_counts, pack_tokens=pack_tokens)
+    n_docs = int(lengths.shape[0])
+    over = np.flatnonzero(lengths > capacity)
+    clipped_tokens = int(lengths.sum()) - int(lengths[over].sum()) + capacity * int(over.size)
+    stats.update({
+        "documents": n_docs,
+        "documents_packed": n_docs - int(seg.dropped_docs),
+        "segments": result.n_items,
+        "dropped_documents": int(seg.dropped_docs),
+        "dropped_tokens": int(seg.dropped_tokens),
+        "split_documents": int(seg.split_docs),
+        "truncated_documents": int(seg.truncated_docs),
+        "truncated_tokens": int(seg.truncated_tokens),
+        "packs_per_lower_bound": float(stats["packs"] / stats["lower_bound"]) if stats["lower_bound"] else 1.0,
+        "padding_baseline_efficiency": float(clipped_tokens / max(1, n_docs * capacity)),
+    })
+    return stats
 
 
 def _materialize(store: Store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarray) -> dict:

@@ -268,6 +268,13 @@ def _check_offsets(out: _Collector, file: str, arr: np.ndarray, *, rule: str, la
 _listed = checks.listed
 
 
+def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
+    """Sorted distinct values of ``ids`` (each in ``[0, n)``), in O(len(ids) + n) (no sort, no hash)."""
+    seen = np.zeros(n, dtype=bool)
+    seen[ids] = True
+    return np.flatnonzero(seen)
+
+
 def _progress_bar(ds: "_DatasetChecks", indexes: list["_IndexChecks"], progress: bool):
     total = ds.deep_bytes() + sum(ix.deep_bytes() for ix in indexes)
     if not progress or total < PROGRESS_MIN_BYTES:
@@ -641,8 +648,10 @@ class _IndexChecks:
         off = np.asarray(self.ds.array(F.DOC_OFFSETS))
         doc_len = np.diff(off)
         self._images_per_pack(segs, po, off)  # V28, V30 (images)
-        self._coverage(segs, doc_len)  # V31
-        self._stats(segs, po, seg_len, doc_len)  # V33
+        length = doc_len[segs[:, 0]]  # every segment lies inside its document (V27, structural)
+        per_doc = np.bincount(segs[:, 0], minlength=doc_len.shape[0])  # segments of each document
+        self._coverage(segs, length, doc_len, per_doc)  # V31
+        self._stats(segs, po, seg_len, doc_len, per_doc)  # V33
         if self.pm.materialized:
             self._materialized(segs, po, seg_len, off, bar)  # V32
 
@@ -684,15 +693,15 @@ class _IndexChecks:
                 self.out.add(self.file(F.SEGMENTS), "params.max_images_per_pack", f"<= {max_images} images per pack",
                              f"{int(per_pack[bad[0]])} in pack {int(bad[0])} ({bad.size} pack(s): {_listed(bad)})")
 
-    def _coverage(self, segs: np.ndarray, doc_len: np.ndarray) -> None:
-        """Every document covered as the ``oversize`` policy says (checked on lexsorted segments)."""
+    def _coverage(self, segs: np.ndarray, length: np.ndarray, doc_len: np.ndarray, per_doc: np.ndarray) -> None:
+        """Every document covered as the ``oversize`` policy says (``length``: each segment's document length).
+
+        O(n_segments): a document with one segment is checked on that row; only the segments of
+        documents with several (the split ones, or duplicates) are put in (doc, begin) order.
+        """
         label, policy, cap = self.file(F.SEGMENTS), self.pm.oversize, self.pm.capacity
         n_docs = doc_len.shape[0]
-        order = np.lexsort((segs[:, 1], segs[:, 0]))
-        s = segs[order]
-        doc, begin, end = s[:, 0], s[:, 1], s[:, 2]
-        present = np.zeros(n_docs, dtype=bool)
-        present[doc] = True
+        present = per_doc > 0
         must_be_absent = doc_len > cap if policy == "drop" else np.zeros(n_docs, dtype=bool)
         missing = np.flatnonzero(~present & ~must_be_absent)
         if missing.size:
@@ -702,25 +711,30 @@ class _IndexChecks:
         if dropped_present.size:
             self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop')",
                          f"{dropped_present.size} present: {_listed(dropped_present)}")
-        new_doc = np.ones(s.shape[0], dtype=bool)
-        new_doc[1:] = doc[1:] != doc[:-1]
+        doc, begin, end = segs[:, 0], segs[:, 1], segs[:, 2]
         if policy == "split":
-            prev_end = np.concatenate([[0], end[:-1]])
-            expected_begin = np.where(new_doc, 0, prev_end)
-            bad_begin = np.flatnonzero(begin != expected_begin)
-            last_of_doc = np.ones(s.shape[0], dtype=bool)
-            last_of_doc[:-1] = new_doc[1:]
-            bad_end = np.flatnonzero(last_of_doc & (end != doc_len[doc]))
-            bad = np.union1d(doc[bad_begin], doc[bad_end])
+            once = per_doc[doc] == 1 if per_doc.size and per_doc.max() > 1 else np.ones(doc.shape[0], dtype=bool)
+            bad = [doc[once & ((begin != 0) | (end != length))]]  # a lone segment must be [0, length)
+            several = np.flatnonzero(~once)
+            if several.size:
+                s = segs[several]
+                s = s[np.lexsort((s[:, 1], s[:, 0]))]
+                sd, sb, se = s[:, 0], s[:, 1], s[:, 2]
+                new_doc = np.ones(s.shape[0], dtype=bool)
+                new_doc[1:] = sd[1:] != sd[:-1]
+                prev_end = np.concatenate([[0], se[:-1]])
+                last_of_doc = np.ones(s.shape[0], dtype=bool)
+                last_of_doc[:-1] = new_doc[1:]
+                bad.append(sd[(sb != np.where(new_doc, 0, prev_end)) | (last_of_doc & (se != doc_len[sd]))])
+            bad = _distinct(np.concatenate(bad), n_docs)
             if bad.size:
                 self.out.add(label, "coverage", "the segments of each document tile [0, length) exactly once (oversize='split')",
                              f"gaps, overlaps or duplicates in {bad.size} document(s): {_listed(bad)}")
         else:
-            dup = np.unique(doc[~new_doc])
+            dup = np.flatnonzero(per_doc > 1)
             if dup.size:
                 self.out.add(label, "coverage", f"each document at most once (oversize={policy!r})",
                              f"{dup.size} document(s) appear more than once: {_listed(dup)}")
-            length = doc_len[doc]
             if policy == "truncate":
                 want_ok = (begin == 0) & np.where(length <= cap, end == length, end <= cap)
                 rule = f"[0, length) when length <= {cap}, else [0, k) with k <= {cap}"
@@ -730,29 +744,27 @@ class _IndexChecks:
             bad = np.flatnonzero(~want_ok)
             if bad.size:
                 self.out.add(label, "coverage", f"each document as {rule} (oversize={policy!r})",
-                             f"{bad.size} segment(s) differ, documents {_listed(np.unique(doc[bad]))}")
+                             f"{bad.size} segment(s) differ, documents {_listed(_distinct(doc[bad], n_docs))}")
 
-    def _stats(self, segs, po, seg_len, doc_len) -> None:
-        """Counts in index.json (counts, stats) agree with the segments."""
+    def _stats(self, segs, po, seg_len, doc_len, per_doc) -> None:
+        """Counts in index.json (counts, stats) agree with the segments. O(n_segments + n_docs)."""
         label = self.file(F.PACK_INDEX_JSON)
         cap, n_docs = self.pm.capacity, doc_len.shape[0]
         packed = int(seg_len.sum())
-        docs_packed = int(np.unique(segs[:, 0]).size)
-        n_segs_per_doc = np.bincount(segs[:, 0], minlength=n_docs)
-        long_docs = doc_len > cap
-        covered_len = np.bincount(segs[:, 0], weights=seg_len, minlength=n_docs).astype(np.int64)
+        docs_packed = int(np.count_nonzero(per_doc))
         expected = {
             "counts.packed_tokens": packed,
             "stats.packs": int(po.shape[0] - 1),
             "stats.segments": int(segs.shape[0]),
             "stats.documents": n_docs,
             "stats.documents_packed": docs_packed,
-            "stats.split_documents": int(np.count_nonzero(n_segs_per_doc > 1)),
+            "stats.split_documents": int(np.count_nonzero(per_doc > 1)),
             "stats.dropped_documents": n_docs - docs_packed,
-            "stats.dropped_tokens": int(doc_len[n_segs_per_doc == 0].sum()),
+            "stats.dropped_tokens": int(doc_len[per_doc == 0].sum()),
         }
         if self.pm.oversize == "truncate":
-            truncated = long_docs & (n_segs_per_doc > 0)
+            covered_len = np.bincount(segs[:, 0], weights=seg_len, minlength=n_docs).astype(np.int64)
+            truncated = (doc_len > cap) & (per_doc > 0)
             expected["stats.truncated_documents"] = int(np.count_nonzero(truncated))
             expected["stats.truncated_tokens"] = int((doc_len - covered_len)[truncated].sum())
         for key, want in expected.items():

@@ -170,7 +170,7 @@ def _summary(values: np.ndarray, with_std: bool = False) -> dict:
     return out
 
 
-def pack_stats(lengths, result: PackResult, capacity, image_counts=None) -> dict:
+def pack_stats(lengths, result: PackResult, capacity, image_counts=None, pack_tokens=None) -> dict:
     """JSON-able statistics of a packing.
 
     Returns:
@@ -178,13 +178,14 @@ def pack_stats(lengths, result: PackResult, capacity, image_counts=None) -> dict
         capacity)), ``lower_bound`` (ceil(tokens / capacity)), ``packs_over_lower_bound``
         (packs - lower_bound), ``max_pack_tokens``, ``items_per_pack`` {mean, max, min} and, when
         ``image_counts`` is given, ``images`` and ``images_per_pack`` {mean, max, min, std}.
+        ``pack_tokens`` (tokens per pack) may be passed when the caller has summed them already.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     tokens = int(lengths.sum())
     capacity = int(capacity)
     packs = result.n_packs
     lower = -(-tokens // capacity)
-    per_pack_tokens = result.pack_sums(lengths)
+    per_pack_tokens = result.pack_sums(lengths) if pack_tokens is None else np.asarray(pack_tokens)
     stats = {
         "packs": packs,
         "items": result.n_items,

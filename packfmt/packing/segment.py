@@ -1,13 +1,12 @@
 """Oversize handling: turn documents into packable segments of at most ``capacity`` tokens.
 
-Documents that fit are one segment each (vectorised). Longer documents are split, truncated or
-dropped by a small numba loop over the oversize documents only. A cut never falls strictly
+Documents that fit are one segment each (vectorised; when every document fits, nothing per segment
+is allocated at all). Longer documents are split, truncated or dropped by a small numba loop over
+the oversize documents only. A cut never falls strictly
 inside an image's token run (spec/packing.md, "Segmentation").
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -17,9 +16,13 @@ __all__ = ["OVERSIZE_POLICIES", "Segmentation", "segment_documents"]
 OVERSIZE_POLICIES = ("split", "truncate", "drop")
 
 
-@dataclass(frozen=True)
 class Segmentation:
     """Segments of documents, each at most ``capacity`` tokens.
+
+    Two representations behind one interface. In the common case (every document non-empty and
+    at most ``capacity`` tokens) segment ``j`` is the whole document ``j`` and nothing per segment
+    is stored beyond the document lengths; ``segments`` is then built only when asked for.
+    Callers that stream (``build_pack_index``) use ``lengths`` and ``rows(idx)`` instead.
 
     Attributes:
         segments: int64 (n_segments, 3) rows ``(doc, begin, end)``; token offsets relative to the
@@ -32,18 +35,76 @@ class Segmentation:
         truncated_tokens: tokens removed by truncation.
     """
 
-    segments: np.ndarray
-    image_counts: np.ndarray
-    dropped_docs: int
-    dropped_tokens: int
-    split_docs: int
-    truncated_docs: int
-    truncated_tokens: int
+    def __init__(self, segments: np.ndarray | None, image_counts: np.ndarray | None, dropped_docs: int = 0,
+                 dropped_tokens: int = 0, split_docs: int = 0, truncated_docs: int = 0, truncated_tokens: int = 0,
+                 *, whole_lengths: np.ndarray | None = None) -> None:
+        if (segments is None) == (whole_lengths is None):
+            raise ValueError("give exactly one of segments and whole_lengths")
+        self._segments = segments
+        self._whole = whole_lengths
+        self._image_counts = image_counts
+        self.dropped_docs = dropped_docs
+        self.dropped_tokens = dropped_tokens
+        self.split_docs = split_docs
+        self.truncated_docs = truncated_docs
+        self.truncated_tokens = truncated_tokens
+
+    @classmethod
+    def whole_documents(cls, doc_lengths: np.ndarray, image_counts: np.ndarray | None = None) -> "Segmentation":
+        """One segment per document, ``(d, 0, len_d)``: every length must be in ``[1, capacity]``."""
+        return cls(None, image_counts, whole_lengths=doc_lengths)
+
+    @property
+    def is_whole_documents(self) -> bool:
+        """True when segment ``j`` is document ``j`` entire (nothing cut, nothing dropped)."""
+        return self._whole is not None
+
+    @property
+    def num_segments(self) -> int:
+        return int(self._whole.shape[0] if self._whole is not None else self._segments.shape[0])
+
+    @property
+    def segments(self) -> np.ndarray:
+        if self._segments is None:
+            self._segments = self.rows(np.arange(self.num_segments, dtype=np.int64))
+        return self._segments
+
+    @property
+    def image_counts(self) -> np.ndarray:
+        if self._image_counts is None:
+            self._image_counts = np.zeros(self.num_segments, dtype=np.int64)
+        return self._image_counts
 
     @property
     def lengths(self) -> np.ndarray:
-        """int64 (n_segments,) tokens per segment."""
-        return self.segments[:, 2] - self.segments[:, 1]
+        """int64 (n_segments,) tokens per segment (the document lengths themselves, not a copy, when whole)."""
+        if self._whole is not None:
+            return self._whole
+        return self._segments[:, 2] - self._segments[:, 1]
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """int64 (len(idx), 3): the rows ``(doc, begin, end)`` of segments ``idx``, in that order."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if self._whole is None:
+            return self._segments[idx]
+        out = np.empty((idx.shape[0], 3), dtype=np.int64)
+        _whole_rows(idx, np.asarray(self._whole, dtype=np.int64), out)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Segmentation(segments={self.num_segments}, whole_documents={self.is_whole_documents}, "
+                f"dropped_docs={self.dropped_docs}, split_docs={self.split_docs}, "
+                f"truncated_docs={self.truncated_docs})")
+
+
+@njit(cache=True, nogil=True)
+def _whole_rows(idx, lengths, out):
+    """``out[i] = (idx[i], 0, lengths[idx[i]])``: rows of whole-document segments, in one pass."""
+    for i in range(idx.shape[0]):
+        d = idx[i]
+        out[i, 0] = d
+        out[i, 1] = 0
+        out[i, 2] = lengths[d]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -176,12 +237,14 @@ def segment_documents(doc_lengths, capacity, oversize="split", *, image_spans=No
     else:
         spans = np.zeros((0, 2), dtype=np.int64)
         img_off = np.zeros(0, dtype=np.int64)
-        per_doc_images = np.zeros(lengths.shape[0], dtype=np.int64)
+        per_doc_images = None  # zeros, allocated only if asked for
     return _segment(lengths, capacity, oversize, spans, img_off, per_doc_images)
 
 
 def _segment(lengths, capacity, oversize, spans, img_off, per_doc_images) -> Segmentation:
     """Build the Segmentation from validated arrays."""
+    if lengths.size == 0 or (lengths.min() >= 1 and lengths.max() <= capacity):
+        return Segmentation.whole_documents(lengths, per_doc_images)  # nothing to cut: O(1) extra memory
     over = np.flatnonzero(lengths > capacity)
     empty = lengths == 0
     pieces = np.where(empty, 0, 1).astype(np.int64)
@@ -202,7 +265,7 @@ def _segment(lengths, capacity, oversize, spans, img_off, per_doc_images) -> Seg
     out[rows, 0] = fits
     out[rows, 1] = 0
     out[rows, 2] = lengths[fits]
-    out_img[rows] = per_doc_images[fits]
+    out_img[rows] = per_doc_images[fits] if per_doc_images is not None else 0
     if oversize != "drop" and over.size:
         _cut_oversize(over, lengths, capacity, oversize == "truncate", spans, img_off, np.zeros(0, np.int64),
                       seg_off[over], out, out_img)

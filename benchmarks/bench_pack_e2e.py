@@ -1,0 +1,259 @@
+"""End to end: ``packfmt pack``, ``validate --deep`` and ``inspect`` at 10^7 (and 10^8) documents.
+
+Each command runs as a whole subprocess (Python start, imports, reading the store, writing the
+index) and is timed by wall clock, with its peak RSS from ``os.wait4`` (``ru_maxrss`` of that
+child alone). Beside them runs "the packing call alone": a process that opens the store, reads
+the document lengths and calls ``packfmt.packing.pack_items`` (reported both as a whole process
+and as the in-process seconds of the call). Aim (issue 10): each command at most 1.5x the packing
+process, at most ~40 bytes of peak memory per document.
+
+    python benchmarks/bench_pack_e2e.py                     # N = 10^7
+    python benchmarks/bench_pack_e2e.py --full              # N = 10^7 and 10^8 (~2 GB of disk per 10^8)
+    python benchmarks/bench_pack_e2e.py --n 100000 --quick  # seconds, for a smoke test
+    python benchmarks/bench_pack_e2e.py --label before --pythonpath /tmp/packfmt-base   # another checkout
+
+Columns: wall seconds (best of ``--repeats``), peak RSS, peak RSS per document, the peak RSS above
+the same process on a 1,000-document store (Python, imports, numba: what does not grow with N)
+per document, and the wall time over the packing process's.
+
+Results are stored per ``--label`` in ``benchmarks/results/bench_pack_e2e.json`` (other labels in
+the file are kept), and the table shows every label side by side for each N. ``--profile`` runs
+each command under cProfile and prints its 12 most expensive functions (cumulative).
+
+The store: N documents of 1..15 tokens (uniform, mean 8; none longer than the capacity 4096),
+uint16 tokens, written with the bulk ``DatasetWriter.add_documents`` in chunks of 2^20 documents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+
+CAPACITY = 4096
+ALGORITHM = "ffd"
+MAX_LEN = 15
+CHUNK_DOCS = 1 << 20
+DEFAULT_OUT = RESULTS_DIR / "bench_pack_e2e.json"
+FLOOR_DOCS = 1000
+
+#: The packing call alone, as its own process: open the store, read the lengths, pack.
+PACK_ONLY = """
+import json, sys, time
+t0 = time.perf_counter()
+from packfmt.reader import open_dataset
+from packfmt.packing import pack_items
+store = open_dataset(sys.argv[1])
+lengths = store.doc_lengths
+t1 = time.perf_counter()
+result = pack_items(lengths, int(sys.argv[2]), sys.argv[3], seed=0)
+t2 = time.perf_counter()
+print(json.dumps({"call_seconds": t2 - t1, "read_seconds": t1 - t0, "packs": result.n_packs}))
+"""
+
+#: ``packfmt ARGS`` (the console script's ``main``), profiled into $BENCH_PROFILE when set.
+CLI = """
+import os, sys
+from packfmt.cli import main
+prof = os.environ.get("BENCH_PROFILE")
+if prof:
+    import cProfile
+    profiler = cProfile.Profile()
+    profiler.enable()
+rc = main(sys.argv[1:])
+if prof:
+    profiler.disable()
+    profiler.dump_stats(prof)
+sys.exit(rc)
+"""
+
+
+def make_store(path: Path, n: int, seed: int = 0) -> float:
+    """N short documents (1..MAX_LEN tokens), vectorised in chunks; return seconds."""
+    from packfmt.writer import DatasetWriter
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    with DatasetWriter(path, vocab_size=32_000, tokenizer={"name": "synthetic", "hash": None}) as w:
+        for start in range(0, n, CHUNK_DOCS):
+            lengths = rng.integers(1, MAX_LEN + 1, min(CHUNK_DOCS, n - start), dtype=np.int64)
+            tokens = (np.arange(int(lengths.sum()), dtype=np.int64) % 32_000).astype(np.uint16)
+            w.add_documents(tokens, lengths)
+    return time.perf_counter() - t0
+
+
+def spawn_wait(argv: list[str], env: dict, profile: Path | None = None) -> dict:
+    """Run ``python argv`` to the end, reaped by ``os.wait4`` so ``ru_maxrss`` is that child's own peak RSS."""
+    cmd = [sys.executable, "-P"] + argv  # -P: the working directory must not shadow --pythonpath
+    env = dict(env, BENCH_PROFILE=str(profile)) if profile else env
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        pid = os.posix_spawn(cmd[0], cmd, env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, out.fileno(), 1), (os.POSIX_SPAWN_DUP2, err.fileno(), 2)])
+        _, status, usage = os.wait4(pid, 0)
+        wall = time.perf_counter() - t0
+        rc = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if rc != 0:
+        sys.stderr.write(stderr[-4000:])
+        raise SystemExit(f"{' '.join(argv)}: exit status {rc}")
+    return {"wall_s": wall, "peak_rss_bytes": usage.ru_maxrss * 1024, "stdout": stdout}
+
+
+def print_profile(path: Path, title: str) -> None:
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    pstats.Stats(str(path), stream=buf).sort_stats("cumulative").print_stats(12)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
+    start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls"))
+    print(f"--- profile: {title}")
+    print("\n".join(lines[start:start + 13]))
+
+
+def measure(n: int, ds: Path, env: dict, profile_dir: Path | None, repeats: int = 1,
+            floors: dict | None = None) -> list[dict]:
+    """The processes on one store (best wall of ``repeats`` runs each); one row each.
+
+    ``floors`` (step -> peak RSS MB of the same process on a store of FLOOR_DOCS documents: Python,
+    imports, numba) gives ``bytes_per_doc_above_floor``, the memory that grows with N.
+    """
+    cli = ["-c", CLI]
+    steps = [
+        ("pack_call", ["-c", PACK_ONLY, str(ds), str(CAPACITY), ALGORITHM]),
+        ("pack", cli + ["pack", str(ds), "--capacity", str(CAPACITY), "--algorithm", ALGORITHM, "--overwrite",
+                        "--json"]),
+        ("validate_deep", cli + ["validate", str(ds), "--deep", "--quiet"]),
+        ("inspect", cli + ["inspect", str(ds), "--json"]),
+    ]
+    rows = []
+    for name, argv in steps:
+        prof = profile_dir / f"{name}-{n}.prof" if profile_dir and name != "pack_call" else None
+        r = min((spawn_wait(argv, env, prof) for _ in range(repeats)), key=lambda x: x["wall_s"])
+        row = {"n_docs": n, "step": name, "wall_s": r["wall_s"], "peak_rss_mb": r["peak_rss_bytes"] / 2**20,
+               "bytes_per_doc": r["peak_rss_bytes"] / n}
+        if name == "pack_call":
+            info = json.loads(r["stdout"].strip().splitlines()[-1])
+            row["call_s"] = info["call_seconds"]
+            row["packs"] = info["packs"]
+        if name == "pack":
+            stats = json.loads(r["stdout"])["stats"]
+            row["packs"] = stats["packs"]
+        rows.append(row)
+        print(f"  n={n:>11,d} {name:14s} {row['wall_s']:8.2f} s  {row['peak_rss_mb']:9.1f} MB  "
+              f"{row['bytes_per_doc']:6.1f} B/doc", flush=True)
+        if prof:
+            print_profile(prof, f"{name} n={n}")
+    base, call = rows[0]["wall_s"], rows[0]["call_s"]
+    for row in rows:
+        row["x_pack_process"] = row["wall_s"] / base
+        row["x_pack_call"] = row["wall_s"] / call
+        if floors:
+            row["bytes_per_doc_above_floor"] = (row["peak_rss_mb"] - floors[row["step"]]) * 2**20 / n
+    return rows
+
+
+def warm_numba(env: dict) -> None:
+    """Compile (or load) the numba kernels once so no timed process pays the compile."""
+    code = ("import numpy as np; from packfmt.packing import pack_items, segment_documents; "
+            "l = np.arange(1, 100) % 17 + 1; segment_documents(l, 8); segment_documents(l, 8, 'truncate'); "
+            "segment_documents(l, 64).rows(np.arange(3)); "
+            f"pack_items(l, 64, '{ALGORITHM}')")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def side_by_side(report: dict) -> list[dict]:
+    """One row per (N, step), one wall / MB / B-per-doc / ratio column group per label."""
+    table: dict[tuple, dict] = {}
+    for label, runs in sorted(report["labels"].items()):
+        for row in runs["rows"]:
+            key = (row["n_docs"], row["step"])
+            t = table.setdefault(key, {"n_docs": row["n_docs"], "step": row["step"]})
+            t[f"{label} s"] = row["wall_s"]
+            t[f"{label} MB"] = row["peak_rss_mb"]
+            t[f"{label} B/doc"] = row["bytes_per_doc"]
+            t[f"{label} B/doc>floor"] = row.get("bytes_per_doc_above_floor", float("nan"))
+            t[f"{label} x call"] = row["x_pack_process"]
+    order = {"pack_call": 0, "pack": 1, "validate_deep": 2, "inspect": 3}
+    return [table[k] for k in sorted(table, key=lambda k: (k[0], order.get(k[1], 9)))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=float, action="append", help="documents (repeatable; default 1e7, with --full 1e7 1e8)")
+    ap.add_argument("--full", action="store_true", help="also N = 10^8")
+    ap.add_argument("--label", default="after", help="name of this run in the JSON / table (default: after)")
+    ap.add_argument("--pythonpath", default=str(ROOT), help="the packfmt checkout the commands run (default: this one)")
+    ap.add_argument("--data-dir", help="keep the generated stores here and reuse them (default: a temp dir)")
+    ap.add_argument("--profile", action="store_true", help="cProfile each command; print its top functions")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per process, best wall kept (default 3; 1 for 10^8)")
+    ap.add_argument("--quick", action="store_true", help="do not write the JSON (smoke runs)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="JSON output path")
+    args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.n] if args.n else ([10**7, 10**8] if args.full else [10**7])
+    env = dict(os.environ, PYTHONPATH=args.pythonpath, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    warm_numba(env)
+    tmp = None if args.data_dir else tempfile.mkdtemp(prefix="bench_pack_e2e_")
+    data_dir = Path(args.data_dir or tmp)
+    rows = []
+    try:
+        floor_ds = data_dir / f"short-{FLOOR_DOCS}"
+        if not (floor_ds / "manifest.json").exists():
+            make_store(floor_ds, FLOOR_DOCS)
+        shutil.rmtree(floor_ds / "packs", ignore_errors=True)
+        floors = {r["step"]: r["peak_rss_mb"] for r in measure(FLOOR_DOCS, floor_ds, env, None)}
+        for n in sizes:
+            ds = data_dir / f"short-{n}"
+            gen = None
+            if not (ds / "manifest.json").exists():
+                gen = make_store(ds, n)
+                print(f"generated {n:,} documents in {gen:.1f} s -> {ds}", flush=True)
+            shutil.rmtree(ds / "packs", ignore_errors=True)
+            prof = Path(tempfile.mkdtemp(prefix="bench_prof_")) if args.profile else None
+            found = measure(n, ds, env, prof, args.repeats if n < 10**8 else 1, floors)
+            if gen is not None:
+                found[0]["generate_s"] = gen
+            rows += found
+            if tmp:
+                shutil.rmtree(ds, ignore_errors=True)
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    out = Path(args.out)
+    report = json.loads(out.read_text()) if out.exists() else {}
+    report.setdefault("labels", {})
+    previous = report["labels"].get(args.label, {}).get("rows", [])
+    kept = [r for r in previous if r["n_docs"] not in sizes]
+    report["labels"][args.label] = {"rows": kept + rows, "floor_rss_mb": floors, "pythonpath": args.pythonpath,
+                                    "machine": machine_info()}
+    report["setup"] = {"capacity": CAPACITY, "algorithm": ALGORITHM, "doc_lengths": f"uniform 1..{MAX_LEN}",
+                       "command": "python benchmarks/bench_pack_e2e.py [--full] [--label L --pythonpath DIR]"}
+    print()
+    table = side_by_side(report if not args.quick else {"labels": {args.label: {"rows": rows}}})
+    cols = ["n_docs", "step"] + [c for c in table[0] if c not in ("n_docs", "step")] if table else []
+    print_table(table, cols, title="wall seconds, peak RSS, bytes per document, wall / packing process")
+    if not args.quick:
+        write_json(out, report)
+        print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
