@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -20,6 +20,9 @@ from .errors import FormatError, UnsupportedVersionError
 FORMAT_NAME = "packfmt"
 FORMAT_VERSION = (1, 0)
 FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
+#: The newest version this reader knows: 1.1 added collections (spec/COLLECTION.md). Stores and
+#: their pack indexes are still written as 1.0; a collection and its pack indexes as 1.1.
+KNOWN_VERSION = (1, 1)
 PACK_INDEX_FORMAT_NAME = "packfmt-pack-index"
 
 MANIFEST = "manifest.json"
@@ -327,9 +330,10 @@ class PackIndexManifest:
     num_packs: int
     num_segments: int
     materialized: bool
-    dataset: dict
+    dataset: dict | None  # the store's checksums (None for a collection's index)
     files: dict[str, FileEntry]
     raw: dict
+    binding: dict = field(default_factory=dict)  # {"dataset": {...}} or {"collection": "xxh3_64:..."}
 
     @property
     def stats(self) -> dict:
@@ -364,7 +368,7 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
         raise FormatError(file=file, field="name", expected=exc.expected, found=exc.found) from None
     capacity = _nonneg(_req(obj, "capacity", int, file=file), file=file, field="capacity", low=1)
     algorithm = _req(obj, "algorithm", str, file=file)
-    if algorithm not in ALGORITHM_NAMES and version[1] <= FORMAT_VERSION[1]:
+    if algorithm not in ALGORITHM_NAMES and version <= KNOWN_VERSION:
         raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))
     seed = check_seed(_req(obj, "seed", (int, type(None)), file=file), file=file)
     oversize = _req(obj, "oversize", str, file=file)
@@ -381,17 +385,29 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
     n_segments = _nonneg(_req(counts, "segments", int, file=file, prefix="counts."), file=file, field="counts.segments")
     _nonneg(_req(counts, "packed_tokens", int, file=file, prefix="counts."), file=file, field="counts.packed_tokens")
     materialized = _req(obj, "materialized", bool, file=file)
-    dataset = _req(obj, "dataset", dict, file=file)
-    for key in (TOKENS, DOC_OFFSETS):
-        value = _req(dataset, key, str, file=file, prefix="dataset.")
-        if not _CHECKSUM_RE.match(value):
-            raise FormatError(file=file, field=f"dataset.{key}", expected="xxh3_64 checksum string", found=repr(value))
+    binding = _parse_binding(obj, version, file=file)
     files = parse_files_table(obj, file=file)
     needed = [PACK_OFFSETS, SEGMENTS] + ([PACK_TOKEN_OFFSETS, PACKED_TOKENS] if materialized else [])
     for fname in needed:
         if fname not in files:
             raise FormatError(f"{file}: files.{fname}: required entry missing", file=file, field=f"files.{fname}", expected="present", found="missing")
-    return PackIndexManifest(version, name, capacity, algorithm, seed, oversize, n_packs, n_segments, materialized, dataset, files, obj)
+    return PackIndexManifest(version, name, capacity, algorithm, seed, oversize, n_packs, n_segments, materialized,
+                             binding.get("dataset"), files, obj, binding)
+
+
+def _parse_binding(obj: dict, version: tuple[int, int], *, file: str) -> dict:
+    """``dataset`` (the store's two checksums, §4.1) or, from 1.1, ``collection`` (spec/COLLECTION.md §4)."""
+    if version >= (1, 1) and "collection" in obj and "dataset" not in obj:
+        value = _req(obj, "collection", str, file=file)
+        if not _CHECKSUM_RE.match(value):
+            raise FormatError(file=file, field="collection", expected="xxh3_64 checksum string", found=repr(value))
+        return {"collection": value}
+    dataset = _req(obj, "dataset", dict, file=file)
+    for key in (TOKENS, DOC_OFFSETS):
+        value = _req(dataset, key, str, file=file, prefix="dataset.")
+        if not _CHECKSUM_RE.match(value):
+            raise FormatError(file=file, field=f"dataset.{key}", expected="xxh3_64 checksum string", found=repr(value))
+    return {"dataset": {TOKENS: dataset[TOKENS], DOC_OFFSETS: dataset[DOC_OFFSETS]}}
 
 
 def pack_index_layout(pm: PackIndexManifest, token_dtype: np.dtype, has_loss_mask: bool, num_packed_tokens: int | None) -> dict:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import checks
 from . import format as F
-from .errors import FormatError
+from .errors import FormatError, UnsupportedVersionError
 
 __all__ = ["open_dataset", "Store", "ImageStore", "PackIndex"]
 
@@ -81,7 +81,13 @@ class Store:
         if not self.path.is_dir():
             raise FormatError(f"{self.path}: not a directory (expected a packfmt dataset directory)",
                               file=str(self.path), expected="directory", found="missing" if not self.path.exists() else "file")
-        self.manifest = F.parse_manifest(F.read_json(self.path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
+        obj = F.read_json(self.path / F.MANIFEST, file=F.MANIFEST)
+        if obj.get("format") == "packfmt-collection":
+            raise UnsupportedVersionError(
+                f"{self.path / F.MANIFEST}: format: a packfmt collection (format {obj.get('format_version')}: many "
+                "stores read as one, spec/COLLECTION.md), not a single store; open it with packfmt.open(path)",
+                file=F.MANIFEST, field="format", expected="'packfmt' (a store)", found="'packfmt-collection'")
+        self.manifest = F.parse_manifest(obj, file=F.MANIFEST)
         _check_files_table(self.path, self.manifest.files, F.expected_layout(self.manifest), where="")
         self.tokens = self._array(F.TOKENS)
         self.doc_offsets = self._array(F.DOC_OFFSETS)
@@ -157,34 +163,59 @@ class Store:
     # -- pack indexes
     def pack_index_names(self) -> list[str]:
         """Names of the pack indexes under ``packs/`` (sorted; temporaries of unfinished writes excluded)."""
-        root = self.path / F.PACKS_DIR
-        if not root.is_dir():
-            return []
-        return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and (p / F.PACK_INDEX_JSON).exists())
+        return list_pack_indexes(self.path)
 
     def pack_index(self, name: str | None = None) -> "PackIndex":
-        """Open pack index ``name`` (default: the only one there is).
+        """Open pack index ``name`` (default: the only one there is); see ``open_pack_index``."""
+        return open_pack_index(self, name)
 
-        A name that does not exist, or no name when there are several, is a FormatError that lists
-        the indexes there are; a dataset without any says how to create one. (A ``packs/<name>``
-        folder that is not a complete index gets PackIndex's own, more precise, error.)
-        """
-        names = self.pack_index_names()
-        if not names:
-            api = f"build_pack_index({str(self.path)!r}, capacity=N)"
-            cli = f"packfmt pack {self.path} --capacity N"
-            what = f"{self.path}: no pack index" + ("" if name is None else f" (asked for {name!r})")
-            raise FormatError(f"{what}; create one with {api}", file=F.PACKS_DIR, expected="a pack index", found="none",
-                              cli=f"{what}; create one with `{cli}`")
-        if name is None and len(names) > 1:
-            raise FormatError(f"{self.path}: {len(names)} pack indexes {names}: pass one of them as the index name",
-                              file=F.PACKS_DIR, expected="one pack index name", found=names,
-                              cli=f"{self.path}: {len(names)} pack indexes {names}: pick one with --index NAME")
-        if name is not None and name not in names and not (self.path / F.PACKS_DIR / name).is_dir():
-            raise FormatError(f"{self.path}: no pack index {name!r}; the pack indexes are {names}",
-                              file=F.PACKS_DIR, field=name, expected=f"one of {names}", found=name)
-        return PackIndex(self, names[0] if name is None else name)
+    # -- what a collection also says (a 1.0 store is a collection of one)
+    @property
+    def np_token_dtype(self) -> np.dtype:
+        return self.manifest.np_token_dtype
+
+    @property
+    def has_loss_mask(self) -> bool:
+        return self.manifest.has_loss_mask
+
+    def index_binding(self) -> dict:
+        """What a pack index of this store records to bind to it (spec FORMAT §4.1 ``dataset``)."""
+        files = self.manifest.files
+        return {"dataset": {F.TOKENS: files[F.TOKENS].checksum, F.DOC_OFFSETS: files[F.DOC_OFFSETS].checksum}}
+
+
+def list_pack_indexes(root: Path) -> list[str]:
+    """Names of the pack indexes under ``root/packs/`` (sorted; temporaries of unfinished writes excluded)."""
+    packs = Path(root) / F.PACKS_DIR
+    if not packs.is_dir():
+        return []
+    return sorted(p.name for p in packs.iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and (p / F.PACK_INDEX_JSON).exists())
+
+
+def open_pack_index(source, name: str | None = None) -> "PackIndex":
+    """Open pack index ``name`` of a store or collection (default: the only one there is).
+
+    A name that does not exist, or no name when there are several, is a FormatError that lists
+    the indexes there are; a dataset without any says how to create one. (A ``packs/<name>``
+    folder that is not a complete index gets PackIndex's own, more precise, error.)
+    """
+    path = source.path
+    names = list_pack_indexes(path)
+    if not names:
+        api = f"build_pack_index({str(path)!r}, capacity=N)"
+        cli = f"packfmt pack {path} --capacity N"
+        what = f"{path}: no pack index" + ("" if name is None else f" (asked for {name!r})")
+        raise FormatError(f"{what}; create one with {api}", file=F.PACKS_DIR, expected="a pack index", found="none",
+                          cli=f"{what}; create one with `{cli}`")
+    if name is None and len(names) > 1:
+        raise FormatError(f"{path}: {len(names)} pack indexes {names}: pass one of them as the index name",
+                          file=F.PACKS_DIR, expected="one pack index name", found=names,
+                          cli=f"{path}: {len(names)} pack indexes {names}: pick one with --index NAME")
+    if name is not None and name not in names and not (path / F.PACKS_DIR / name).is_dir():
+        raise FormatError(f"{path}: no pack index {name!r}; the pack indexes are {names}",
+                          file=F.PACKS_DIR, field=name, expected=f"one of {names}", found=name)
+    return PackIndex(source, names[0] if name is None else name)
 
 
 class ImageStore:
@@ -233,28 +264,25 @@ class ImageStore:
 
 
 class PackIndex:
-    """One pack index under ``packs/<name>/`` (spec §4): CSR of segments ``(doc, begin, end)``."""
+    """One pack index under ``packs/<name>/`` (spec §4): CSR of segments ``(doc, begin, end)``.
 
-    def __init__(self, store: Store, name: str) -> None:
+    ``store`` is the store or the collection (spec/COLLECTION.md §4) the index belongs to; its
+    document ids are that source's.
+    """
+
+    def __init__(self, store, name: str) -> None:
         self.store = store
         self.name = F.check_index_name(name)
         self.path = store.path / F.PACKS_DIR / name
         self._label = f"{F.PACKS_DIR}/{name}/"
         self.manifest = F.parse_pack_index_manifest(
             F.read_json(self.path / F.PACK_INDEX_JSON, file=self._label + F.PACK_INDEX_JSON), file=self._label + F.PACK_INDEX_JSON)
-        sm = store.manifest
-        for key in (F.TOKENS, F.DOC_OFFSETS):
-            if self.manifest.dataset[key] != sm.files[key].checksum:
-                raise FormatError(
-                    f"{self._label}{F.PACK_INDEX_JSON}: dataset.{key}: this index was built for another token store "
-                    f"(expected {sm.files[key].checksum} from manifest.json, found {self.manifest.dataset[key]})",
-                    file=self._label + F.PACK_INDEX_JSON, field=f"dataset.{key}", expected=sm.files[key].checksum,
-                    found=self.manifest.dataset[key])
+        self._check_binding(store.index_binding())
         if self.manifest.name != name:
             raise FormatError(file=self._label + F.PACK_INDEX_JSON, field="name", expected=repr(name) + " (the directory name)",
                               found=repr(self.manifest.name))
         n_packed = self.manifest.raw["counts"]["packed_tokens"]
-        self._layout = F.pack_index_layout(self.manifest, sm.np_token_dtype, sm.has_loss_mask, n_packed)
+        self._layout = F.pack_index_layout(self.manifest, store.np_token_dtype, store.has_loss_mask, n_packed)
         for fname in self._layout:
             if fname not in self.manifest.files:
                 raise FormatError(f"{self._label}{F.PACK_INDEX_JSON}: files.{fname}: required entry missing",
@@ -267,8 +295,27 @@ class PackIndex:
         self.segments = self._array(F.SEGMENTS)
         self.pack_token_offsets = self._array(F.PACK_TOKEN_OFFSETS) if materialized else None
         self.packed_tokens = self._array(F.PACKED_TOKENS) if materialized else None
-        self.packed_loss_mask = self._array(F.PACKED_LOSS_MASK) if materialized and sm.has_loss_mask else None
+        self.packed_loss_mask = self._array(F.PACKED_LOSS_MASK) if materialized and store.has_loss_mask else None
         self.pack_lengths = self._check(n_packed)
+
+    def _check_binding(self, want: dict) -> None:
+        """V23 / COLLECTION C5: the index was built for this store (or this collection's member list)."""
+        label = self._label + F.PACK_INDEX_JSON
+        have = self.manifest.binding
+        if set(have) != set(want):
+            kind = "a collection" if "collection" in have else "a single store"
+            raise FormatError(f"{label}: this index was built for {kind} (it records {sorted(have)}), but "
+                              f"{self.store.path} is not one (it needs {sorted(want)}); pack it again there",
+                              file=label, field=sorted(have)[0], expected=sorted(want)[0], found=sorted(have)[0])
+        for key, value in want.items():
+            for sub, expected in (value.items() if isinstance(value, dict) else [(None, value)]):
+                found = have[key][sub] if sub else have[key]
+                if found != expected:
+                    field = f"{key}.{sub}" if sub else key
+                    what = "token store" if key == "dataset" else "member list"
+                    raise FormatError(f"{label}: {field}: this index was built for another {what} (expected "
+                                      f"{expected} from {self.store.path / F.MANIFEST}, found {found}); pack it again",
+                                      file=label, field=field, expected=expected, found=found)
 
     def _check(self, n_packed: int) -> np.ndarray:
         """V25, V27, V29: return the int64 token count of every pack."""
@@ -321,9 +368,7 @@ class PackIndex:
             o = self.pack_token_offsets
             return self.packed_tokens[o[p]:o[p + 1]]
         segs = self.pack_segments(p)
-        starts = self.store.doc_offsets[segs[:, 0]]
-        toks = self.store.tokens
-        return np.concatenate([toks[s + b:s + e] for s, b, e in zip(starts, segs[:, 1], segs[:, 2])])
+        return np.concatenate([self.store.document(int(d))[b:e] for d, b, e in segs])
 
     def __getstate__(self) -> dict:
         return {"store": self.store, "name": self.name}
@@ -332,6 +377,14 @@ class PackIndex:
         self.__init__(state["store"], state["name"])
 
 
-def open_dataset(path: str | os.PathLike) -> Store:
-    """Open a packfmt dataset directory (checks manifest, file presence and sizes; no data read)."""
+def open_dataset(path: str | os.PathLike):
+    """Open a packfmt store (a ``Store``) or collection (a ``Collection``): manifest, sizes and offsets checked."""
+    path = Path(path)
+    if (path / F.MANIFEST).is_file():
+        from .collection.manifest import is_collection
+
+        if is_collection(F.read_json(path / F.MANIFEST, file=F.MANIFEST)):
+            from .collection import Collection
+
+            return Collection(path)
     return Store(path)

@@ -203,9 +203,10 @@ def _version_problem(exc: UnsupportedVersionError, out: _Collector, file: str) -
 
 
 def _minor_version_note(version: tuple[int, int], file: str, out: _Collector) -> None:
-    if version[1] > F.FORMAT_VERSION[1]:
+    if version > F.KNOWN_VERSION:
         out.add(file, "format_version", severity=WARNING,
-                detail=f"newer minor version {version[0]}.{version[1]} (this packfmt knows {F.FORMAT_VERSION_STR}); "
+                detail=f"newer minor version {version[0]}.{version[1]} (this packfmt knows {F.KNOWN_VERSION[0]}."
+                       f"{F.KNOWN_VERSION[1]}); "
                        "readable, fields added since are not checked")
 
 
@@ -427,7 +428,7 @@ class _DatasetChecks:
         codes = np.array(sorted(F.CODECS), dtype=np.uint32)
         bad_codec = np.flatnonzero(~np.isin(meta[:, 2], codes))
         if bad_codec.size:  # a newer minor version may add codec ids (spec §8): not checkable here, not an error
-            newer = self.m.version[1] > F.FORMAT_VERSION[1]
+            newer = self.m.version > F.KNOWN_VERSION
             self.out.add(F.IMAGE_META, "codec (column 2)", f"one of {dict(sorted(F.CODECS.items()))}",
                          f"unknown codec ids {sorted(set(meta[bad_codec[:MAX_LISTED], 2].tolist()))} at images {_listed(bad_codec)}"
                          + (f" (format {self.m.version[0]}.{self.m.version[1]} may define them; not decoded)" if newer else ""),

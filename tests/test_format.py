@@ -113,7 +113,7 @@ def test_accepts_newer_minor_with_unknown_keys_and_files(ds):
     assert [store.document(i).tolist() for i in range(len(store))] == DOCS
 
 
-@pytest.mark.parametrize("version,ok", [("1.0", False), ("1.1", True)])
+@pytest.mark.parametrize("version,ok", [("1.0", False), ("1.1", False), ("1.2", True)])
 def test_unknown_codec_id_is_valid_only_in_a_newer_minor(tmp_path, version, ok):
     """§8: a newer minor may add codec ids; readers open the dataset and fail only at decode time."""
     from packfmt.validate import validate

@@ -1,0 +1,139 @@
+"""The collection manifest (spec/COLLECTION.md §2): schema, parsing, and the member-list binding.
+
+Floor 1 like ``packfmt.format``: plain JSON checked key by key, nothing read but the manifest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from .. import format as F
+from ..errors import FormatError, UnsupportedVersionError
+
+__all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
+           "parse_collection_manifest", "member_list_checksum", "check_member_name", "check_member_path",
+           "SHARED_KEYS", "is_collection"]
+
+COLLECTION_FORMAT_NAME = "packfmt-collection"
+COLLECTION_VERSION = (1, 1)
+COLLECTION_VERSION_STR = "1.1"
+#: Manifest keys every member shares with the collection (C2).
+SHARED_KEYS = ("vocab_size", "token_dtype", "tokenizer", "special_tokens", "loss_mask")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One entry of ``members``: ``path`` as written (relative to the collection directory)."""
+
+    name: str
+    path: str
+    documents: int
+    tokens: int
+    images: int
+    manifest: str  # "xxh3_64:<hex>" of the member's manifest.json bytes
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "path": self.path, "documents": self.documents, "tokens": self.tokens,
+                "images": self.images, "manifest": self.manifest}
+
+
+@dataclass(frozen=True)
+class CollectionManifest:
+    version: tuple[int, int]
+    shared: dict  # the SHARED_KEYS values
+    members: tuple[Member, ...]
+    num_documents: int
+    num_tokens: int
+    num_images: int
+    raw: dict
+
+
+def is_collection(obj: dict) -> bool:
+    return isinstance(obj, dict) and obj.get("format") == COLLECTION_FORMAT_NAME
+
+
+def check_member_name(name: Any, *, file: str = F.MANIFEST, field: str = "name") -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise FormatError(file=file, field=field, expected="1-128 chars of [A-Za-z0-9_.-], starting with a letter or "
+                          "digit", found=repr(name))
+    return name
+
+
+def check_member_path(path: Any, *, file: str = F.MANIFEST, field: str = "path") -> str:
+    """A relative POSIX path: no empty or '.' component, no backslash, not absolute ('..' allowed)."""
+    ok = isinstance(path, str) and path and not path.startswith("/") and "\\" not in path and "\0" not in path
+    if ok:
+        ok = all(part not in ("", ".") for part in path.split("/"))
+    if not ok:
+        raise FormatError(file=file, field=field, expected="a relative POSIX path (no empty or '.' component, "
+                          "no backslash, not starting with '/')", found=repr(path))
+    return path
+
+
+def member_list_checksum(members: list[dict] | tuple[Member, ...]) -> str:
+    """``xxh3_64`` of the canonical JSON of the ``members`` array: what a collection's pack index binds to."""
+    raw = [m.to_json() if isinstance(m, Member) else m for m in members]
+    return "xxh3_64:" + xxhash.xxh3_64(F.canonical_json(raw)).hexdigest()
+
+
+def _count(obj: dict, key: str, *, file: str, prefix: str) -> int:
+    value = F._req(obj, key, int, file=file, prefix=prefix)
+    return F._nonneg(value, file=file, field=prefix + key)
+
+
+def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> CollectionManifest:
+    """Check C1 (spec/COLLECTION.md §3); raise ``FormatError`` naming the first bad field."""
+    fmt = obj.get("format")
+    if fmt != COLLECTION_FORMAT_NAME:
+        raise UnsupportedVersionError(file=file, field="format", expected=repr(COLLECTION_FORMAT_NAME), found=repr(fmt))
+    version = F.parse_version(F._req(obj, "format_version", str, file=file), file=file)
+    if version < COLLECTION_VERSION:
+        raise FormatError(file=file, field="format_version", expected=f">= {COLLECTION_VERSION_STR} (collections "
+                          "were added in 1.1)", found=obj["format_version"])
+    producer = F._req(obj, "producer", dict, file=file)
+    F._req(producer, "name", str, file=file, prefix="producer.")
+    F._req(producer, "version", str, file=file, prefix="producer.")
+    vocab = F._req(obj, "vocab_size", int, file=file)
+    if not 1 <= vocab <= F.MAX_VOCAB_SIZE:
+        raise FormatError(file=file, field="vocab_size", expected=f"integer in [1, {F.MAX_VOCAB_SIZE}]", found=vocab)
+    dtype = F._req(obj, "token_dtype", str, file=file)
+    if dtype != F.token_dtype_for_vocab(vocab):
+        raise FormatError(file=file, field="token_dtype", expected=repr(F.token_dtype_for_vocab(vocab)), found=repr(dtype))
+    tokenizer = F._req(obj, "tokenizer", dict, file=file)
+    F._req(tokenizer, "name", str, file=file, prefix="tokenizer.")
+    F._req(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")
+    special = F._req(obj, "special_tokens", dict, file=file)
+    loss_mask = F._req(obj, "loss_mask", bool, file=file)
+    counts = F._req(obj, "counts", dict, file=file)
+    totals = {k: _count(counts, k, file=file, prefix="counts.") for k in ("members", "documents", "tokens", "images")}
+    raw_members = F._req(obj, "members", list, file=file)
+    members, names = [], set()
+    for i, entry in enumerate(raw_members):
+        where = f"members[{i}]."
+        if not isinstance(entry, dict):
+            raise FormatError(file=file, field=f"members[{i}]", expected="object", found=repr(entry))
+        name = check_member_name(F._req(entry, "name", str, file=file, prefix=where), file=file, field=where + "name")
+        if name in names:
+            raise FormatError(file=file, field=where + "name", expected="a name no other member has", found=repr(name))
+        names.add(name)
+        path = check_member_path(F._req(entry, "path", str, file=file, prefix=where), file=file, field=where + "path")
+        digest = F._req(entry, "manifest", str, file=file, prefix=where)
+        if not F._CHECKSUM_RE.match(digest):
+            raise FormatError(file=file, field=where + "manifest", expected='"xxh3_64:" + 16 lowercase hex digits',
+                              found=repr(digest))
+        members.append(Member(name, path, *(_count(entry, k, file=file, prefix=where)
+                                            for k in ("documents", "tokens", "images")), digest))
+    sums = {"members": len(members), "documents": sum(m.documents for m in members),
+            "tokens": sum(m.tokens for m in members), "images": sum(m.images for m in members)}
+    for key, value in sums.items():
+        if totals[key] != value:
+            raise FormatError(file=file, field=f"counts.{key}", expected=f"{value} (the sum over members)",
+                              found=totals[key])
+    shared = {"vocab_size": vocab, "token_dtype": dtype, "tokenizer": tokenizer, "special_tokens": special,
+              "loss_mask": loss_mask}
+    return CollectionManifest(version, shared, tuple(members), sums["documents"], sums["tokens"], sums["images"], obj)

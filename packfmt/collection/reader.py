@@ -1,0 +1,199 @@
+"""``Collection``: many stores read as one (spec/COLLECTION.md §6).
+
+A collection is cheap to open (its manifest only) and to pickle (its path). Member stores are
+opened when first needed, checked then (C2, C3: the member's manifest has the recorded checksum,
+its counts and tokenizer identity are the collection's, and ``Store`` checks its own offsets),
+and kept in a small LRU, so thousands of members never hold thousands of memory maps.
+Collection-wide document ``g`` is local document ``g - doc_start[m]`` of member ``m``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from .. import format as F
+from .._io import checksum_file
+from ..errors import FormatError
+from ..reader import Store
+from .manifest import SHARED_KEYS, CollectionManifest, Member, member_list_checksum, parse_collection_manifest
+
+__all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]
+
+#: Member stores kept open at once (each holds 2-8 memory maps).
+DEFAULT_OPEN_MEMBERS = 64
+
+
+class Collection:
+    """A packfmt collection directory opened for reading.
+
+    Attributes:
+        path: the collection directory.
+        manifest: the parsed ``CollectionManifest``.
+        doc_start, token_start, image_start: int64 ``(members + 1,)`` running sums: member ``m``
+            holds collection documents ``doc_start[m]:doc_start[m + 1]``, and so on.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS) -> None:
+        self.path = Path(path)
+        self.manifest: CollectionManifest = parse_collection_manifest(
+            F.read_json(self.path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
+        m = self.manifest.members
+        self.doc_start = _running_sum([x.documents for x in m])
+        self.token_start = _running_sum([x.tokens for x in m])
+        self.image_start = _running_sum([x.images for x in m])
+        self.max_open_members = max(1, int(max_open_members))
+        self._open: OrderedDict[int, Store] = OrderedDict()
+
+    def __getstate__(self) -> dict:
+        return {"path": str(self.path), "max_open_members": self.max_open_members}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], max_open_members=state["max_open_members"])
+
+    def __repr__(self) -> str:
+        return (f"Collection({str(self.path)!r}, members={len(self.members)}, documents={self.num_documents}, "
+                f"tokens={self.num_tokens}, dtype={self.token_dtype})")
+
+    # -- what a Store also says
+    @property
+    def members(self) -> tuple[Member, ...]:
+        return self.manifest.members
+
+    @property
+    def num_documents(self) -> int:
+        return self.manifest.num_documents
+
+    @property
+    def num_tokens(self) -> int:
+        return self.manifest.num_tokens
+
+    @property
+    def num_images(self) -> int:
+        return self.manifest.num_images
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest.shared["vocab_size"]
+
+    @property
+    def token_dtype(self) -> str:
+        return self.manifest.shared["token_dtype"]
+
+    @property
+    def np_token_dtype(self) -> np.dtype:
+        return F.TOKEN_DTYPES[self.token_dtype]
+
+    @property
+    def has_loss_mask(self) -> bool:
+        return self.manifest.shared["loss_mask"]
+
+    @property
+    def special_tokens(self) -> dict:
+        return self.manifest.shared["special_tokens"]
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def index_binding(self) -> dict:
+        """What a pack index of this collection records to bind to it (spec/COLLECTION.md §4)."""
+        return {"collection": member_list_checksum(self.members)}
+
+    # -- members
+    def member_path(self, m: int) -> Path:
+        return self.path / self.members[m].path
+
+    def member(self, m: int) -> Store:
+        """Member ``m`` opened (and checked on first open); least recently used ones are closed."""
+        store = self._open.get(m)
+        if store is not None:
+            self._open.move_to_end(m)
+            return store
+        store = self._check_member(m, Store(self.member_path(m)))
+        self._open[m] = store
+        while len(self._open) > self.max_open_members:
+            self._open.popitem(last=False)
+        return store
+
+    def _check_member(self, m: int, store: Store) -> Store:
+        entry, label = self.members[m], f"{F.MANIFEST}: members[{m}] ({self.members[m].name})"
+        found = checksum_file(store.path / F.MANIFEST)
+        if found != entry.manifest:
+            raise FormatError(f"{label}: manifest: expected {entry.manifest} (recorded in the collection), found "
+                              f"{found} in {store.path / F.MANIFEST}: the member changed after the collection was "
+                              "written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
+                              expected=entry.manifest, found=found)
+        sm = store.manifest
+        for key, value in (("documents", sm.num_documents), ("tokens", sm.num_tokens), ("images", sm.num_images)):
+            if getattr(entry, key) != value:
+                raise FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value, found=getattr(entry, key))
+        for key in SHARED_KEYS:
+            if not _same(key, sm.raw.get(key), self.manifest.shared[key]):
+                raise FormatError(file=F.MANIFEST, field=f"members[{m}]: {key}",
+                                  expected=f"{self.manifest.shared[key]!r} (the collection's)", found=repr(sm.raw.get(key)))
+        return store
+
+    def member_of(self, docs: np.ndarray | int) -> np.ndarray | int:
+        """Member of each collection document id (vectorised; ids must be in range)."""
+        return np.searchsorted(self.doc_start, docs, side="right") - 1
+
+    def locate(self, g: int) -> tuple[int, int]:
+        """``(member, local document)`` of collection document ``g``."""
+        if not -self.num_documents <= g < self.num_documents:
+            raise IndexError(f"document {g} out of range [0, {self.num_documents})")
+        g = int(g) % self.num_documents
+        m = int(self.member_of(g))
+        return m, g - int(self.doc_start[m])
+
+    # -- documents
+    def document(self, g: int) -> np.ndarray:
+        """Tokens of collection document ``g`` (a zero-copy view into its member)."""
+        m, d = self.locate(g)
+        return self.member(m).document(d)
+
+    def document_loss_mask(self, g: int) -> np.ndarray | None:
+        m, d = self.locate(g)
+        return self.member(m).document_loss_mask(d)
+
+    @property
+    def doc_lengths(self) -> np.ndarray:
+        """int64 ``(num_documents,)``: every member's lengths in order (8 bytes per document)."""
+        out = np.empty(self.num_documents, dtype=np.int64)
+        for m in range(len(self.members)):
+            a, b = int(self.doc_start[m]), int(self.doc_start[m + 1])
+            out[a:b] = np.diff(self.member(m).doc_offsets)
+        return out
+
+    @property
+    def doc_offsets(self) -> np.ndarray:
+        """int64 ``(num_documents + 1,)``: the ``doc_offsets`` a physical merge would have (computed)."""
+        out = np.zeros(self.num_documents + 1, dtype=np.int64)
+        np.cumsum(self.doc_lengths, out=out[1:])
+        return out
+
+    # -- pack indexes
+    def pack_index_names(self) -> list[str]:
+        from ..reader import list_pack_indexes
+
+        return list_pack_indexes(self.path)
+
+    def pack_index(self, name: str | None = None):
+        from ..reader import open_pack_index
+
+        return open_pack_index(self, name)
+
+
+def _running_sum(values: list[int]) -> np.ndarray:
+    out = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(values, dtype=np.int64), out=out[1:])
+    return out
+
+
+def _same(key: str, a, b) -> bool:
+    if key == "tokenizer":  # identity: name and hash; other keys (revision, class, ...) may differ
+        a, b = a or {}, b or {}
+        return a.get("name") == b.get("name") and a.get("hash") == b.get("hash")
+    return a == b

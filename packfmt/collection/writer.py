@@ -1,0 +1,115 @@
+"""Write a collection manifest over existing stores and collections, copying no token byte (``packfmt merge``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import format as F
+from .._io import checksum_file, publish_dir, remove_stale_temps, temp_sibling
+from ..errors import DatasetExistsError, WriteError
+from ..reader import Store
+from ..version import __version__
+from .manifest import (COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, SHARED_KEYS, Member, check_member_name,
+                       is_collection)
+from .reader import Collection, _same
+
+__all__ = ["write_collection", "parse_source", "resolve_members"]
+
+
+def parse_source(text: str) -> tuple[str | None, str]:
+    """``NAME=PATH`` or ``PATH`` (a ``=`` inside an existing path is part of the path)."""
+    name, sep, path = text.partition("=")
+    if sep and name and not os.path.exists(text):
+        return name, path
+    return None, text
+
+
+def resolve_members(sources: list[tuple[str | None, str | os.PathLike]]) -> list[tuple[Member, Path, dict]]:
+    """Every member the sources contribute, in order: ``(member with an absolute path, its directory, shared keys)``.
+
+    A store contributes itself (named ``NAME`` or its directory name); a collection contributes its
+    members, named ``<NAME or its directory name>.<member name>``.
+    """
+    out = []
+    for name, path in sources:
+        path = Path(path)
+        obj = F.read_json(path / F.MANIFEST, file=str(path / F.MANIFEST))
+        if is_collection(obj):
+            coll = Collection(path)
+            prefix = check_member_name(name or path.resolve().name, file=str(path), field="name")
+            for m, member in enumerate(coll.members):
+                store = coll.member(m)  # checked against the collection's record
+                out.append((Member(f"{prefix}.{member.name}", str(store.path.resolve()), member.documents,
+                                   member.tokens, member.images, member.manifest), store.path, _shared(store)))
+        else:
+            store = Store(path)
+            label = check_member_name(name or path.resolve().name, file=str(path), field="name")
+            sm = store.manifest
+            out.append((Member(label, str(path.resolve()), sm.num_documents, sm.num_tokens, sm.num_images,
+                               checksum_file(path / F.MANIFEST)), path, _shared(store)))
+    return out
+
+
+def _shared(store: Store) -> dict:
+    return {key: store.manifest.raw.get(key) for key in SHARED_KEYS}
+
+
+def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str | os.PathLike]], *,
+                     overwrite: bool = False) -> Collection:
+    """Write a collection at ``dst`` listing the stores of ``sources`` in order; return it opened.
+
+    Members must agree on token dtype, vocabulary, tokenizer identity (name and hash), special
+    tokens and loss mask (spec/COLLECTION.md C2); names must be unique (give ``NAME=PATH``).
+    The manifest is written last, in a temporary sibling renamed into place: a killed merge
+    leaves nothing that opens as a collection.
+    """
+    dst = Path(dst)
+    members = resolve_members(sources)
+    if not members:
+        raise WriteError("merge: no sources given", field="sources", expected="at least one store or collection",
+                         found="none")
+    first, first_shared = members[0][0], members[0][2]
+    seen: dict[str, Member] = {}
+    for member, _, shared in members:
+        for key in SHARED_KEYS:
+            if not _same(key, shared[key], first_shared[key]):
+                raise WriteError(f"merge: members {first.name!r} ({first.path}) and {member.name!r} ({member.path}) "
+                                 f"differ in {key}: {first_shared[key]!r} vs {shared[key]!r}; a collection's members "
+                                 "must share it (rebuild one of them with the other's tokenizer)", field=key,
+                                 expected=repr(first_shared[key]), found=repr(shared[key]))
+        if member.name in seen:
+            raise WriteError(f"merge: two members are named {member.name!r} ({seen[member.name].path} and "
+                             f"{member.path}); name them with NAME=PATH", field="name", expected="unique member names",
+                             found=member.name, cli=None)
+        seen[member.name] = member
+    remove_stale_temps(dst)
+    if (dst.exists() or dst.is_symlink()) and not overwrite:
+        raise DatasetExistsError(f"{dst}: already exists (pass overwrite=True to replace it)", file=str(dst),
+                                 expected="no existing path", found="exists",
+                                 cli=f"{dst}: already exists (pass --overwrite to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    base = dst.resolve().parent / dst.name
+    entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
+                      m.manifest).to_json() for m, _, _ in members]
+    manifest = {
+        "format": COLLECTION_FORMAT_NAME, "format_version": COLLECTION_VERSION_STR,
+        "producer": {"name": "packfmt", "version": __version__},
+        **{key: first_shared[key] for key in SHARED_KEYS},
+        "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
+                   "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
+        "members": entries,
+    }
+    tmp = temp_sibling(dst)
+    try:
+        with open(tmp / F.MANIFEST, "wb") as fh:
+            fh.write(F.canonical_json(manifest))
+            fh.flush()
+            os.fsync(fh.fileno())
+        publish_dir(tmp, dst, overwrite=overwrite)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Collection(dst)
