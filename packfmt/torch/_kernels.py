@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["fill_item", "fill_packs", "fill_item_doc_ids", "ROW_IDS", "ROW_POS", "ROW_DIDS", "pack_length", "plan_batch", "BATCH_SLOTS", "finish_varlen", "count_labels", "IGNORE", "PAD_DOC"]
+__all__ = ["fill_item", "fill_packs", "fill_item_doc_ids", "ROW_IDS", "ROW_POS", "ROW_DIDS", "pack_length", "plan_batch", "doc_span", "BATCH_SLOTS", "finish_varlen", "count_labels", "IGNORE", "PAD_DOC"]
 
 IGNORE = -100
 PAD_DOC = -1
@@ -27,7 +27,7 @@ ROW_DIDS = 4  # doc_ids (segment index within the pack)
 
 
 @njit(cache=True, nogil=True)
-def fill_item(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start, rows,
+def fill_item(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, src, src_mask, src_start, rows,
               b64, b32, bI, bJ, o_labels, o_ids, o_pos, o_dids, o_seq, o_docs, o_scalars, width, pack_id, pad_id):
     """Fill one item (``PackedDataset.__getitem__``): pack ``segments[seg_lo:seg_hi]`` in one buffer.
 
@@ -35,7 +35,8 @@ def fill_item(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
         tokens: the store's token array (any unsigned int dtype), ``(num_tokens,)``.
         loss_mask: the store's uint8 loss mask, ``(num_tokens,)`` (ignored unless ``has_mask``).
         has_mask: whether the store has a loss mask.
-        doc_offsets: int64 ``(num_documents + 1,)``.
+        doc_table: where documents are, ``(doc_offsets, doc_start, doc_base, token_base)`` (see ``doc_span``):
+            for a store ``(its doc_offsets, [0, D], [0], [0])``.
         segments: int64 ``(S, 3)`` rows ``(doc, begin, end)``, document-relative half-open ranges.
         seg_lo, seg_hi: the pack's segment range ``[seg_lo, seg_hi)``.
         src, src_mask: where the pack's tokens / mask are read: the materialized pack tokens
@@ -55,7 +56,7 @@ def fill_item(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
     ids = bJ[o_ids:o_ids + width] if (rows & ROW_IDS) != 0 else bJ[0:1]
     pos = bI[o_pos:o_pos + width] if (rows & ROW_POS) != 0 else bI[0:1]
     dids = bI[o_dids:o_dids + width] if (rows & ROW_DIDS) != 0 else bI[0:1]
-    b64[o_scalars] = _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask,
+    b64[o_scalars] = _fill_one(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, src, src_mask,
                                src_start, rows, ids, labels, pos, dids, 0, width, b32[o_seq:o_seq + k],
                                b64[o_docs:o_docs + k], 0, pad_id)
     b64[o_scalars + 1] = pack_id
@@ -105,7 +106,7 @@ def plan_batch(indices, num_packs, pack_offsets, pack_token_offsets, segments, m
 
 
 @njit(cache=True, nogil=True)
-def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets, packs, src, src_mask,
+def fill_packs(tokens, loss_mask, has_mask, doc_table, segments, pack_offsets, packs, src, src_mask,
                pack_token_offsets, materialized, widths, seq_bounds, rows, batch_rows, b64, b32, bI, bJ, offsets,
                pad_id):
     """Fill a whole batch of packs, laid end to end, in one call (``PackedDataset.__getitems__``).
@@ -115,7 +116,7 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
     ``S_all = seq_bounds[-1]`` segments (empty ones included), ``B`` packs.
 
     Args:
-        tokens, loss_mask, has_mask, doc_offsets, segments, src, src_mask: as in ``fill_item``.
+        tokens, loss_mask, has_mask, doc_table, segments, src, src_mask: as in ``fill_item``.
         pack_offsets: int64 ``(P + 1,)``: segment range of every pack.
         packs: int64 ``(B,)``: pack indices of the batch (``plan_batch``).
         pack_token_offsets: int64 ``(P + 1,)``: first token of every pack in ``src`` (materialized only).
@@ -165,7 +166,7 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
         lo = pack_offsets[i]
         hi = pack_offsets[i + 1]
         start = pack_token_offsets[i] if materialized else -1
-        num_labels[b] = _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, lo, hi, src, src_mask, start,
+        num_labels[b] = _fill_one(tokens, loss_mask, has_mask, doc_table, segments, lo, hi, src, src_mask, start,
                                   rows, ids, labels, pos, item_doc_ids, p, widths[b], seq_lens, docs, seq_bounds[b],
                                   pad_id)
         total_labels += num_labels[b]
@@ -193,8 +194,25 @@ def fill_packs(tokens, loss_mask, has_mask, doc_offsets, segments, pack_offsets,
     return longest, batch_seg_i
 
 
+@njit(cache=True, nogil=True, inline="always")
+def doc_span(doc_table, d):
+    """``(first token, end)`` of document ``d`` in ``tokens``.
+
+    ``doc_table = (doc_offsets, doc_start, doc_base, token_base)``: document ``d`` belongs to member
+    ``m`` (``doc_start[m] <= d < doc_start[m + 1]``), whose ``doc_offsets`` start at element
+    ``doc_base[m]`` of ``doc_offsets`` and whose tokens at element ``token_base[m]`` of ``tokens``
+    (a collection's members mapped end to end, spec/COLLECTION.md §6). A store is one member.
+    """
+    doc_offsets, doc_start, doc_base, token_base = doc_table
+    m = 0
+    if doc_start.shape[0] > 2:
+        m = np.searchsorted(doc_start, d, side="right") - 1
+    i = doc_base[m] + d - doc_start[m]
+    return token_base[m] + doc_offsets[i], token_base[m] + doc_offsets[i + 1]
+
+
 @njit(cache=True, nogil=True)
-def _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi, src, src_mask, src_start,
+def _fill_one(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, src, src_mask, src_start,
               rows, ids, labels, pos, dids, p0, width, seq_lens, docs, sl0, pad_id):
     """Write one pack at columns ``[p0, p0 + width)`` of the 1-D rows; return its label count."""
     p = p0
@@ -208,8 +226,9 @@ def _fill_one(tokens, loss_mask, has_mask, doc_offsets, segments, seg_lo, seg_hi
         b = segments[s, 1]
         e = segments[s, 2]
         ln = e - b
-        g = doc_offsets[d] + b  # global index of the segment's first token
-        doc_len = doc_offsets[d + 1] - doc_offsets[d]
+        doc_first, doc_end = doc_span(doc_table, d)
+        g = doc_first + b  # index of the segment's first token in ``tokens``
+        doc_len = doc_end - doc_first
         r = src_start + (p - p0) if src_start >= 0 else g  # where the segment starts in src
         k = s - seg_lo
         seq_lens[sl0 + k] = ln

@@ -143,7 +143,7 @@ def _varlen_shared(batch: PackBatch) -> SharedBatch:
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
     out._hf_room = ar.room("hf_labels") if "hf_labels" in ar else None  # collate_hf's labels, same buffer
-    if batch._ds._views()["has_images"]:
+    if batch._ds._views()["images"] is not None:
         out.update(_images(batch, np.concatenate([[0], np.cumsum(batch.lengths)[:-1]]).tolist()))
     return out
 
@@ -156,7 +156,7 @@ def _padded_shared(batch: PackBatch, L: int) -> SharedBatch:
         out[k] = ar.tensor(k).view(B, L)
     out["pack_ids"] = ar.tensor("pack_ids")
     out["num_label_tokens"] = ar.tensor("num_label_tokens")
-    if batch._ds._views()["has_images"]:
+    if batch._ds._views()["images"] is not None:
         out.update(_images(batch, [r * L for r in range(B)]))
     return out
 

@@ -276,9 +276,10 @@ class PackedDataset(Dataset):
     def fingerprint(self) -> str:
         """Identity of the packing: index name, its segment/offset checksums and the token store's."""
         files = self.index.manifest.files
-        ds = self.index.manifest.dataset
-        return "|".join([self.index_name, files["pack_offsets.bin"].checksum, files["segments.bin"].checksum,
-                         ds["tokens.bin"], ds["doc_offsets.bin"]])
+        binding = self.index.manifest.binding
+        source = [binding["collection"]] if "collection" in binding else [binding["dataset"]["tokens.bin"],
+                                                                          binding["dataset"]["doc_offsets.bin"]]
+        return "|".join([self.index_name, files["pack_offsets.bin"].checksum, files["segments.bin"].checksum, *source])
 
     def pack_num_tokens(self) -> np.ndarray:
         """int64 ``(num_packs,)``: real (unpadded) tokens of every pack."""
@@ -286,12 +287,12 @@ class PackedDataset(Dataset):
 
     def pack_num_images(self) -> np.ndarray:
         """int64 ``(num_packs,)``: images whose tokens lie in every pack (zeros for text-only stores)."""
-        idx, images = self.index, self.store.images
-        if images is None:
+        idx = self.index
+        if not self.store.num_images:
             return np.zeros(len(self), dtype=np.int64)
         segs = np.asarray(idx.segments)
-        rel = _relative_spans(self.store)
-        dio = np.asarray(images.doc_image_offsets)
+        images = _ImageIndex(self.store)
+        rel, dio = images.relative_spans, images.doc_image_offsets
         counts = np.zeros(segs.shape[0], dtype=np.int64)
         for s, (d, b, e) in enumerate(segs):  # one pass at sampler construction, not on the read path
             lo, hi = dio[d], dio[d + 1]
@@ -306,12 +307,13 @@ class PackedDataset(Dataset):
         if self._arrays is None:
             idx, store = self.index, self.store
             v = lambda a: None if a is None else np.asarray(a)  # noqa: E731
+            src = _token_source(store)
             self._arrays = {
-                "pack_offsets": v(idx.pack_offsets), "segments": v(idx.segments), "doc_offsets": v(store.doc_offsets),
-                "tokens": v(store.tokens), "loss_mask": v(store.loss_mask),
+                "pack_offsets": v(idx.pack_offsets), "segments": v(idx.segments), "docs": src.docs,
+                "tokens": src.tokens, "loss_mask": src.loss_mask,
                 "pack_token_offsets": v(idx.pack_token_offsets), "packed_tokens": v(idx.packed_tokens),
                 "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
-                "has_images": store.images is not None,
+                "images": _ImageIndex(store) if store.num_images else None,
             }
             a = self._arrays
             a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
@@ -325,7 +327,7 @@ class PackedDataset(Dataset):
             if (self.input_ids_dtype == "native" and a["packed_tokens"] is not None and a["packed_tokens"].size
                     and not self.pad_to_capacity):
                 # copy-on-write private mapping: a writable zero-copy tensor that never writes the file
-                zc = np.memmap(idx.path / "tokens.bin", dtype=store.manifest.np_token_dtype, mode="c")
+                zc = np.memmap(idx.path / "tokens.bin", dtype=store.np_token_dtype, mode="c")
                 a["zero_copy"] = torch.from_numpy(zc.view(a["ids_np"]))
             # Item layout (``__getitem__``): which rows go in which dtype group, in order.
             rows = a["rows"] & ~ROW_IDS if a["zero_copy"] is not None else a["rows"]
@@ -349,7 +351,7 @@ class PackedDataset(Dataset):
             return INDEX_DTYPES[self.index_dtype]
         if self.input_ids_dtype != "native":
             return INDEX_DTYPES[self.input_ids_dtype]
-        native = np.dtype(store.manifest.np_token_dtype).type
+        native = np.dtype(store.np_token_dtype).type
         if native == np.uint32 and store.vocab_size <= _INT32_LIMIT:
             return np.int32  # same bytes, every id < 2**31: the type nn.Embedding takes
         return native
@@ -385,7 +387,7 @@ class PackedDataset(Dataset):
         bJ = b8.view(native[0]) if native else b64 if a["ids_np"] is np.int64 else b32
         bI = b64 if a["index_np"] is np.int64 else b32
         starts = (0, s32, sJ // native[2] if native else 0)
-        fill_item(a["tokens"], a["mask_or_dummy"], a["has_mask"], a["doc_offsets"], a["segments"], lo, hi, src,
+        fill_item(a["tokens"], a["mask_or_dummy"], a["has_mask"], a["docs"], a["segments"], lo, hi, src,
                   a["mask_or_dummy"] if src_mask is None else src_mask, src_start, rows, b64, b32, bI, bJ, 0,
                   starts[gi] + ri * width, starts[gp] + rp * width, starts[gd] + rd * width, s32 + r32 * width,
                   r64 * width, r64 * width + k, width, i, a["pad_id"])
@@ -404,7 +406,7 @@ class PackedDataset(Dataset):
                 out[name] = t[name]
         out.update(seq_lens=p32[r32 + 1], document_ids=p64[r64], num_label_tokens=num_label_tokens,
                    pack_id=pack_id)
-        if a["has_images"]:
+        if a["images"] is not None:
             segs = a["segments"][lo:hi]
             lens = out["seq_lens"].numpy().astype(np.int64)
             starts = np.zeros_like(lens)
@@ -437,7 +439,7 @@ class PackedDataset(Dataset):
         batch_rows = 0 if self.pad_to_capacity else rows & ROW_DIDS
         offsets = ar.offsets(BATCH_SLOTS)
         offsets[4] = offsets[3]  # item_doc_ids and doc_ids: the same slot, one of them written
-        longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["doc_offsets"], a["segments"],
+        longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["docs"], a["segments"],
                                    a["pack_offsets"], packs, src, mask if src_mask is None else src_mask, pto,
                                    materialized, widths, seq_bounds, item_rows, batch_rows, ar.typed(np.int64),
                                    ar.typed(np.int32), ar.typed(I), ar.typed(J), offsets, a["pad_id"])
@@ -446,15 +448,14 @@ class PackedDataset(Dataset):
 
     def _images(self, docs, begins, ends, starts) -> dict[str, Any]:
         """Decoded images of the pack and their token spans inside the pack."""
-        store = self.store
-        images = store.images
-        dio = images.doc_image_offsets
+        images = self._views()["images"]
+        dio, rel_all = images.doc_image_offsets, images.relative_spans
         ids, spans = [], []
         for d, b, e, s in zip(docs, begins, ends, starts):
             lo, hi = int(dio[d]), int(dio[d + 1])
             if hi == lo:
                 continue
-            rel = np.asarray(images.token_spans[lo:hi]) - store.doc_offsets[d]
+            rel = rel_all[lo:hi]
             keep = (rel[:, 0] >= b) & (rel[:, 1] <= e)
             ids.append(np.arange(lo, hi, dtype=np.int64)[keep])
             spans.append(rel[keep] - b + s)
@@ -552,7 +553,7 @@ class PackBatch(Sequence):
                    num_label_tokens=ar.tensor("num_labels")[j], pack_id=ar.tensor("pack_ids")[j])
         ds = self._ds
         a = ds._views()
-        if a["has_images"]:
+        if a["images"] is not None:
             p = int(self.pack_ids[j])
             lens = self.seq_lens[s0:s1].astype(np.int64)
             starts = np.zeros_like(lens)
@@ -606,9 +607,47 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return csum[offsets[1:]] - csum[offsets[:-1]]
 
 
-def _relative_spans(store: Store) -> np.ndarray:
-    """Image token spans relative to their document start, int64 ``(num_images, 2)``."""
-    images = store.images
-    dio = np.asarray(images.doc_image_offsets)
-    doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(dio))
-    return np.asarray(images.token_spans, dtype=np.int64) - np.asarray(store.doc_offsets)[doc_of_image][:, None]
+def _token_source(source):
+    """Tokens, mask and document table the kernels read (``_kernels.doc_span``): a store's own memmaps,
+    or a collection's members mapped end to end (``packfmt.collection.vmap``)."""
+    if isinstance(source, Store):
+        from ..collection.vmap import Concatenated
+
+        one = np.zeros(1, dtype=np.int64)
+        docs = (np.asarray(source.doc_offsets), np.array([0, source.num_documents], dtype=np.int64), one, one)
+        return Concatenated(np.asarray(source.tokens), None if source.loss_mask is None else np.asarray(source.loss_mask),
+                            docs)
+    from ..collection.vmap import concatenate_members
+
+    return concatenate_members(source)
+
+
+class _ImageIndex:
+    """Images of a store or collection by collection-wide id: ``doc_image_offsets``, spans relative to
+    their document, and ``decode``. Built once per process (when a pack first has images)."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+        members = [source] if isinstance(source, Store) else [source.member(m) for m in range(len(source.members))]
+        self.image_start = np.zeros(len(members) + 1, dtype=np.int64)
+        dios, rels = [np.zeros(1, dtype=np.int64)], []
+        for m, store in enumerate(members):
+            n = store.num_images
+            self.image_start[m + 1] = self.image_start[m] + n
+            if n:
+                dio = np.asarray(store.images.doc_image_offsets, dtype=np.int64)
+                doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(dio))
+                rels.append(np.asarray(store.images.token_spans, dtype=np.int64)
+                            - np.asarray(store.doc_offsets)[doc_of_image][:, None])
+                dios.append(dio[1:] + self.image_start[m])
+            else:
+                dios.append(np.full(store.num_documents, self.image_start[m], dtype=np.int64))
+        self.doc_image_offsets = np.concatenate(dios)
+        self.relative_spans = np.concatenate(rels) if rels else np.zeros((0, 2), dtype=np.int64)
+        self._members = None if isinstance(source, Store) else source
+
+    def decode(self, j: int) -> np.ndarray:
+        if self._members is None:
+            return self.source.images.decode(j)
+        m = int(np.searchsorted(self.image_start, j, side="right")) - 1
+        return self._members.member(m).images.decode(j - int(self.image_start[m]))

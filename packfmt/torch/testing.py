@@ -48,7 +48,7 @@ def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pac
     """Store a hand-made pack index under ``packs/<name>`` (same files as ``build_pack_index``)."""
     from ..packindex import _materialize
 
-    store = store if isinstance(store, Store) else open_dataset(store)
+    store = open_dataset(store) if isinstance(store, (str, os.PathLike)) else store  # a Store or a Collection
     segments = np.ascontiguousarray(segments, dtype=F.OFFSET_DTYPE).reshape(-1, 3)
     pack_offsets = np.ascontiguousarray(pack_offsets, dtype=F.OFFSET_DTYPE)
     target = store.path / F.PACKS_DIR / name
@@ -62,13 +62,14 @@ def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pac
     if materialize:
         files.update(_materialize(store, tmp, segments, pack_offsets))
     packed = int((segments[:, 2] - segments[:, 1]).sum())
+    binding = store.index_binding()
     index = {
-        "format": F.PACK_INDEX_FORMAT_NAME, "format_version": F.FORMAT_VERSION_STR,
+        "format": F.PACK_INDEX_FORMAT_NAME, "format_version": "1.1" if "collection" in binding else F.FORMAT_VERSION_STR,
         "producer": {"name": "packfmt", "version": __version__}, "name": name, "capacity": int(capacity),
         "algorithm": algorithm, "seed": None, "oversize": oversize, "params": {}, "stats": {},
         "counts": {"packs": int(pack_offsets.shape[0] - 1), "segments": int(segments.shape[0]), "packed_tokens": packed},
         "materialized": bool(materialize),
-        "dataset": {F.TOKENS: store.manifest.files[F.TOKENS].checksum, F.DOC_OFFSETS: store.manifest.files[F.DOC_OFFSETS].checksum},
+        **binding,
         "files": files,
     }
     (tmp / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(index))

@@ -1,0 +1,123 @@
+"""The members' arrays of a collection as one read-only array each, mapped end to end (no copy).
+
+A collection's reader needs its members' ``tokens.bin`` (and ``loss_mask.bin``, ``doc_offsets.bin``)
+as if they were one file, without copying them and without holding a file descriptor per member.
+``map_end_to_end`` reserves one span of address space and maps each file into it at a page-aligned
+base (``mmap`` with ``MAP_FIXED`` over a ``PROT_NONE`` reservation), then closes the file: the
+numba kernels index one array, thousands of members hold no descriptor, and the page cache is
+shared by every DataLoader worker as with a single store. The gap after each member (to its next
+page boundary) is never indexed: every offset is checked against its member first.
+
+POSIX only (Linux, macOS); each member file is one kernel mapping (``vm.max_map_count``, 65,530 by
+default on Linux, bounds a process to about 20,000 members with masks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["map_end_to_end", "Concatenated", "concatenate_members", "PAGE"]
+
+PAGE = mmap.PAGESIZE
+_MAP_FIXED = 0x10  # same value on Linux and macOS; not exposed by Python's mmap module
+_PROT_NONE = 0
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_libc = None
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = libc
+    return _libc
+
+
+class _Region:
+    """Owns one reserved span of address space; unmapped when the last array using it is gone."""
+
+    def __init__(self, nbytes: int) -> None:
+        libc = _c()
+        self.nbytes = nbytes
+        addr = libc.mmap(None, nbytes, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if addr in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot reserve {nbytes:,} bytes of address space: {os.strerror(err)}")
+        self.addr = addr
+        self._finalizer = weakref.finalize(self, libc.munmap, addr, nbytes)
+
+    def map_file(self, path: Path, offset: int, nbytes: int) -> None:
+        libc = _c()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = libc.mmap(self.addr + offset, nbytes, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        finally:
+            os.close(fd)
+        if got != self.addr + offset:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{path}: cannot map {nbytes:,} bytes: {os.strerror(err)}")
+
+    def array(self, dtype: np.dtype) -> np.ndarray:
+        buf = (ctypes.c_char * self.nbytes).from_address(self.addr)
+        buf._region = self  # the array keeps the buffer, the buffer keeps the region (and its mapping) alive
+        arr = np.frombuffer(buf, dtype=np.uint8).view(dtype)
+        arr.flags.writeable = False
+        return arr
+
+
+def map_end_to_end(files: list[tuple[Path | None, int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Map ``(path, elements)`` files end to end; return the array and each file's first element (int64).
+
+    Each file starts at a multiple of ``PAGE`` elements (so that arrays of different widths mapped
+    with the same element counts share their bases). A file of 0 elements (or path None) is not mapped.
+    """
+    dtype = np.dtype(dtype)
+    bases = np.zeros(len(files), dtype=np.int64)
+    total = 0
+    for i, (_, n) in enumerate(files):
+        bases[i] = total
+        total += -(-n // PAGE) * PAGE
+    region = _Region(max(total, PAGE) * dtype.itemsize)
+    for (path, n), base in zip(files, bases):
+        if n and path is not None:
+            region.map_file(path, int(base) * dtype.itemsize, n * dtype.itemsize)
+    return region.array(dtype), bases
+
+
+@dataclass(frozen=True)
+class Concatenated:
+    """What the torch kernels read: ``tokens``, ``loss_mask`` (or None) and ``docs`` (see ``_kernels.doc_span``)."""
+
+    tokens: np.ndarray
+    loss_mask: np.ndarray | None
+    docs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def concatenate_members(coll) -> Concatenated:
+    """Every member of ``coll`` (a ``Collection``) mapped end to end, each member checked on the way."""
+    from .. import format as F
+
+    paths, counts = [], []
+    for m, member in enumerate(coll.members):
+        store = coll.member(m)  # opens and checks it (C2, C3, V13)
+        paths.append(store.path)
+        counts.append((member.tokens, member.documents + 1))
+    tokens, token_base = map_end_to_end([(p / F.TOKENS, t) for p, (t, _) in zip(paths, counts)], coll.np_token_dtype)
+    mask = None
+    if coll.has_loss_mask:
+        mask, mask_base = map_end_to_end([(p / F.LOSS_MASK, t) for p, (t, _) in zip(paths, counts)], F.MASK_DTYPE)
+        assert (mask_base == token_base).all()  # same element counts, same page-multiple bases
+    doc_offsets, doc_base = map_end_to_end([(p / F.DOC_OFFSETS, d) for p, (_, d) in zip(paths, counts)],
+                                           F.OFFSET_DTYPE)
+    return Concatenated(tokens, mask, (doc_offsets, np.asarray(coll.doc_start, dtype=np.int64), doc_base, token_base))
