@@ -204,9 +204,14 @@ def doc_span(doc_table, d):
     (a collection's members mapped end to end, spec/COLLECTION.md §6). A store is one member.
     """
     doc_offsets, doc_start, doc_base, token_base = doc_table
-    m = 0
-    if doc_start.shape[0] > 2:
-        m = np.searchsorted(doc_start, d, side="right") - 1
+    lo, hi = 0, doc_start.shape[0] - 1  # the member m with doc_start[m] <= d < doc_start[m + 1]
+    while hi - lo > 1:  # (np.searchsorted here costs a third of a collection's read throughput)
+        mid = (lo + hi) >> 1
+        if doc_start[mid] <= d:
+            lo = mid
+        else:
+            hi = mid
+    m = lo
     i = doc_base[m] + d - doc_start[m]
     return token_base[m] + doc_offsets[i], token_base[m] + doc_offsets[i + 1]
 

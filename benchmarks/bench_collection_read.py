@@ -1,0 +1,86 @@
+"""Reader throughput over a collection of M members against the same documents as one store.
+
+The documents (lognormal lengths, uint16 ids) are written once as one store and once split into
+M member stores gathered by a collection; both get the same pack index (next-fit, capacity 4096,
+shuffled document order, so consecutive segments come from different members). Each row reads
+every pack in batches of 8 through ``PackedDataset.__getitems__`` + ``collate_varlen`` in this
+process (warm page cache; best of ``--repeat`` runs, the two cases interleaved), and reports tokens/s and the ratio to one store.
+
+    python benchmarks/bench_collection_read.py [--docs 200000] [--members 100] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+
+from packfmt.collection import write_collection  # noqa: E402
+from packfmt.torch import PackedDataset, collate_varlen  # noqa: E402
+from packfmt.torch.testing import next_fit_segments, write_flat_dataset, write_pack_index  # noqa: E402
+
+CAPACITY, BATCH = 4096, 8
+
+
+def make(root: Path, n_docs: int, members: int) -> tuple[Path, Path]:
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(5.0, 1.0, n_docs).astype(np.int64), 1, 8192)
+    offsets = np.zeros(n_docs + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint16)
+    single = write_flat_dataset(root / "single", tokens, offsets, vocab_size=50_000)
+    cuts = np.linspace(0, n_docs, members + 1).astype(np.int64)
+    paths = []
+    for m in range(members):
+        a, b = cuts[m], cuts[m + 1]
+        paths.append(root / f"m{m:05d}")
+        write_flat_dataset(paths[-1], tokens[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], vocab_size=50_000)
+    coll = write_collection(root / "coll", [(None, p) for p in paths])
+    segs, po = next_fit_segments(lengths, CAPACITY, order=rng.permutation(n_docs))
+    write_pack_index(single, segs, po, capacity=CAPACITY, name="p")
+    write_pack_index(coll, segs, po, capacity=CAPACITY, name="p")
+    return single.path, coll.path
+
+
+def read_all(path: Path) -> tuple[float, int]:
+    ds = PackedDataset(path, "p")
+    ds.__getitems__([0])  # open, map and compile outside the timing
+    t0 = time.perf_counter()
+    tokens = 0
+    for start in range(0, len(ds), BATCH):
+        batch = collate_varlen(ds.__getitems__(list(range(start, min(start + BATCH, len(ds))))))
+        tokens += int(batch["input_ids"].shape[-1])
+    return time.perf_counter() - t0, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=200_000)
+    ap.add_argument("--members", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench_coll_") as tmp:
+        single, coll = make(Path(tmp), args.docs, args.members)
+        cases = (("one store", single), (f"collection of {args.members}", coll))
+        best = {case: (float("inf"), 0) for case, _ in cases}
+        for _ in range(args.repeat):  # interleaved, so that a change of machine load hits both cases alike
+            for case, path in cases:
+                best[case] = min(best[case], read_all(path))
+        rows = [{"case": case, "documents": args.docs, "tokens": tokens, "seconds": seconds,
+                 "tokens_per_s": tokens / seconds} for case, (seconds, tokens) in best.items()]
+    for row in rows:
+        row["vs_one_store"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+    print_table(rows, ["case", "documents", "tokens", "seconds", "tokens_per_s", "vs_one_store"],
+                title=f"PackedDataset batches of {BATCH} packs (capacity {CAPACITY}), best of {args.repeat}")
+    write_json(RESULTS_DIR / "bench_collection_read.json", {"rows": rows, "machine": machine_info(), "args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()
