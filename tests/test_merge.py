@@ -314,3 +314,14 @@ def test_sigkill_mid_merge_leaves_nothing_that_opens(tmp_path, existing):
     store = merge_physical(parts, dst, overwrite=True)  # the next merge cleans up what the killed one left
     assert store.num_documents == 300
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".dst.")] == []
+
+
+def test_extra_is_kept_only_when_every_member_has_the_same(tmp_path):
+    def store(name, extra):
+        with packfmt.DatasetWriter(tmp_path / name, vocab_size=100, extra=extra) as w:
+            w.add_document([1, 2, 3])
+        return tmp_path / name
+
+    same = [store("a", {"lang": "en"}), store("b", {"lang": "en"})]
+    assert merge_physical(same, tmp_path / "m1").manifest.raw["extra"] == {"lang": "en"}
+    assert "extra" not in merge_physical([*same, store("c", {"lang": "fr"})], tmp_path / "m2").manifest.raw
