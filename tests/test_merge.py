@@ -190,7 +190,7 @@ def collection_with_index(tmp_path, *, mixture: bool = False):
     return parts, single, coll
 
 
-def test_collection_index_is_carried_rebound_to_the_merged_store(tmp_path):
+def test_collection_index_is_carried_rebound_to_the_merged_store(tmp_path, capsys):
     parts, single, coll = collection_with_index(tmp_path)
     merged = merge_physical([coll.path], tmp_path / "merged")
     assert_same_as_single_build(merged.path, single)
@@ -205,6 +205,7 @@ def test_collection_index_is_carried_rebound_to_the_merged_store(tmp_path):
     assert [index.pack_tokens(p).tolist() for p in range(len(index))] == \
         [packfmt.open(single).pack_index("ffd-8").pack_tokens(p).tolist() for p in range(len(index))]
     assert merged.manifest.raw["build_report"]["pack_indexes"] == {"carried": ["ffd-8"], "not_carried": {}}
+    assert main(["validate", str(merged.path), "--deep"]) == 0  # V21-V33 of the carried index against the store
 
 
 def test_indexes_not_carried_are_named_with_why(tmp_path, capsys):
