@@ -1,4 +1,5 @@
-"""``packfmt merge SRC... -o DST``: many stores and collections as one collection, copying no token byte."""
+"""``packfmt merge SRC... -o DST``: many stores and collections as one collection, copying no token byte;
+with ``--physical``, as one contiguous store."""
 
 from __future__ import annotations
 
@@ -6,13 +7,18 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("merge", help="make a collection of stores / collections (no token byte copied)",
+    p = sub.add_parser("merge", help="make a collection of stores / collections (no token byte copied), "
+                                     "or with --physical one contiguous store",
                        description="List stores and collections, in order, as one collection (spec/COLLECTION.md). "
-                                   "Collection-wide document ids follow the order given.")
+                                   "Collection-wide document ids follow the order given. With --physical, copy "
+                                   "them into one store instead (streamed, bounded memory).")
     p.add_argument("sources", nargs="+", metavar="[NAME=]SRC",
                    help="a store or collection directory; NAME names the member (default: the directory name); "
                         "a collection's members are named NAME.MEMBER")
-    p.add_argument("-o", "--output", required=True, metavar="DST", help="the collection directory to write")
+    p.add_argument("-o", "--output", required=True, metavar="DST", help="the collection (or store) directory to write")
+    p.add_argument("--physical", action="store_true",
+                   help="write one contiguous store (tokens, offsets, masks and images copied); the pack indexes "
+                        "of a single source collection are carried, those of member stores are not")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.set_defaults(func=run)
 
@@ -20,11 +26,40 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..collection import parse_source, write_collection
 
-    coll = write_collection(args.output, [parse_source(s) for s in args.sources], overwrite=args.overwrite)
+    sources = [parse_source(s) for s in args.sources]
+    if args.physical:
+        return _physical(args, sources)
+    coll = write_collection(args.output, sources, overwrite=args.overwrite)
     print(f"wrote collection {coll.path}: {len(coll.members):,} members, {coll.num_documents:,} documents, "
           f"{coll.num_tokens:,} tokens")
     for m in coll.members[:10]:
         print(f"  {m.name}: {m.documents:,} documents, {m.tokens:,} tokens ({m.path})")
     if len(coll.members) > 10:
         print(f"  ... and {len(coll.members) - 10:,} more")
+    return 0
+
+
+def _physical(args: argparse.Namespace, sources) -> int:
+    from pathlib import Path
+
+    from ..collection import merge_physical
+    from ..reader import list_pack_indexes
+
+    store = merge_physical(sources, args.output, overwrite=args.overwrite)
+    report = store.manifest.raw["build_report"]
+    files = store.manifest.files
+    print(f"wrote store {store.path}: {len(report['members']):,} members, {store.num_documents:,} documents, "
+          f"{store.num_tokens:,} tokens, {store.num_images:,} images ({report['bytes_copied']:,} bytes copied)")
+    print("  files: " + ", ".join(f"{name} ({files[name].bytes:,} bytes)" for name in sorted(files)))
+    indexes = report["pack_indexes"]
+    if indexes["carried"]:
+        print("  pack indexes carried (rebound to the new store): " + ", ".join(indexes["carried"]))
+    for name, why in indexes["not_carried"].items():
+        print(f"  pack index {name} not carried: {why}")
+    member_indexes = sum(len(list_pack_indexes(Path(m["path"]))) for m in report["members"])
+    if member_indexes:
+        print(f"  {member_indexes:,} pack index(es) of member stores not carried (their document ids are the "
+              "member's own)")
+    if not indexes["carried"]:
+        print(f"  next: pack the merged store with `packfmt pack {store.path} --capacity N`")
     return 0

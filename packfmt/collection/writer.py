@@ -14,7 +14,7 @@ from .manifest import (COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, SHARED_KE
                        is_collection)
 from .reader import Collection, _same
 
-__all__ = ["write_collection", "parse_source", "resolve_members"]
+__all__ = ["write_collection", "parse_source", "resolve_members", "check_members_agree"]
 
 
 def parse_source(text: str) -> tuple[str | None, str]:
@@ -25,11 +25,14 @@ def parse_source(text: str) -> tuple[str | None, str]:
     return None, text
 
 
-def resolve_members(sources: list[tuple[str | None, str | os.PathLike]]) -> list[tuple[Member, Path, dict]]:
+def resolve_members(sources: list[tuple[str | None, str | os.PathLike]], *,
+                    opener=Store) -> list[tuple[Member, Path, dict]]:
     """Every member the sources contribute, in order: ``(member with an absolute path, its directory, shared keys)``.
 
     A store contributes itself (named ``NAME`` or its directory name); a collection contributes its
-    members, named ``<NAME or its directory name>.<member name>``.
+    members, named ``<NAME or its directory name>.<member name>``. ``opener(path)`` opens a store
+    (``Store``; the physical merge passes one that reads the manifest only) and must give an object
+    with ``path`` and ``manifest``; a collection's members are checked against its record (C2, C3).
     """
     out = []
     for name, path in sources:
@@ -39,16 +42,38 @@ def resolve_members(sources: list[tuple[str | None, str | os.PathLike]]) -> list
             coll = Collection(path)
             prefix = check_member_name(name or path.resolve().name, file=str(path), field="name")
             for m, member in enumerate(coll.members):
-                store = coll.member(m)  # checked against the collection's record
+                store = coll._check_member(m, opener(coll.member_path(m)))
                 out.append((Member(f"{prefix}.{member.name}", str(store.path.resolve()), member.documents,
                                    member.tokens, member.images, member.manifest), store.path, _shared(store)))
         else:
-            store = Store(path)
+            store = opener(path)
             label = check_member_name(name or path.resolve().name, file=str(path), field="name")
             sm = store.manifest
             out.append((Member(label, str(path.resolve()), sm.num_documents, sm.num_tokens, sm.num_images,
                                checksum_file(path / F.MANIFEST)), path, _shared(store)))
     return out
+
+
+def check_members_agree(members: list[tuple[Member, Path, dict]], *, unique_names: bool = True) -> None:
+    """Members share token dtype, vocabulary, tokenizer identity, special tokens and loss mask (C2);
+    with ``unique_names``, no two have one name."""
+    if not members:
+        raise WriteError("merge: no sources given", field="sources", expected="at least one store or collection",
+                         found="none")
+    first, first_shared = members[0][0], members[0][2]
+    seen: dict[str, Member] = {}
+    for member, _, shared in members:
+        for key in SHARED_KEYS:
+            if not _same(key, shared[key], first_shared[key]):
+                raise WriteError(f"merge: members {first.name!r} ({first.path}) and {member.name!r} ({member.path}) "
+                                 f"differ in {key}: {first_shared[key]!r} vs {shared[key]!r}; a collection's members "
+                                 "must share it (rebuild one of them with the other's tokenizer)", field=key,
+                                 expected=repr(first_shared[key]), found=repr(shared[key]))
+        if unique_names and member.name in seen:
+            raise WriteError(f"merge: two members are named {member.name!r} ({seen[member.name].path} and "
+                             f"{member.path}); name them with NAME=PATH", field="name", expected="unique member names",
+                             found=member.name, cli=None)
+        seen[member.name] = member
 
 
 def _shared(store: Store) -> dict:
@@ -66,23 +91,8 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     """
     dst = Path(dst)
     members = resolve_members(sources)
-    if not members:
-        raise WriteError("merge: no sources given", field="sources", expected="at least one store or collection",
-                         found="none")
-    first, first_shared = members[0][0], members[0][2]
-    seen: dict[str, Member] = {}
-    for member, _, shared in members:
-        for key in SHARED_KEYS:
-            if not _same(key, shared[key], first_shared[key]):
-                raise WriteError(f"merge: members {first.name!r} ({first.path}) and {member.name!r} ({member.path}) "
-                                 f"differ in {key}: {first_shared[key]!r} vs {shared[key]!r}; a collection's members "
-                                 "must share it (rebuild one of them with the other's tokenizer)", field=key,
-                                 expected=repr(first_shared[key]), found=repr(shared[key]))
-        if member.name in seen:
-            raise WriteError(f"merge: two members are named {member.name!r} ({seen[member.name].path} and "
-                             f"{member.path}); name them with NAME=PATH", field="name", expected="unique member names",
-                             found=member.name, cli=None)
-        seen[member.name] = member
+    check_members_agree(members)
+    first_shared = members[0][2]
     remove_stale_temps(dst)
     if (dst.exists() or dst.is_symlink()) and not overwrite:
         raise DatasetExistsError(f"{dst}: already exists (pass overwrite=True to replace it)", file=str(dst),

@@ -1,0 +1,315 @@
+"""Physical merge: stores and collections copied into one contiguous store (``packfmt merge --physical``).
+
+Every member file is streamed in bounded chunks (``_io.CHUNK_BYTES``) into hashed files of a
+temporary sibling of the target; offset arrays are shifted chunk by chunk by int64 bases, so
+memory is O(chunk) whatever the number and size of the members (no per-document Python object,
+no member mapped). Each member file's checksum is verified as it streams and its offsets are
+checked as they pass (V13-V15, V19), so nothing that breaks a member reaches the merged store.
+Pack indexes of a source collection are carried over (``carry.py``); the manifest is written
+last and the directory published atomically (spec/COLLECTION.md §7).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import xxhash
+
+from .. import format as F
+from .._io import CHUNK_BYTES, HashedFile, publish_dir, remove_stale_temps, temp_sibling
+from ..errors import ChecksumError, DatasetExistsError, FormatError
+from ..reader import Store, _check_files_table
+from ..version import __version__
+from .manifest import is_collection
+from .writer import check_members_agree, resolve_members
+
+__all__ = ["merge_physical"]
+
+#: Offsets (int64) handled per chunk: 8 MiB.
+_OFFSET_ROWS = CHUNK_BYTES // 8
+
+
+@dataclass(frozen=True)
+class _Head:
+    """A member store known by its manifest only (files listed and sized, nothing mapped)."""
+
+    path: Path
+    manifest: F.Manifest
+
+
+def _head(path: str | os.PathLike) -> _Head:
+    path = Path(path)
+    obj = F.read_json(path / F.MANIFEST, file=str(path / F.MANIFEST))
+    if is_collection(obj):
+        raise FormatError(f"{path}: a collection listed as a member of a collection; list its members instead",
+                          file=str(path / F.MANIFEST), field="format", expected="'packfmt' (a store)",
+                          found="'packfmt-collection'")
+    manifest = F.parse_manifest(obj, file=str(path / F.MANIFEST))
+    _check_files_table(path, manifest.files, F.expected_layout(manifest), where=f"{path}/")
+    return _Head(path, manifest)
+
+
+class _In:
+    """A file read front to back in chunks, hashed as it goes; ``close`` checks its size and checksum."""
+
+    def __init__(self, path: Path, entry: F.FileEntry) -> None:
+        self.path, self.entry = path, entry
+        self._f = open(path, "rb", buffering=0)
+        self._h = xxhash.xxh3_64()
+        self.done = 0
+
+    def read_into(self, buf: bytearray, n: int) -> memoryview:
+        view = memoryview(buf)[:n]
+        got = 0
+        while got < n:
+            k = self._f.readinto(view[got:])
+            if not k:
+                raise _bad(self.path, "size", f"{self.entry.bytes} bytes (its manifest)", f"{self.done + got}")
+            got += k
+        self._h.update(view)
+        self.done += n
+        return view
+
+    def array(self, buf: bytearray, count: int) -> np.ndarray:
+        return np.frombuffer(self.read_into(buf, count * 8), dtype=F.OFFSET_DTYPE)
+
+    def close(self) -> None:
+        self._f.close()
+        found = "xxh3_64:" + self._h.hexdigest()
+        if self.done != self.entry.bytes or found != self.entry.checksum:
+            raise ChecksumError(f"{self.path}: checksum: expected {self.entry.checksum} (its manifest), found {found}: "
+                                f"the file is damaged; run `packfmt validate {self.path.parent}`",
+                                file=str(self.path), field="checksum", expected=self.entry.checksum, found=found)
+
+
+def copy_verified(src: _In, out: HashedFile, buf: bytearray, on_bytes: Callable[[int], None]) -> None:
+    """Stream ``src`` into ``out`` in chunks of ``len(buf)``; its checksum is checked at the end."""
+    left = src.entry.bytes
+    while left:
+        n = min(left, len(buf))
+        out.write(src.read_into(buf, n))
+        left -= n
+        on_bytes(n)
+    src.close()
+
+
+def _bad(path: Path, rule: str, expected, found) -> FormatError:
+    return FormatError(f"{path}: {rule}: expected {expected}, found {found}; run `packfmt validate {path.parent}`",
+                       file=str(path), field=rule, expected=expected, found=found)
+
+
+def _increasing(prev: int, chunk: np.ndarray, strict: bool) -> bool:
+    if strict:
+        return prev < chunk[0] and not bool(np.any(chunk[1:] <= chunk[:-1]))
+    return prev <= chunk[0] and not bool(np.any(chunk[1:] < chunk[:-1]))
+
+
+class _Merger:
+    """The output files and the running int64 bases (tokens, image bytes, images) of the members so far."""
+
+    def __init__(self, tmp: Path, loss_mask: bool, images: bool, on_bytes: Callable[[int], None] | None) -> None:
+        names = [F.TOKENS, F.DOC_OFFSETS] + ([F.LOSS_MASK] if loss_mask else [])
+        if images:
+            names += [F.IMAGE_BLOBS, F.IMAGE_OFFSETS, F.IMAGE_META, F.DOC_IMAGE_OFFSETS, F.IMAGE_TOKEN_SPANS]
+        self.out = {name: HashedFile(tmp / name) for name in names}
+        for name in (F.DOC_OFFSETS, F.IMAGE_OFFSETS, F.DOC_IMAGE_OFFSETS):
+            if name in self.out:
+                self.out[name].write_array(np.zeros(1), F.OFFSET_DTYPE)
+        self.images = images
+        self.tokens = self.blob_bytes = self.num_images = self.copied = 0
+        self.bufs = [bytearray(CHUNK_BYTES) for _ in range(3)]
+        self._on_bytes = on_bytes
+
+    def tick(self, n: int) -> None:
+        self.copied += n
+        if self._on_bytes is not None:
+            self._on_bytes(n)
+
+    def _copy(self, head: _Head, name: str) -> None:
+        copy_verified(_In(head.path / name, head.manifest.files[name]), self.out[name], self.bufs[0], self.tick)
+
+    def add(self, head: _Head) -> None:
+        """Append one member: its bytes copied, its offsets shifted by the bases, then the bases advanced."""
+        m = head.manifest
+        self._copy(head, F.TOKENS)
+        if F.LOSS_MASK in self.out:
+            self._copy(head, F.LOSS_MASK)
+        if m.num_images:
+            self._copy(head, F.IMAGE_BLOBS)
+            self._copy(head, F.IMAGE_META)
+            self._image_offsets(head)
+        self._documents(head)
+        self.tokens += m.num_tokens
+        if m.num_images:
+            self.blob_bytes += m.files[F.IMAGE_BLOBS].bytes
+            self.num_images += m.num_images
+
+    def _image_offsets(self, head: _Head) -> None:
+        """V14, chunk by chunk: 0, strictly increasing, ending at the blob size; shifted by the bytes before."""
+        m = head.manifest
+        src, blobs = _In(head.path / F.IMAGE_OFFSETS, m.files[F.IMAGE_OFFSETS]), m.files[F.IMAGE_BLOBS].bytes
+        prev = int(src.array(self.bufs[0], 1)[0])
+        if prev != 0:
+            raise _bad(src.path, "V14 [0]", 0, prev)
+        left = m.num_images
+        while left:
+            n = min(left, _OFFSET_ROWS)
+            chunk = src.array(self.bufs[0], n)
+            if not _increasing(prev, chunk, strict=True) or chunk[-1] > blobs:
+                raise _bad(src.path, "V14", f"strictly increasing offsets in [0, {blobs}]", "a step that is not")
+            self.out[F.IMAGE_OFFSETS].write_array(chunk + self.blob_bytes, F.OFFSET_DTYPE)
+            prev, left = int(chunk[-1]), left - n
+            self.tick(8 * n)
+        if prev != blobs:
+            raise _bad(src.path, "V14 last", f"{blobs} (size of {F.IMAGE_BLOBS})", prev)
+        src.close()
+
+    def _documents(self, head: _Head) -> None:
+        """doc_offsets (V13) and, with images, doc_image_offsets (V15) and image_token_spans (V19) in lockstep."""
+        m = head.manifest
+        do = _In(head.path / F.DOC_OFFSETS, m.files[F.DOC_OFFSETS])
+        dio = _In(head.path / F.DOC_IMAGE_OFFSETS, m.files[F.DOC_IMAGE_OFFSETS]) if m.num_images else None
+        spans = _In(head.path / F.IMAGE_TOKEN_SPANS, m.files[F.IMAGE_TOKEN_SPANS]) if m.num_images else None
+        prev_do = int(do.array(self.bufs[0], 1)[0])
+        if prev_do != 0:
+            raise _bad(do.path, "V13 [0]", 0, prev_do)
+        prev_dio = int(dio.array(self.bufs[1], 1)[0]) if dio else 0
+        if prev_dio != 0:
+            raise _bad(dio.path, "V15 [0]", 0, prev_dio)
+        left = m.num_documents
+        while left:
+            n = min(left, _OFFSET_ROWS)
+            ends = do.array(self.bufs[0], n)
+            if not _increasing(prev_do, ends, strict=True) or ends[-1] > m.num_tokens:
+                raise _bad(do.path, "V13", f"strictly increasing offsets in [0, {m.num_tokens}] (every document has "
+                           ">= 1 token)", "a step that is not")
+            self.out[F.DOC_OFFSETS].write_array(ends + self.tokens, F.OFFSET_DTYPE)
+            if dio is not None:
+                img_ends = dio.array(self.bufs[1], n)
+                if not _increasing(prev_dio, img_ends, strict=False) or img_ends[-1] > m.num_images:
+                    raise _bad(dio.path, "V15", f"non-decreasing offsets in [0, {m.num_images}]", "a step that is not")
+                self.out[F.DOC_IMAGE_OFFSETS].write_array(img_ends + self.num_images, F.OFFSET_DTYPE)
+                self._spans(spans, np.concatenate(([prev_do], ends)), np.concatenate(([prev_dio], img_ends)))
+                prev_dio = int(img_ends[-1])
+            elif self.images:  # a member without images: its documents have none
+                self.out[F.DOC_IMAGE_OFFSETS].write_array(np.full(n, self.num_images), F.OFFSET_DTYPE)
+            prev_do, left = int(ends[-1]), left - n
+            self.tick(8 * n)
+        if prev_do != m.num_tokens:
+            raise _bad(do.path, "V13 last", f"{m.num_tokens} (counts.tokens)", prev_do)
+        if dio is not None and prev_dio != m.num_images:
+            raise _bad(dio.path, "V15 last", f"{m.num_images} (counts.images)", prev_dio)
+        for src in (do, dio, spans):
+            if src is not None:
+                src.close()
+
+    def _spans(self, src: _In, doc_off: np.ndarray, img_off: np.ndarray) -> None:
+        """V19 for the images of one chunk of documents, read in bounded sub-chunks of rows."""
+        first, stop, step = int(img_off[0]), int(img_off[-1]), _OFFSET_ROWS // 2
+        last_doc, last_end = -1, 0  # the previous image (none: a chunk of documents starts a new document)
+        for a in range(first, stop, step):
+            k = min(step, stop - a)
+            rows = src.array(self.bufs[2], 2 * k).reshape(k, 2)
+            doc = np.searchsorted(img_off, np.arange(a, a + k), side="right") - 1
+            begin, end = rows[:, 0], rows[:, 1]
+            same_doc = doc == np.concatenate(([last_doc], doc[:-1]))
+            prev_end = np.concatenate(([last_end], end[:-1]))
+            if bool(np.any((begin < doc_off[doc]) | (end > doc_off[doc + 1]) | (begin >= end)
+                           | (same_doc & (begin < prev_end)))):
+                raise _bad(src.path, "V19", "image runs inside their document, non-empty, sorted and disjoint",
+                           "a run that is not")
+            self.out[F.IMAGE_TOKEN_SPANS].write_array(rows + self.tokens, F.OFFSET_DTYPE)
+            last_doc, last_end = int(doc[-1]), int(end[-1])
+            self.tick(16 * k)
+
+    def close(self) -> dict:
+        return {name: f.close() for name, f in sorted(self.out.items())}
+
+    def abort(self) -> None:
+        for f in self.out.values():
+            f.abort()
+
+
+def _normalize(sources: Iterable) -> list[tuple[str | None, Path]]:
+    out = []
+    for s in sources:
+        name, path = s if isinstance(s, tuple) else (None, s)
+        out.append((name, Path(path)))
+    return out
+
+
+def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool = False,
+                   on_bytes: Callable[[int], None] | None = None) -> Store:
+    """Write the stores of ``sources`` (stores and collections, in order) as one contiguous store at ``dst``.
+
+    Args:
+        sources: paths, or ``(name, path)`` pairs as ``write_collection`` takes them.
+        overwrite: replace ``dst`` if it exists (atomically, at the end).
+        on_bytes: called with the number of bytes after each chunk streamed (progress).
+
+    The result's binary files equal those a single ``DatasetWriter`` would write from the members'
+    documents in order; its manifest equals that writer's except ``build_report``, which lists the
+    members and the pack indexes carried (spec/COLLECTION.md §7). Memory is O(chunk): independent
+    of the number and size of the members. Returns the new store, opened.
+    """
+    from .carry import carry_indexes
+
+    t0 = time.perf_counter()
+    dst = Path(dst)
+    pairs = _normalize(sources)
+    members = resolve_members(pairs, opener=_head)
+    check_members_agree(members, unique_names=False)
+    remove_stale_temps(dst)
+    if (dst.exists() or dst.is_symlink()) and not overwrite:
+        raise DatasetExistsError(f"{dst}: already exists (pass overwrite=True to replace it)", file=str(dst),
+                                 expected="no existing path", found="exists",
+                                 cli=f"{dst}: already exists (pass --overwrite to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    first = _head(members[0][1]).manifest
+    tmp = temp_sibling(dst)
+    merger = _Merger(tmp, first.has_loss_mask, any(m.images for m, _, _ in members), on_bytes)
+    try:
+        extra, same_extra = first.raw.get("extra"), True
+        for _, path, _ in members:  # one member's manifest in memory at a time
+            head = _head(path)
+            merger.add(head)
+            same_extra = same_extra and head.manifest.raw.get("extra") == extra
+        files = merger.close()
+        binding = {F.TOKENS: files[F.TOKENS]["checksum"], F.DOC_OFFSETS: files[F.DOC_OFFSETS]["checksum"]}
+        carried, not_carried = carry_indexes(pairs, tmp, binding, merger.bufs[0], merger.tick)
+        manifest = {
+            "format": F.FORMAT_NAME, "format_version": F.FORMAT_VERSION_STR,
+            "producer": {"name": "packfmt", "version": __version__},
+            "tokenizer": first.tokenizer, "vocab_size": first.vocab_size, "token_dtype": first.token_dtype,
+            "special_tokens": first.special_tokens,
+            "counts": {"documents": sum(m.documents for m, _, _ in members), "tokens": merger.tokens,
+                       "images": merger.num_images},
+            "loss_mask": first.has_loss_mask, "checksum_algorithm": F.CHECKSUM_ALGORITHM, "files": files,
+            "build_report": {
+                "source": "merge --physical",
+                "members": [m.to_json() for m, _, _ in members],
+                "pack_indexes": {"carried": carried, "not_carried": not_carried},
+                "bytes_copied": merger.copied,
+                "seconds": round(time.perf_counter() - t0, 3),
+            },
+        }
+        if extra and same_extra:  # free-form metadata every member agrees on stays; otherwise it is left out
+            manifest["extra"] = extra
+        F.parse_manifest(json.loads(F.canonical_json(manifest)), file=F.MANIFEST)  # self-check before publishing
+        with open(tmp / F.MANIFEST, "wb") as fh:
+            fh.write(F.canonical_json(manifest))
+            fh.flush()
+            os.fsync(fh.fileno())
+        publish_dir(tmp, dst, overwrite=overwrite)
+    except BaseException:
+        merger.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Store(dst)
