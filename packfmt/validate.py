@@ -96,7 +96,7 @@ class Report:
         lines = [f"{p.severity.upper():7s} {p.message}" for p in self.problems]
         if self.ok:
             what = ", ".join(f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k.replace('_', ' ')} {v}"
-                             for k, v in self.checked.items() if k in ("documents", "tokens", "images", "pack_indexes"))
+                             for k, v in self.checked.items() if k in ("members", "documents", "tokens", "images", "pack_indexes"))
             lines.append(f"OK: {self.path} is a valid packfmt dataset ({level} check; {what})"
                          + (f", {len(self.warnings)} warning(s)" if self.warnings else ""))
         else:

@@ -270,3 +270,50 @@ def test_cli_pack_weights_validate_and_inspect(coll, capsys):
     assert "--weights: 'news' names no member; the members are ['web', 'code', 'books']" in err
     assert main(["pack", str(coll.path), "--capacity", "64", "--weights", "web"]) == 1
     assert "--weights: 'web' is not NAME=WEIGHT" in capsys.readouterr().err
+
+
+def test_members_with_images_pack_globally_without_cutting_an_image(tmp_path):
+    """Image spans of every member are carried into collection coordinates; the image budget holds."""
+    import io
+
+    from PIL import Image
+
+    img = 99
+
+    def png(seed: int) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (4, 5, 3), dtype=np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    def make(root: Path, docs, spans) -> Path:
+        with packfmt.DatasetWriter(root, vocab_size=100, tokenizer={"name": "t", "hash": None},
+                                   special_tokens={"image": img}) as w:
+            for doc, sp in zip(docs, spans):
+                w.add_document(doc, images=[packfmt.ImageRecord(png(b), 5, 4, "png", b, e) for b, e in sp])
+        return root
+
+    a = make(tmp_path / "a", [[1, img, img, img, 2, 3, img, img, 4], [5, 6]], [[(1, 4), (6, 8)], []])
+    b = make(tmp_path / "b", [[7, 8, 9], [img, img, img, img, 1, 2, img, img]], [[], [(0, 4), (6, 8)]])
+    c = make(tmp_path / "c", [[3, 3, 3, 3], [4, 4]], [[], []])
+    coll = write_collection(tmp_path / "mix", [(None, a), (None, b), (None, c)])
+    index = build_pack_index(coll, capacity=5, max_images_per_pack=1, materialize=True, weights={"b": 2})
+    spans = np.concatenate([np.asarray(packfmt.open(p).images.token_spans) + int(coll.token_start[m])
+                            for m, p in enumerate((a, b))])
+    off = coll.doc_offsets
+    for p in range(index.num_packs):
+        starts = [off[d] + s for d, s, _ in index.pack_segments(p)]
+        ends = [off[d] + e for d, _, e in index.pack_segments(p)]
+        inside = sum(int(np.count_nonzero((spans[:, 0] >= s) & (spans[:, 1] <= e))) for s, e in zip(starts, ends))
+        cut = sum(int(np.count_nonzero((spans[:, 0] < s) & (spans[:, 1] > s))) for s in starts)
+        assert inside <= 1 and cut == 0
+        want = [t for d, s, e in index.pack_segments(p) for t in member_document(coll, int(d))[s:e]]
+        assert index.pack_tokens(p).tolist() == want
+    report = validate(coll.path, deep=True)
+    assert report.ok, report.format()
+
+
+def test_cli_pack_says_copies_and_validate_names_members(coll, capsys):
+    assert main(["pack", str(coll.path), "--capacity", "64", "--weights", "web=2"]) == 0
+    assert f"from {coll.num_documents + 20:,} document copies" in capsys.readouterr().out
+    assert main(["validate", str(coll.path)]) == 0
+    assert "members 3, documents 47" in capsys.readouterr().out

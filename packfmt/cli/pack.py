@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
                           "mixture": mixture}, indent=2))
         return 0
     print(f"wrote pack index {index.name!r} to {index.path}")
-    print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} documents "
+    print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} "
+          f"{'document copies' if mixture else 'documents'} "
           f"({stats['segments']:,} segments), algorithm {index.algorithm}")
     print(f"  fill efficiency {stats['fill_efficiency']:.2%} (one document per pack: {stats['padding_baseline_efficiency']:.2%}); "
           f"packs / lower bound {stats['packs_per_lower_bound']:.4f} "
