@@ -219,11 +219,17 @@ def documents_per_pack(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndar
 
 def _images_per_pack(index: PackIndex, segs: np.ndarray, po: np.ndarray) -> dict | None:
     """Images whose token span starts inside each pack's segments (spans are globally sorted)."""
-    images = index.store.images
-    if images is None:
+    if isinstance(index.store, Store):
+        images = index.store.images
+        spans = None if images is None else np.asarray(images.token_spans)
+    else:  # a collection: every member's spans in collection token offsets
+        from .collection.arrays import image_token_spans
+
+        spans = image_token_spans(index.store)
+    if spans is None:
         return None
-    off = index.store.doc_offsets
-    starts = np.asarray(images.token_spans)[:, 0]
+    off = np.asarray(index.store.doc_offsets)
+    starts = spans[:, 0]
     g_begin = off[segs[:, 0]] + segs[:, 1]
     g_end = off[segs[:, 0]] + segs[:, 2]
     per_seg = np.searchsorted(starts, g_end, side="left") - np.searchsorted(starts, g_begin, side="left")
@@ -237,12 +243,19 @@ def summarize(store: Store | str | os.PathLike, *, progress: bool = False, batch
     """Everything ``packfmt inspect`` prints, as a JSON-ready dict.
 
     Args:
-        store: an open ``Store`` or a dataset path.
+        store: an open ``Store`` or ``Collection``, or a dataset path (a collection's summary has
+            ``"kind": "collection"`` and a ``members`` table; see ``packfmt.collection.inspect``).
         progress: tqdm bars on stderr for scans that take more than about a second.
         batch_size: rows per batch of the pad-to-longest baseline.
     """
+    if not hasattr(store, "index_binding"):
+        from .reader import open_dataset
+
+        store = open_dataset(store)
     if not isinstance(store, Store):
-        store = Store(store)
+        from .collection.inspect import summarize_collection
+
+        return summarize_collection(store, progress=progress, batch_size=batch_size)
     m = store.manifest
     lengths = np.asarray(store.doc_lengths)
     out: dict[str, Any] = {
@@ -276,6 +289,10 @@ def _pct(x: float) -> str:
 
 def format_summary(s: dict) -> str:
     """Human-readable report of ``summarize``'s dict, in the glossary's words."""
+    if s.get("kind") == "collection":
+        from .collection.inspect import format_collection
+
+        return format_collection(s)
     c = s["counts"]
     tok = s["tokenizer"]
     lines = [

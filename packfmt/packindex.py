@@ -36,13 +36,24 @@ _MATERIALIZE_CHUNK_TOKENS = 1 << 24
 _SEGMENT_ROWS_CHUNK = 1 << 20
 
 
-def default_index_name(algorithm: str, capacity: int, seed: int | None) -> str:
+def default_index_name(algorithm: str, capacity: int, seed: int | None, weights: dict | None = None) -> str:
+    """``ALGORITHM-CAPACITY[-sSEED][-mixHASH]``: a mixture adds 8 hex digits of its weights and seed."""
     shuffled = algorithm in ("first_fit_shuffle", "shuffle_and_pack")
-    return f"{algorithm}-{capacity}" + (f"-s{seed}" if shuffled else "")
+    name = f"{algorithm}-{capacity}" + (f"-s{seed}" if shuffled else "")
+    if weights:
+        import xxhash
+
+        key = F.canonical_json({"weights": weights, "seed": seed or 0})
+        name += "-mix" + xxhash.xxh3_64(key).hexdigest()[:8]
+    return name
 
 
-def relative_image_spans(store: Store) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Image token spans relative to their document start, and the doc->image CSR offsets."""
+def relative_image_spans(store) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Image token spans relative to their document start, and the doc->image CSR offsets (store or collection)."""
+    if not isinstance(store, Store):
+        from .collection.arrays import relative_image_spans as collection_spans
+
+        return collection_spans(store)
     images = store.images
     if images is None:
         return None, None
@@ -52,7 +63,7 @@ def relative_image_spans(store: Store) -> tuple[np.ndarray | None, np.ndarray | 
 
 
 def build_pack_index(
-    dataset: Store | str | os.PathLike,
+    dataset,
     *,
     capacity: int,
     algorithm: str = "ffd",
@@ -64,8 +75,10 @@ def build_pack_index(
     materialize: bool = False,
     overwrite: bool = False,
     max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION,
+    weights: dict | None = None,
 ) -> PackIndex:
-    """Pack every document of ``dataset`` into packs of at most ``capacity`` tokens and store the index.
+    """Pack every document of ``dataset`` (a store, a collection, or a path) into packs of at most
+    ``capacity`` tokens and store the index.
 
     Args:
         capacity: tokens per pack (the training sequence length).
@@ -78,12 +91,22 @@ def build_pack_index(
         materialize: also write the tokens (and loss mask) in pack order, one contiguous slice per pack.
         max_lost_fraction: warn (``LostTokensWarning``) when truncate/drop leave out more than this
             share of the dataset's tokens (see :func:`lost_tokens`); the index is written either way.
+        weights: a collection only: ``{member or group name: weight}``, a weighted mixture
+            (spec/COLLECTION.md §5): each document packed ``floor(w)`` times plus a seeded fraction,
+            two copies never in one pack. Members no key names have weight 1.
     Returns:
         The new index, opened.
     """
     from .packing import pack_items, segment_documents
 
-    store = dataset if isinstance(dataset, Store) else open_dataset(dataset)
+    store = dataset if hasattr(dataset, "index_binding") else open_dataset(dataset)
+    is_collection = not isinstance(store, Store)
+    if weights is not None and not is_collection:
+        raise WriteError(f"{store.path}: weights= mixes the members of a collection; this is a single store "
+                         "(make a collection with packfmt.collection.write_collection first)", field="weights=",
+                         expected="a collection", found="a store",
+                         cli=f"{store.path}: --weights mixes the members of a collection; this is a single store "
+                             "(make one with `packfmt merge`)")
     if algorithm not in F.ALGORITHM_NAMES:
         raise WriteError(field="algorithm", expected=f"one of {list(F.ALGORITHM_NAMES)}", found=repr(algorithm))
     if oversize not in F.OVERSIZE_POLICIES:
@@ -102,19 +125,36 @@ def build_pack_index(
             raise WriteError(field=f"{key}=", expected="None (no limit) or an integer >= 1 (spec §4.1)", found=repr(limit))
     max_docs_per_pack = None if max_docs_per_pack is None else int(max_docs_per_pack)
     max_images_per_pack = None if max_images_per_pack is None else int(max_images_per_pack)
-    name = F.check_index_name(name or default_index_name(algorithm, capacity, seed))
+    plan = None
+    if weights is not None:
+        from .collection import mixture
+
+        weights = mixture.check_weights(weights)
+        resolved = mixture.member_weights([m.name for m in store.members], weights)
+        plan = (weights, resolved, mixture.document_copies(store.doc_start, resolved, seed or 0))
+    name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights))
     t0 = time.perf_counter()
-    lengths = store.doc_lengths
+    lengths = np.asarray(store.doc_lengths, dtype=np.int64)
     spans, doc_image_offsets = relative_image_spans(store)
     try:
         seg = segment_documents(lengths, capacity, oversize, image_spans=spans, doc_image_offsets=doc_image_offsets)
     except ValueError as exc:  # an image run longer than capacity cannot be placed under any policy
         raise WriteError(f"capacity {capacity}: {exc}", field="capacity", expected=">= the longest image token run",
                          found=capacity) from None
-    item_lengths = seg.lengths
+    mixture_json, stat_lengths, num_tokens = None, lengths, store.num_tokens
+    if plan is None:
+        result = pack_items(seg.lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
+                            image_counts=seg.image_counts if store.num_images else None,
+                            max_images_per_pack=max_images_per_pack)
+    else:
+        weights, resolved, copies = plan
+        rounds = mixture.pack_rounds(seg, lengths, copies, capacity, algorithm, seed or 0, oversize,
+                                     with_images=bool(store.num_images), max_items_per_pack=max_docs_per_pack,
+                                     max_images_per_pack=max_images_per_pack)
+        seg, result = rounds.items, rounds.result
+        stat_lengths = np.repeat(lengths, copies)  # the mixture's document copies
+        num_tokens = int(stat_lengths.sum())
     image_counts = seg.image_counts if store.num_images else None
-    result = pack_items(item_lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
-                        image_counts=image_counts, max_images_per_pack=max_images_per_pack)
     pack_offsets = np.ascontiguousarray(result.pack_offsets, dtype=F.OFFSET_DTYPE)
     seconds = time.perf_counter() - t0
     packs_root = store.path / F.PACKS_DIR
@@ -134,14 +174,18 @@ def build_pack_index(
         f.write_array(pack_offsets, F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
         files[F.SEGMENTS], pack_tokens = _write_segments(tmp / F.SEGMENTS, seg, result)
-        stats = index_stats(lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
+        stats = index_stats(stat_lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
         stats["seconds"] = round(seconds, 6)
         packed_tokens = stats["tokens"]
         if materialize:
             files.update(_materialize(store, tmp, seg.rows(result.order), pack_offsets))
+        if plan is not None:  # per member sums: the order of the items does not matter
+            mixture_json = mixture.mixture_record(weights, seed or 0, [m.name for m in store.members], resolved,
+                                                  store.doc_start, copies, seg.item_docs(), seg.lengths,
+                                                  rounds.packs_per_round)
         index = {
             "format": F.PACK_INDEX_FORMAT_NAME,
-            "format_version": F.FORMAT_VERSION_STR,
+            "format_version": "1.1" if is_collection else F.FORMAT_VERSION_STR,
             "producer": {"name": "packfmt", "version": __version__},
             "name": name,
             "capacity": capacity,
@@ -152,10 +196,11 @@ def build_pack_index(
             "counts": {"packs": result.n_packs, "segments": result.n_items, "packed_tokens": packed_tokens},
             "stats": stats,
             "materialized": bool(materialize),
-            "dataset": {F.TOKENS: store.manifest.files[F.TOKENS].checksum,
-                        F.DOC_OFFSETS: store.manifest.files[F.DOC_OFFSETS].checksum},
+            **store.index_binding(),
             "files": files,
         }
+        if mixture_json is not None:
+            index["mixture"] = mixture_json
         with open(tmp / F.PACK_INDEX_JSON, "wb") as fh:
             fh.write(F.canonical_json(index))
             fh.flush()
@@ -166,10 +211,10 @@ def build_pack_index(
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    lost = lost_tokens(stats, store.num_tokens, max_lost_fraction)
+    lost = lost_tokens(stats, num_tokens, max_lost_fraction)
     if lost["exceeded"]:
         warnings.warn(LostTokensWarning(
-            f"{target}: oversize={oversize!r} left out {lost['tokens']:,} of {store.num_tokens:,} tokens "
+            f"{target}: oversize={oversize!r} left out {lost['tokens']:,} of {num_tokens:,} tokens "
             f"({lost['fraction']:.2%}), more than max_lost_fraction={max_lost_fraction}; keep them with "
             f"oversize='split', or a larger capacity= (longest document: {int(lengths.max()):,} tokens)"), stacklevel=2)
     return PackIndex(store, name)
@@ -242,8 +287,11 @@ def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_count
     return stats
 
 
-def _materialize(store: Store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarray) -> dict:
-    """Write tokens (and loss mask) in pack order; return their ``files`` entries."""
+def _materialize(store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarray) -> dict:
+    """Write tokens (and loss mask) in pack order, gathered across members for a collection;
+    return their ``files`` entries."""
+    from .collection.arrays import token_sources
+
     seg_len = segments[:, 2] - segments[:, 1]
     seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
     pack_token_offsets = seg_tok_offsets[pack_offsets]
@@ -251,11 +299,12 @@ def _materialize(store: Store, tmp: Path, segments: np.ndarray, pack_offsets: np
     f = HashedFile(tmp / F.PACK_TOKEN_OFFSETS)
     f.write_array(pack_token_offsets, F.OFFSET_DTYPE)
     out[F.PACK_TOKEN_OFFSETS] = f.close()
-    sources = [(F.PACKED_TOKENS, store.tokens, store.manifest.np_token_dtype)]
-    if store.loss_mask is not None:
-        sources.append((F.PACKED_LOSS_MASK, store.loss_mask, F.MASK_DTYPE))
+    tokens, mask = token_sources(store)
+    sources = [(F.PACKED_TOKENS, tokens, store.np_token_dtype)]
+    if mask is not None:
+        sources.append((F.PACKED_LOSS_MASK, mask, F.MASK_DTYPE))
     writers = {fname: HashedFile(tmp / fname) for fname, _, _ in sources}
-    starts = store.doc_offsets[segments[:, 0]] + segments[:, 1]
+    starts = np.asarray(store.doc_offsets)[segments[:, 0]] + segments[:, 1]
     i = 0
     n = segments.shape[0]
     while i < n:

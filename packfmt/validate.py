@@ -96,7 +96,7 @@ class Report:
         lines = [f"{p.severity.upper():7s} {p.message}" for p in self.problems]
         if self.ok:
             what = ", ".join(f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k.replace('_', ' ')} {v}"
-                             for k, v in self.checked.items() if k in ("documents", "tokens", "images", "pack_indexes"))
+                             for k, v in self.checked.items() if k in ("members", "documents", "tokens", "images", "pack_indexes"))
             lines.append(f"OK: {self.path} is a valid packfmt dataset ({level} check; {what})"
                          + (f", {len(self.warnings)} warning(s)" if self.warnings else ""))
         else:
@@ -153,6 +153,10 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
         found = "missing" if not root.exists() else "a file"
         out.add(str(root), None, detail=f"not a packfmt dataset: expected a directory with {F.MANIFEST}, found {found}")
         return report
+    if _is_collection(root):  # spec/COLLECTION.md §3: C1-C5, each member as a store
+        from .collection.validate import validate_collection
+
+        return validate_collection(root, report, deep=deep, progress=progress, decode_images=decode_images)
     manifest = _load_manifest(root, out)
     if manifest is None:
         return report
@@ -174,6 +178,15 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
             if bar is not None:
                 bar.close()
     return report
+
+
+def _is_collection(root: Path) -> bool:
+    from .collection.manifest import is_collection
+
+    try:
+        return is_collection(F.read_json(root / F.MANIFEST, file=F.MANIFEST))
+    except PackfmtError:
+        return False  # _load_manifest reports it
 
 
 def _load_manifest(root: Path, out: _Collector) -> F.Manifest | None:
@@ -339,6 +352,11 @@ class _DatasetChecks:
         for p in sorted(self.root.iterdir()):
             if p.name not in known:
                 self.out.add(p.name, None, severity=WARNING, detail="unknown file, not listed in manifest.json")
+
+    def binding(self) -> dict:
+        """What a pack index of this store must record (V23), as ``Store.index_binding``."""
+        files = self.m.files
+        return {"dataset": {k: files[k].checksum for k in (F.TOKENS, F.DOC_OFFSETS) if k in files}}
 
     def array(self, name: str) -> np.ndarray | None:
         """Memmap of a dataset array whose size checked out, else None."""
@@ -567,10 +585,7 @@ class _IndexChecks:
         if self.pm.name != self.name:  # V22 (the rest of V21/V22: format.parse_pack_index_manifest)
             self.out.add(json_label, "name", repr(self.name) + " (its directory name)", repr(self.pm.name))
         m = self.ds.m
-        for key in (F.TOKENS, F.DOC_OFFSETS):  # V23
-            if self.pm.dataset[key] != m.files[key].checksum:
-                self.out.add(json_label, f"dataset.{key}", f"{m.files[key].checksum} (manifest.json: the token store "
-                             "this index must describe)", f"{self.pm.dataset[key]} (built for another token store?)")
+        self._binding(json_label)  # V23 (a collection's index: COLLECTION C5)
         n_packed = self.pm.raw.get("counts", {}).get("packed_tokens")
         if self.pm.materialized and not (isinstance(n_packed, int) and n_packed >= 0):
             self.out.add(json_label, "counts.packed_tokens", "an integer >= 0 (materialized index)", repr(n_packed))
@@ -598,6 +613,24 @@ class _IndexChecks:
             if p.name not in known:
                 self.out.add(self.file(p.name), None, severity=WARNING, detail="unknown file, not listed in index.json")
         self._offsets(n_packed)  # V25
+
+    def _binding(self, json_label: str) -> None:
+        want, have = self.ds.binding(), self.pm.binding
+        if set(want) != set(have):
+            self.out.add(json_label, sorted(have)[0], f"{sorted(want)[0]!r} (this index must bind to "
+                         f"{'a collection' if 'collection' in want else 'a single store'})",
+                         f"{sorted(have)[0]!r} (built for {'a collection' if 'collection' in have else 'a store'}; "
+                         "pack it again here)")
+            return
+        if "collection" in want:
+            if have["collection"] != want["collection"]:
+                self.out.add(json_label, "collection", f"{want['collection']} (manifest.json: the member list this "
+                             "index must describe)", f"{have['collection']} (built for another member list? pack it again)")
+            return
+        for key, expected in want["dataset"].items():
+            if have["dataset"][key] != expected:
+                self.out.add(json_label, f"dataset.{key}", f"{expected} (manifest.json: the token store "
+                             "this index must describe)", f"{have['dataset'][key]} (built for another token store?)")
 
     def array(self, fname: str) -> np.ndarray | None:
         if not self.sizes_ok.get(fname) or fname not in self.layout:
@@ -651,8 +684,7 @@ class _IndexChecks:
         self._images_per_pack(segs, po, off)  # V28, V30 (images)
         length = doc_len[segs[:, 0]]  # every segment lies inside its document (V27, structural)
         per_doc = np.bincount(segs[:, 0], minlength=doc_len.shape[0])  # segments of each document
-        self._coverage(segs, length, doc_len, per_doc)  # V31
-        self._stats(segs, po, seg_len, doc_len, per_doc)  # V33
+        self._coverage_and_stats(segs, po, seg_len, length, doc_len, per_doc)  # V31, V33
         if self.pm.materialized:
             self._materialized(segs, po, seg_len, off, bar)  # V32
 
@@ -694,9 +726,17 @@ class _IndexChecks:
                 self.out.add(self.file(F.SEGMENTS), "params.max_images_per_pack", f"<= {max_images} images per pack",
                              f"{int(per_pack[bad[0]])} in pack {int(bad[0])} ({bad.size} pack(s): {_listed(bad)})")
 
-    def _coverage(self, segs: np.ndarray, length: np.ndarray, doc_len: np.ndarray, per_doc: np.ndarray) -> None:
+    def _coverage_and_stats(self, segs, po, seg_len, length, doc_len, per_doc) -> None:
+        """V31 and V33 (a collection's index with a mixture checks them per round, see collection.validate)."""
+        self._coverage(segs, length, doc_len, per_doc)  # V31
+        self._stats(segs, po, seg_len, doc_len, per_doc)  # V33
+
+    def _coverage(self, segs: np.ndarray, length: np.ndarray, doc_len: np.ndarray, per_doc: np.ndarray,
+                  wanted: np.ndarray | None = None, where: str = "") -> None:
         """Every document covered as the ``oversize`` policy says (``length``: each segment's document length).
 
+        ``wanted``: only these documents (bool per document) may appear, each once as the policy
+        says (a mixture round); ``where`` names the part of the index checked, in messages.
         O(n_segments): a document with one segment is checked on that row; only the segments of
         documents with several (the split ones, or duplicates) are put in (doc, begin) order.
         """
@@ -704,13 +744,19 @@ class _IndexChecks:
         n_docs = doc_len.shape[0]
         present = per_doc > 0
         must_be_absent = doc_len > cap if policy == "drop" else np.zeros(n_docs, dtype=bool)
+        if wanted is not None:
+            unwanted = np.flatnonzero(present & ~wanted)
+            if unwanted.size:
+                self.out.add(label, "coverage", f"only the documents with more copies than the round{where}",
+                             f"{unwanted.size} other document(s) present: {_listed(unwanted)}")
+            must_be_absent = must_be_absent | ~wanted
         missing = np.flatnonzero(~present & ~must_be_absent)
         if missing.size:
-            self.out.add(label, "coverage", f"every document in the index (oversize={policy!r})",
+            self.out.add(label, "coverage", f"every document in the index (oversize={policy!r}){where}",
                          f"{missing.size} document(s) missing from the index: {_listed(missing)}")
-        dropped_present = np.flatnonzero(present & must_be_absent)
+        dropped_present = np.flatnonzero(present & (doc_len > cap) & (policy == "drop"))
         if dropped_present.size:
-            self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop')",
+            self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop'){where}",
                          f"{dropped_present.size} present: {_listed(dropped_present)}")
         doc, begin, end = segs[:, 0], segs[:, 1], segs[:, 2]
         if policy == "split":
@@ -729,12 +775,12 @@ class _IndexChecks:
                 bad.append(sd[(sb != np.where(new_doc, 0, prev_end)) | (last_of_doc & (se != doc_len[sd]))])
             bad = _distinct(np.concatenate(bad), n_docs)
             if bad.size:
-                self.out.add(label, "coverage", "the segments of each document tile [0, length) exactly once (oversize='split')",
+                self.out.add(label, "coverage", f"the segments of each document tile [0, length) exactly once (oversize='split'){where}",
                              f"gaps, overlaps or duplicates in {bad.size} document(s): {_listed(bad)}")
         else:
             dup = np.flatnonzero(per_doc > 1)
             if dup.size:
-                self.out.add(label, "coverage", f"each document at most once (oversize={policy!r})",
+                self.out.add(label, "coverage", f"each document at most once (oversize={policy!r}){where}",
                              f"{dup.size} document(s) appear more than once: {_listed(dup)}")
             if policy == "truncate":
                 want_ok = (begin == 0) & np.where(length <= cap, end == length, end <= cap)
@@ -744,30 +790,37 @@ class _IndexChecks:
                 rule = "[0, length)"
             bad = np.flatnonzero(~want_ok)
             if bad.size:
-                self.out.add(label, "coverage", f"each document as {rule} (oversize={policy!r})",
+                self.out.add(label, "coverage", f"each document as {rule} (oversize={policy!r}){where}",
                              f"{bad.size} segment(s) differ, documents {_listed(_distinct(doc[bad], n_docs))}")
 
-    def _stats(self, segs, po, seg_len, doc_len, per_doc) -> None:
-        """Counts in index.json (counts, stats) agree with the segments. O(n_segments + n_docs)."""
+    def _stats(self, segs, po, seg_len, doc_len, per_doc, copies: np.ndarray | None = None) -> None:
+        """Counts in index.json (counts, stats) agree with the segments. O(n_segments + n_docs).
+
+        ``copies``: a mixture's copies of each document (spec/COLLECTION.md §5): the document
+        stats then count copies (``per_doc`` holds the segments of all copies).
+        """
         label = self.file(F.PACK_INDEX_JSON)
-        cap, n_docs = self.pm.capacity, doc_len.shape[0]
+        cap = self.pm.capacity
+        c = np.ones(doc_len.shape[0], dtype=np.int64) if copies is None else copies
+        per_copy = per_doc // np.maximum(c, 1)
+        n_docs = int(c.sum())
         packed = int(seg_len.sum())
-        docs_packed = int(np.count_nonzero(per_doc))
+        docs_packed = int(c[per_doc > 0].sum())
         expected = {
             "counts.packed_tokens": packed,
             "stats.packs": int(po.shape[0] - 1),
             "stats.segments": int(segs.shape[0]),
             "stats.documents": n_docs,
             "stats.documents_packed": docs_packed,
-            "stats.split_documents": int(np.count_nonzero(per_doc > 1)),
+            "stats.split_documents": int(c[per_copy > 1].sum()),
             "stats.dropped_documents": n_docs - docs_packed,
-            "stats.dropped_tokens": int(doc_len[per_doc == 0].sum()),
+            "stats.dropped_tokens": int((doc_len * c)[per_doc == 0].sum()),
         }
         if self.pm.oversize == "truncate":
-            covered_len = np.bincount(segs[:, 0], weights=seg_len, minlength=n_docs).astype(np.int64)
+            covered_len = np.bincount(segs[:, 0], weights=seg_len, minlength=doc_len.shape[0]).astype(np.int64)
             truncated = (doc_len > cap) & (per_doc > 0)
-            expected["stats.truncated_documents"] = int(np.count_nonzero(truncated))
-            expected["stats.truncated_tokens"] = int((doc_len - covered_len)[truncated].sum())
+            expected["stats.truncated_documents"] = int(c[truncated].sum())
+            expected["stats.truncated_tokens"] = int((doc_len * c - covered_len)[truncated].sum())
         for key, want in expected.items():
             section, name = key.split(".")
             table = self.pm.raw.get(section, {})

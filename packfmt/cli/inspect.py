@@ -40,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     store = open_dataset(args.path)
+    if args.plot and not hasattr(store, "images"):
+        print(f"packfmt inspect: error: --plot draws a single store; {args.path} is a collection: inspect it without "
+              "--plot, or plot one of its members (listed by `packfmt inspect` without --plot)", file=sys.stderr)
+        return 2
     names = store.pack_index_names()
     if args.index is not None:
         store.pack_index(args.index)  # a FormatError listing the indexes there are (or how to create one)

@@ -14,11 +14,17 @@ def add_parser(sub) -> None:
     p = sub.add_parser("pack", help="compute a pack index over a dataset (offline, global)",
                        description="Pack every document into packs of at most --capacity tokens and store the index "
                                    "under DATASET/packs/NAME (atomic; other indexes are untouched).")
-    p.add_argument("dataset", help="dataset directory")
+    p.add_argument("dataset", help="dataset directory (a store or a collection: a collection packs every document "
+                                   "of every member in one run)")
     p.add_argument("--capacity", type=int, required=True, help="tokens per pack (training sequence length)")
     p.add_argument("--algorithm", default="ffd", choices=F.ALGORITHM_NAMES, help="packing algorithm (default: ffd)")
     p.add_argument("--name", help="index name (default: ALGORITHM-CAPACITY[-sSEED])")
-    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled algorithms (default: 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled algorithms and of --weights' fractions "
+                                                        "(default: 0)")
+    p.add_argument("--weights", metavar="NAME=W,...",
+                   help="a collection only: weighted mixture, e.g. web=1,code=2.5,books=0.3 (NAME: a member or a dotted "
+                        "group; others weigh 1; 0 drops a member): each document packed floor(W) times plus a "
+                        "--seed-chosen fraction, two copies never in one pack (spec/COLLECTION.md §5)")
     p.add_argument("--max-docs-per-pack", type=int, help="at most K documents (segments) per pack")
     p.add_argument("--max-images-per-pack", type=int, help="at most M images per pack (image budget)")
     p.add_argument("--oversize", default="split", choices=F.OVERSIZE_POLICIES,
@@ -32,6 +38,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..collection.mixture import parse_weights
     from ..packindex import LostTokensWarning, build_pack_index, lost_tokens
 
     if not 0 <= args.max_lost_fraction <= 1:
@@ -45,26 +52,32 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < F.SEED_LIMIT:  # the range index.json can hold (spec §4.1)
         print(f"packfmt pack: error: --seed must be in [0, 2**63), got {args.seed}", file=sys.stderr)
         return 2
+    weights = parse_weights(args.weights) if args.weights is not None else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LostTokensWarning)  # said below in CLI words
         index = build_pack_index(
             args.dataset, capacity=args.capacity, algorithm=args.algorithm, name=args.name, seed=args.seed,
             max_docs_per_pack=args.max_docs_per_pack, max_images_per_pack=args.max_images_per_pack,
             oversize=args.oversize, materialize=args.materialize, overwrite=args.overwrite,
-            max_lost_fraction=args.max_lost_fraction)
+            max_lost_fraction=args.max_lost_fraction, weights=weights)
     stats = index.stats
     store = index.store
-    lost = lost_tokens(stats, store.num_tokens, args.max_lost_fraction)
+    mixture = index.manifest.raw.get("mixture")
+    num_tokens = store.num_tokens if mixture is None else sum(m["tokens"] for m in mixture["members"]) + (
+        int(stats.get("truncated_tokens", 0)) + int(stats.get("dropped_tokens", 0)))  # the mixture's copies
+    lost = lost_tokens(stats, num_tokens, args.max_lost_fraction)
     if lost["exceeded"]:
         longest = int(store.doc_lengths.max())
-        print(f"packfmt pack: WARNING: --oversize {args.oversize} left out {lost['tokens']:,} of {store.num_tokens:,} "
+        print(f"packfmt pack: WARNING: --oversize {args.oversize} left out {lost['tokens']:,} of {num_tokens:,} "
               f"tokens ({lost['fraction']:.2%}), more than --max-lost-fraction {args.max_lost_fraction}; keep them "
               f"with --oversize split, or a larger --capacity (longest document: {longest:,} tokens)", file=sys.stderr)
     if args.json:
-        print(json.dumps({"name": index.name, "path": str(index.path), "stats": stats, "lost_tokens": lost}, indent=2))
+        print(json.dumps({"name": index.name, "path": str(index.path), "stats": stats, "lost_tokens": lost,
+                          "mixture": mixture}, indent=2))
         return 0
     print(f"wrote pack index {index.name!r} to {index.path}")
-    print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} documents "
+    print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} "
+          f"{'document copies' if mixture else 'documents'} "
           f"({stats['segments']:,} segments), algorithm {index.algorithm}")
     print(f"  fill efficiency {stats['fill_efficiency']:.2%} (one document per pack: {stats['padding_baseline_efficiency']:.2%}); "
           f"packs / lower bound {stats['packs_per_lower_bound']:.4f} "
@@ -73,5 +86,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  oversize: {stats['split_documents']:,} split, {stats['truncated_documents']:,} truncated "
               f"({stats['truncated_tokens']:,} tokens), {stats['dropped_documents']:,} dropped ({stats['dropped_tokens']:,} tokens)"
               f"; {lost['fraction']:.2%} of the tokens left out")
+    if mixture is not None:
+        from ..collection.inspect import format_mixture
+
+        print("\n".join("  " + line for line in format_mixture(mixture)))
     print(f"  took {stats['seconds']:.3f} s")
     return 0

@@ -119,21 +119,10 @@ class Collection:
         return store
 
     def _check_member(self, m: int, store: Store) -> Store:
-        entry, label = self.members[m], f"{F.MANIFEST}: members[{m}] ({self.members[m].name})"
-        found = checksum_file(store.path / F.MANIFEST)
-        if found != entry.manifest:
-            raise FormatError(f"{label}: manifest: expected {entry.manifest} (recorded in the collection), found "
-                              f"{found} in {store.path / F.MANIFEST}: the member changed after the collection was "
-                              "written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
-                              expected=entry.manifest, found=found)
-        sm = store.manifest
-        for key, value in (("documents", sm.num_documents), ("tokens", sm.num_tokens), ("images", sm.num_images)):
-            if getattr(entry, key) != value:
-                raise FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value, found=getattr(entry, key))
-        for key in SHARED_KEYS:
-            if not _same(key, sm.raw.get(key), self.manifest.shared[key]):
-                raise FormatError(file=F.MANIFEST, field=f"members[{m}]: {key}",
-                                  expected=f"{self.manifest.shared[key]!r} (the collection's)", found=repr(sm.raw.get(key)))
+        problems = member_problems(self.manifest, m, checksum_file(store.path / F.MANIFEST), store.manifest,
+                                   store.path / F.MANIFEST)
+        if problems:
+            raise problems[0]
         return store
 
     def member_of(self, docs: np.ndarray | int) -> np.ndarray | int:
@@ -184,6 +173,29 @@ class Collection:
         from ..reader import open_pack_index
 
         return open_pack_index(self, name)
+
+
+def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F.Manifest, where: Path) -> list:
+    """C2 (counts and shared keys) and C3 (manifest checksum) of member ``m``, as ``FormatError`` objects.
+
+    ``sm`` is the member's parsed manifest and ``found_checksum`` that of its bytes at ``where``.
+    """
+    entry, label = coll.members[m], f"{F.MANIFEST}: members[{m}] ({coll.members[m].name})"
+    out = []
+    if found_checksum != entry.manifest:
+        out.append(FormatError(f"{label}: manifest: expected {entry.manifest} (recorded in the collection), found "
+                               f"{found_checksum} in {where}: the member changed after the collection was "
+                               "written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
+                               expected=entry.manifest, found=found_checksum))
+    for key, value in (("documents", sm.num_documents), ("tokens", sm.num_tokens), ("images", sm.num_images)):
+        if getattr(entry, key) != value:
+            out.append(FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value,
+                                   found=getattr(entry, key)))
+    for key in SHARED_KEYS:
+        if not _same(key, sm.raw.get(key), coll.shared[key]):
+            out.append(FormatError(file=F.MANIFEST, field=f"members[{m}]: {key}",
+                                   expected=f"{coll.shared[key]!r} (the collection's)", found=repr(sm.raw.get(key))))
+    return out
 
 
 def _running_sum(values: list[int]) -> np.ndarray:

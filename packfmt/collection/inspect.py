@@ -1,0 +1,109 @@
+"""``packfmt inspect`` of a collection: its members (per member and whole) and its pack indexes.
+
+The whole-collection numbers reuse ``packfmt.inspect`` (length statistics, padding baselines,
+index summaries); this module adds the members table and, for an index packed with a mixture,
+its weights, tokens per member and effective proportions (spec/COLLECTION.md §5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["summarize_collection", "format_collection", "format_mixture"]
+
+
+def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -> dict:
+    """Everything ``packfmt inspect`` prints for a collection, as a JSON-ready dict."""
+    from ..inspect import _mask_fraction, index_summary, length_stats
+
+    raw = coll.manifest.raw
+    lengths = np.asarray(coll.doc_lengths)
+    total = coll.num_tokens
+    members = []
+    for m, entry in enumerate(coll.members):
+        a, b = int(coll.doc_start[m]), int(coll.doc_start[m + 1])
+        members.append({"name": entry.name, "path": entry.path, "documents": entry.documents, "tokens": entry.tokens,
+                        "images": entry.images, "share": entry.tokens / total if total else 0.0,
+                        "document_lengths": length_stats(lengths[a:b])})
+    out: dict[str, Any] = {
+        "path": str(coll.path),
+        "kind": "collection",
+        "format_version": raw.get("format_version"),
+        "producer": raw.get("producer"),
+        "counts": {"members": len(coll.members), "documents": coll.num_documents, "tokens": total,
+                   "images": coll.num_images},
+        "token_dtype": coll.token_dtype,
+        "vocab_size": coll.vocab_size,
+        "tokenizer": dict(coll.manifest.shared["tokenizer"]),
+        "special_tokens": dict(coll.special_tokens),
+        "members": members,
+        "document_lengths": length_stats(lengths),
+        "loss_mask": None,
+        "pack_indexes": {},
+    }
+    if coll.has_loss_mask:
+        trained = sum(_mask_fraction(coll.member(m).loss_mask, progress) * e.tokens for m, e in enumerate(coll.members))
+        out["loss_mask"] = {"trained_fraction": trained / total if total else 0.0, "trained_tokens": int(round(trained))}
+    for name in coll.pack_index_names():
+        index = coll.pack_index(name)
+        mixture = index.manifest.raw.get("mixture")
+        summary = index_summary(index, lengths if mixture is None else _copy_lengths(coll, lengths, mixture), batch_size)
+        if mixture is not None:
+            summary["mixture"] = mixture
+        out["pack_indexes"][name] = summary
+    return out
+
+
+def _copy_lengths(coll, lengths: np.ndarray, mixture: dict) -> np.ndarray:
+    """The lengths of the mixture's document copies: what its padding baselines pad (the same data)."""
+    from .mixture import check_weights, document_copies, member_weights
+
+    resolved = member_weights([m.name for m in coll.members], check_weights(mixture["weights"]))
+    return np.repeat(lengths, document_copies(coll.doc_start, resolved, mixture["seed"]))
+
+
+def format_mixture(mixture: dict) -> list[str]:
+    """The lines of a mixture: weights as given, then per member weight, copies, tokens, proportion."""
+    weights = ", ".join(f"{k}={v:g}" for k, v in mixture["weights"].items())
+    lines = [f"mixture weights {weights} (seed {mixture['seed']}; {len(mixture['rounds'])} round(s) of "
+             f"{', '.join(f'{p:,}' for p in mixture['rounds'])} packs)",
+             f"  {'member':24s} {'weight':>8s} {'documents':>12s} {'tokens':>14s} {'proportion':>10s}"]
+    for m in mixture["members"]:
+        share = mixture["proportions"].get(m["name"], 0.0)
+        lines.append(f"  {m['name']:24s} {m['weight']:>8g} {m['documents']:>12,} {m['tokens']:>14,} "
+                     f"{100 * share:>9.2f}%")
+    return lines
+
+
+def format_collection(s: dict) -> str:
+    """Human-readable report of ``summarize_collection``'s dict."""
+    from ..inspect import _format_index, _pct
+
+    c = s["counts"]
+    tok = s["tokenizer"]
+    lines = [
+        f"collection {s['path']}  (packfmt {s['format_version']}, {c['members']:,} members)",
+        f"counts    {c['documents']:,} documents, {c['tokens']:,} tokens, {c['images']:,} images",
+        f"tokens    {s['token_dtype']}, vocab_size {s['vocab_size']:,}; tokenizer {tok.get('name')!r} "
+        f"{tok.get('hash') or '(no hash)'}",
+        "members:",
+        f"  {'name':24s} {'documents':>12s} {'tokens':>14s} {'share':>8s}  path",
+    ]
+    for m in s["members"]:
+        lines.append(f"  {m['name']:24s} {m['documents']:>12,} {m['tokens']:>14,} {_pct(m['share']):>8s}  {m['path']}")
+    d = s["document_lengths"]
+    if d.get("count"):
+        lines.append(f"doc len   min {d['min']:,}  mean {d['mean']:,.1f}  p50 {d['p50']:,.1f}  p90 {d['p90']:,.1f}  "
+                     f"p99 {d['p99']:,.1f}  max {d['max']:,}")
+    if s["loss_mask"]:
+        lm = s["loss_mask"]
+        lines.append(f"loss mask {_pct(lm['trained_fraction'])} of tokens are trained ({lm['trained_tokens']:,})")
+    for name, ix in s["pack_indexes"].items():
+        lines += _format_index(name, ix)
+        if "mixture" in ix:
+            lines += ["  " + line for line in format_mixture(ix["mixture"])]
+    if not s["pack_indexes"]:
+        lines.append("pack indexes: none (add one with `packfmt pack PATH --capacity N [--weights NAME=W,...]`)")
+    return "\n".join(lines)

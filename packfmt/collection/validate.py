@@ -1,0 +1,181 @@
+"""``packfmt validate`` of a collection (spec/COLLECTION.md §3): C1-C5, per member and whole.
+
+Structural: the collection manifest (C1), each member's manifest checksum (C3), counts and shared
+keys (C2), each member's own structural checks (``validate`` of the member, its problems named by
+member), and each collection pack index's structural checks (the store's index checks with the
+collection's document offsets, C5). Deep: each member deep (C4) and each collection index deep;
+an index packed with a mixture has its coverage checked round by round (§5) and its ``mixture``
+record compared with the segments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from .. import format as F
+from .._io import checksum_file
+from ..errors import PackfmtError, UnsupportedVersionError
+from ..validate import _IndexChecks  # this module is imported by packfmt.validate.validate, never before it
+
+__all__ = ["validate_collection"]
+
+
+def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool):
+    """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``."""
+    from .. import validate as V
+    from .manifest import parse_collection_manifest
+
+    out = V._Collector(report)
+    try:
+        cm = parse_collection_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)  # C1
+    except UnsupportedVersionError as exc:
+        V._version_problem(exc, out, F.MANIFEST)
+        return report
+    except PackfmtError as exc:
+        out.from_error(exc, F.MANIFEST)
+        return report
+    report.checked.update(members=len(cm.members), documents=cm.num_documents, tokens=cm.num_tokens,
+                          images=cm.num_images)
+    members_ok = all([_check_member(root, cm, m, out, deep, progress, decode_images) for m in range(len(cm.members))])
+    for p in sorted(root.iterdir()):
+        if p.name not in (F.MANIFEST, F.PACKS_DIR):
+            out.add(p.name, None, severity=V.WARNING, detail="unknown entry in a collection directory; readers ignore it")
+    view = _CollectionView(root, cm, out, members_ok)
+    indexes = [_CollectionIndexChecks(view, name) for name in V._index_dirs(root, out)]
+    for ix in indexes:
+        ix.structural()
+    report.checked["pack_indexes"] = len(indexes)
+    if deep:
+        for ix in indexes:
+            ix.deep(None)
+    return report
+
+
+def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decode_images: bool) -> bool:
+    """C2, C3 and the member's own checks (C4 when ``deep``); True when the member has no error."""
+    from .. import validate as V
+    from .reader import member_problems
+
+    entry = cm.members[m]
+    path = root / entry.path
+    before = len(out.report.errors)
+    sub = V.validate(path, deep=deep, progress=progress, decode_images=decode_images)
+    for p in sub.problems:
+        file = f"{entry.path}/{p.file}"
+        out.report.problems.append(V.Problem(file, p.field, p.expected, p.found,
+                                             f"member {entry.name!r} ({entry.path}): {p.message}", p.severity))
+    if (path / F.MANIFEST).is_file():
+        try:
+            sm = F.parse_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
+        except PackfmtError as exc:
+            sm = None
+            if sub.ok:  # e.g. a collection listed as a member: valid on its own, not a store (C2)
+                out.add(F.MANIFEST, f"members[{m}].path", f"a store (C2; {entry.path}: {exc})", entry.path)
+        if sm is not None:
+            for exc in member_problems(cm, m, checksum_file(path / F.MANIFEST), sm, path / F.MANIFEST):
+                out.from_error(exc, F.MANIFEST)
+    return len(out.report.errors) == before
+
+
+class _CollectionView:
+    """What the index checks of ``packfmt.validate`` ask of a dataset, answered for a collection."""
+
+    def __init__(self, root: Path, cm, out, members_ok: bool) -> None:
+        from .manifest import member_list_checksum
+        from .reader import Collection
+
+        self.root, self.out = root, out
+        self.m = SimpleNamespace(np_token_dtype=F.TOKEN_DTYPES[cm.shared["token_dtype"]],
+                                 has_loss_mask=cm.shared["loss_mask"], num_images=cm.num_images)
+        self._binding = {"collection": member_list_checksum(cm.members)}
+        self.coll = Collection(root) if members_ok else None
+        self.doc_offsets_ok = self.spans_ok = members_ok
+        self._arrays: dict = {}
+
+    def binding(self) -> dict:
+        return self._binding
+
+    def array(self, name: str):
+        """Collection-wide doc offsets, image token spans, and tokens / loss mask gathered across members."""
+        if self.coll is None:
+            return None
+        if name not in self._arrays:
+            from .arrays import image_token_spans, token_sources
+
+            if name == F.DOC_OFFSETS:
+                self._arrays[name] = self.coll.doc_offsets
+            elif name == F.IMAGE_TOKEN_SPANS:
+                self._arrays[name] = image_token_spans(self.coll)
+            elif name in (F.TOKENS, F.LOSS_MASK):
+                tokens, mask = token_sources(self.coll)
+                self._arrays[F.TOKENS], self._arrays[F.LOSS_MASK] = tokens, mask
+        return self._arrays.get(name)
+
+
+class _CollectionIndexChecks(_IndexChecks):
+    """A collection's pack index: the store's index checks, and a mixture's rounds and record (§5)."""
+
+    def _coverage_and_stats(self, segs, po, seg_len, length, doc_len, per_doc) -> None:
+        mixture = self.pm.raw.get("mixture")
+        if mixture is None:
+            return super()._coverage_and_stats(segs, po, seg_len, length, doc_len, per_doc)
+        copies = self._copies(mixture, po)
+        if copies is None:
+            return
+        rounds = np.concatenate([[0], np.cumsum(mixture["rounds"])]).astype(np.int64)
+        for r in range(len(mixture["rounds"])):
+            a, b = int(po[rounds[r]]), int(po[rounds[r + 1]])
+            per_round = np.bincount(segs[a:b, 0], minlength=doc_len.shape[0])
+            self._coverage(segs[a:b], length[a:b], doc_len, per_round, wanted=copies > r,
+                           where=f" in mixture round {r} (packs {int(rounds[r])}..{int(rounds[r + 1]) - 1})")
+        self._stats(segs, po, seg_len, doc_len, per_doc, copies=copies)
+        self._record(mixture, copies, segs, seg_len)
+
+    def _copies(self, mixture, po) -> np.ndarray | None:
+        """copies(d) from the recorded weights and seed; None (and a problem) when the record is unusable."""
+        from .mixture import check_weights, document_copies, member_weights
+
+        label, coll = self.file(F.PACK_INDEX_JSON), self.ds.coll
+        names = [m.name for m in coll.members]
+        rounds, seed = mixture.get("rounds"), mixture.get("seed")
+        if not (isinstance(rounds, list) and all(isinstance(x, int) and x >= 0 for x in rounds)
+                and sum(rounds) == po.shape[0] - 1):
+            self.out.add(label, "mixture.rounds", f"a list of pack counts summing to counts.packs={po.shape[0] - 1}",
+                         repr(rounds))
+            return None
+        if not (isinstance(seed, int) and 0 <= seed < F.SEED_LIMIT):
+            self.out.add(label, "mixture.seed", "an integer in [0, 2**63)", repr(seed))
+            return None
+        try:
+            weights = check_weights(mixture.get("weights"))
+            resolved = member_weights(names, weights)
+        except PackfmtError as exc:
+            self.out.add(label, "mixture.weights", exc.expected, exc.found, detail=str(exc))
+            return None
+        copies = document_copies(coll.doc_start, resolved, seed)
+        if len(rounds) != int(copies.max()):
+            self.out.add(label, "mixture.rounds", f"{int(copies.max())} rounds (the most copies of a document)",
+                         len(rounds))
+            return None
+        self._resolved = resolved
+        return copies
+
+    def _record(self, mixture, copies, segs, seg_len) -> None:
+        """``mixture.members`` and ``proportions`` agree with the segments (spec/COLLECTION.md §5)."""
+        from .mixture import mixture_record
+
+        coll = self.ds.coll
+        names = [m.name for m in coll.members]
+        want = mixture_record(mixture["weights"], mixture["seed"], names, self._resolved, coll.doc_start, copies,
+                              segs[:, 0], seg_len, mixture["rounds"])
+        label = self.file(F.PACK_INDEX_JSON)
+        if mixture.get("members") != want["members"]:
+            self.out.add(label, "mixture.members", want["members"], mixture.get("members"))
+        have = mixture.get("proportions")
+        if not (isinstance(have, dict) and set(have) == set(want["proportions"])
+                and all(isinstance(have[k], (int, float)) and abs(have[k] - v) <= 1e-9
+                        for k, v in want["proportions"].items())):
+            self.out.add(label, "mixture.proportions", want["proportions"], have)
