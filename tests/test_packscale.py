@@ -222,10 +222,10 @@ def test_validate_coverage_and_stats_equal_reference(lengths, cap, policy, mutat
                 segs = np.delete(segs, i, axis=0)
             elif op == "duplicate":
                 segs = np.insert(segs, i, segs[i], axis=0)
-            else:  # move the segment's bounds, staying inside its document
+            else:  # move the segment's bounds, staying inside its document and its pack's capacity (V27, V29)
                 n = lengths[segs[i, 0]]
                 begin = a % n
-                segs[i, 1:] = (begin, begin + 1 + b % (n - begin))
+                segs[i, 1:] = (begin, begin + 1 + b % min(n - begin, cap))
         po = np.arange(segs.shape[0] + 1, dtype=np.int64)  # one segment per pack
         write_pack_index(store, segs, po, capacity=cap, name="mutated", oversize=policy)
         path = Path(tmp) / "ds" / F.PACKS_DIR / "mutated" / F.PACK_INDEX_JSON
