@@ -18,7 +18,7 @@ import numpy as np
 from .. import format as F
 from .._io import checksum_file
 from ..errors import PackfmtError, UnsupportedVersionError
-from ..validate import _IndexChecks  # this module is imported by packfmt.validate.validate, never before it
+from ..validation.index import _IndexChecks
 
 __all__ = ["validate_collection"]
 
