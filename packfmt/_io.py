@@ -7,6 +7,7 @@ import shutil
 import time
 import uuid
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,25 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextmanager
+def staging(target: Path):
+    """A fresh temp sibling of ``target`` to write into (then ``publish_dir``); removed if the block raises."""
+    tmp = temp_sibling(target)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it (the JSON written last, just before the publishing rename)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def publish_dir(tmp: Path, target: Path, *, overwrite: bool) -> None:

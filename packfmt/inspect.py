@@ -287,6 +287,19 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def length_and_mask_lines(s: dict) -> list[str]:
+    """The document-length and loss-mask lines of a summary (a store's or a collection's)."""
+    lines = []
+    d = s["document_lengths"]
+    if d.get("count"):
+        lines.append(f"doc len   min {d['min']:,}  mean {d['mean']:,.1f}  p50 {d['p50']:,.1f}  p90 {d['p90']:,.1f}  "
+                     f"p99 {d['p99']:,.1f}  max {d['max']:,}")
+    if s["loss_mask"]:
+        lm = s["loss_mask"]
+        lines.append(f"loss mask {_pct(lm['trained_fraction'])} of tokens are trained ({lm['trained_tokens']:,})")
+    return lines
+
+
 def format_summary(s: dict) -> str:
     """Human-readable report of ``summarize``'s dict, in the glossary's words."""
     if s.get("kind") == "collection":
@@ -302,13 +315,7 @@ def format_summary(s: dict) -> str:
         f"{tok.get('hash') or '(no hash)'}",
         "special   " + ", ".join(f"{k}={v}" for k, v in s["special_tokens"].items()),
     ]
-    d = s["document_lengths"]
-    if d.get("count"):
-        lines.append(f"doc len   min {d['min']:,}  mean {d['mean']:,.1f}  p50 {d['p50']:,.1f}  p90 {d['p90']:,.1f}  "
-                     f"p99 {d['p99']:,.1f}  max {d['max']:,}")
-    if s["loss_mask"]:
-        lm = s["loss_mask"]
-        lines.append(f"loss mask {_pct(lm['trained_fraction'])} of tokens are trained ({lm['trained_tokens']:,})")
+    lines += length_and_mask_lines(s)
     im = s["images"]
     if im:
         codecs = ", ".join(f"{k} {v:,}" for k, v in im["codecs"].items())

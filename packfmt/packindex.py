@@ -7,7 +7,6 @@ name) are never disturbed and a killed run never leaves an index that opens.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import format as F
-from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling
+from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling, write_durably
 from .errors import FormatError, WriteError
 from .reader import PackIndex, Store, open_dataset
 from .version import __version__
@@ -201,10 +200,7 @@ def build_pack_index(
         }
         if mixture_json is not None:
             index["mixture"] = mixture_json
-        with open(tmp / F.PACK_INDEX_JSON, "wb") as fh:
-            fh.write(F.canonical_json(index))
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_durably(tmp / F.PACK_INDEX_JSON, F.canonical_json(index))
         publish_dir(tmp, target, overwrite=overwrite)
     except BaseException:
         import shutil

@@ -79,7 +79,7 @@ def format_mixture(mixture: dict) -> list[str]:
 
 def format_collection(s: dict) -> str:
     """Human-readable report of ``summarize_collection``'s dict."""
-    from ..inspect import _format_index, _pct
+    from ..inspect import _format_index, _pct, length_and_mask_lines
 
     c = s["counts"]
     tok = s["tokenizer"]
@@ -93,13 +93,7 @@ def format_collection(s: dict) -> str:
     ]
     for m in s["members"]:
         lines.append(f"  {m['name']:24s} {m['documents']:>12,} {m['tokens']:>14,} {_pct(m['share']):>8s}  {m['path']}")
-    d = s["document_lengths"]
-    if d.get("count"):
-        lines.append(f"doc len   min {d['min']:,}  mean {d['mean']:,.1f}  p50 {d['p50']:,.1f}  p90 {d['p90']:,.1f}  "
-                     f"p99 {d['p99']:,.1f}  max {d['max']:,}")
-    if s["loss_mask"]:
-        lm = s["loss_mask"]
-        lines.append(f"loss mask {_pct(lm['trained_fraction'])} of tokens are trained ({lm['trained_tokens']:,})")
+    lines += length_and_mask_lines(s)
     for name, ix in s["pack_indexes"].items():
         lines += _format_index(name, ix)
         if "mixture" in ix:

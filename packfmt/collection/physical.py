@@ -23,12 +23,12 @@ import numpy as np
 import xxhash
 
 from .. import format as F
-from .._io import CHUNK_BYTES, HashedFile, publish_dir, remove_stale_temps, temp_sibling
-from ..errors import ChecksumError, DatasetExistsError, FormatError
+from .._io import CHUNK_BYTES, HashedFile, publish_dir, temp_sibling, write_durably
+from ..errors import ChecksumError, FormatError
 from ..reader import Store, _check_files_table
 from ..version import __version__
 from .manifest import is_collection
-from .writer import check_members_agree, resolve_members
+from .writer import check_members_agree, prepare_destination, resolve_members
 
 __all__ = ["merge_physical"]
 
@@ -266,12 +266,7 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     pairs = _normalize(sources)
     members = resolve_members(pairs, opener=_head)
     check_members_agree(members, unique_names=False)
-    remove_stale_temps(dst)
-    if (dst.exists() or dst.is_symlink()) and not overwrite:
-        raise DatasetExistsError(f"{dst}: already exists (pass overwrite=True to replace it)", file=str(dst),
-                                 expected="no existing path", found="exists",
-                                 cli=f"{dst}: already exists (pass --overwrite to replace it)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    prepare_destination(dst, overwrite)
     first = _head(members[0][1]).manifest
     tmp = temp_sibling(dst)
     merger = _Merger(tmp, first.has_loss_mask, any(m.images for m, _, _ in members), on_bytes)
@@ -303,10 +298,7 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
         if extra and same_extra:  # free-form metadata every member agrees on stays; otherwise it is left out
             manifest["extra"] = extra
         F.parse_manifest(json.loads(F.canonical_json(manifest)), file=F.MANIFEST)  # self-check before publishing
-        with open(tmp / F.MANIFEST, "wb") as fh:
-            fh.write(F.canonical_json(manifest))
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))
         publish_dir(tmp, dst, overwrite=overwrite)
     except BaseException:
         merger.abort()

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from .. import format as F
-from .._io import checksum_file, publish_dir, remove_stale_temps, temp_sibling
+from .._io import checksum_file, publish_dir, remove_stale_temps, staging, write_durably
 from ..errors import DatasetExistsError, WriteError
 from ..reader import Store
 from ..version import __version__
@@ -76,6 +76,16 @@ def check_members_agree(members: list[tuple[Member, Path, dict]], *, unique_name
         seen[member.name] = member
 
 
+def prepare_destination(dst: Path, overwrite: bool) -> None:
+    """Recover what an interrupted write left beside ``dst``; refuse an existing ``dst`` unless overwriting."""
+    remove_stale_temps(dst)
+    if (dst.exists() or dst.is_symlink()) and not overwrite:
+        raise DatasetExistsError(f"{dst}: already exists (pass overwrite=True to replace it)", file=str(dst),
+                                 expected="no existing path", found="exists",
+                                 cli=f"{dst}: already exists (pass --overwrite to replace it)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+
+
 def _shared(store: Store) -> dict:
     return {key: store.manifest.raw.get(key) for key in SHARED_KEYS}
 
@@ -93,12 +103,7 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     members = resolve_members(sources)
     check_members_agree(members)
     first_shared = members[0][2]
-    remove_stale_temps(dst)
-    if (dst.exists() or dst.is_symlink()) and not overwrite:
-        raise DatasetExistsError(f"{dst}: already exists (pass overwrite=True to replace it)", file=str(dst),
-                                 expected="no existing path", found="exists",
-                                 cli=f"{dst}: already exists (pass --overwrite to replace it)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    prepare_destination(dst, overwrite)
     base = dst.resolve().parent / dst.name
     entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
                       m.manifest).to_json() for m, _, _ in members]
@@ -110,16 +115,7 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
                    "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
         "members": entries,
     }
-    tmp = temp_sibling(dst)
-    try:
-        with open(tmp / F.MANIFEST, "wb") as fh:
-            fh.write(F.canonical_json(manifest))
-            fh.flush()
-            os.fsync(fh.fileno())
+    with staging(dst) as tmp:
+        write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))
         publish_dir(tmp, dst, overwrite=overwrite)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return Collection(dst)
