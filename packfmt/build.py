@@ -413,7 +413,7 @@ def build_multimodal(
     out: str | os.PathLike,
     tokenizer: str | os.PathLike,
     *,
-    image_root: str | os.PathLike,
+    image_root: str | os.PathLike | None = None,
     image_tokens: int | str = 576,
     patch_size: int = 14,
     merge: int = 2,
@@ -431,7 +431,8 @@ def build_multimodal(
     """LLaVA-style (``conversations`` + ``image``) or ``{messages, images}`` records -> tokens, mask, images.
 
     Args:
-        image_root: folder image paths are relative to (paths escaping it are refused).
+        image_root: folder image paths are relative to (paths escaping it are refused); not needed
+            when every image comes with its record (WebDataset members, HF ``Image`` bytes).
         image_tokens: tokens per image: an int (fixed) or ``"dynamic"``
             (``ceil(h/(patch_size*merge)) * ceil(w/(patch_size*merge))``).
         max_pixels: refuse images with more pixels (decompression bombs); default Pillow's bound.
@@ -449,9 +450,10 @@ def build_multimodal(
     spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token)
     rule = _image_rule(image_tokens, patch_size, merge)
     encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
-    factory = partial(MultimodalConverter, spec, str(image_root), rule, train_on, max_pixels, encoding)
+    root = None if image_root is None else str(Path(image_root).resolve())
+    factory = partial(MultimodalConverter, spec, root, rule, train_on, max_pixels, encoding)
     settings = {"train_on": train_on, "chat_template": "custom" if chat_template else "tokenizer",
-                "image_root": str(Path(image_root).resolve()), "image_tokens": rule.describe(),
+                "image_root": root, "image_tokens": rule.describe(),
                 "image_token": image_token, "max_pixels": max_pixels, **encoding.describe()}
     return _build_records("multimodal", factory, inputs, out, fmt=fmt, split=split, settings=settings, **kw)
 
