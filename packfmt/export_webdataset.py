@@ -21,7 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,43 +49,69 @@ class ExportResult:
 
 
 def _npy(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
-    return buf.getvalue()
+    """``np.save`` bytes (format 1.0) of a 1-D array, without numpy's per-call Python overhead."""
+    head = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (arr.dtype.str, arr.shape[0])
+    head += " " * (-(len(head) + 11) % 64) + "\n"  # magic 6 + version 2 + length 2 + header, padded to 64
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode("latin1") + np.ascontiguousarray(arr).tobytes()
 
 
 def _tar_size(members: list[tuple[str, bytes]]) -> int:
     return sum(_BLOCK + -(-len(data) // _BLOCK) * _BLOCK for _, data in members)
 
 
-def _doc_images(store, d: int):
-    """``(image_store, image ids, spans relative to document d)`` of document ``d`` (store or collection)."""
-    if hasattr(store, "locate"):  # a collection: the member store holds the document and its images
-        m, local = store.locate(d)
-        store, d = store.member(m), local
-    images = store.images
-    if images is None:
-        return None, range(0), None
-    ids = images.of_document(d)
-    return images, ids, np.asarray(images.token_spans[ids.start:ids.stop]) - int(store.doc_offsets[d])
+class _Gather:
+    """A pack's tokens, mask and images from a store's arrays (plain ndarray views: no memmap per-call
+    overhead), or through the document API of a collection."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.flat = not hasattr(store, "locate")
+        if self.flat:
+            self.tokens = np.asarray(store.tokens)
+            self.offsets = np.asarray(store.doc_offsets)
+            self.mask = None if store.loss_mask is None else np.asarray(store.loss_mask)
+
+    def runs(self, segs: np.ndarray, mask: bool) -> np.ndarray:
+        """The tokens (or mask) of the segments ``(doc, begin, end)``, end to end."""
+        if not self.flat:
+            get = self.store.document_loss_mask if mask else self.store.document
+            return np.concatenate([get(int(d))[b:e] for d, b, e in segs])
+        src = self.mask if mask else self.tokens
+        starts = self.offsets[segs[:, 0]]
+        return np.concatenate([src[s + b:s + e] for s, b, e in zip(starts.tolist(), segs[:, 1].tolist(),
+                                                                     segs[:, 2].tolist())])
+
+    def images(self, d: int):
+        """``(image_store, ids, spans relative to document d)`` of document ``d``."""
+        store = self.store
+        if not self.flat:  # a collection: the member store holds the document and its images
+            m, d = store.locate(d)
+            store = store.member(m)
+        images = store.images
+        if images is None:
+            return None, range(0), None
+        ids = images.of_document(d)
+        if not len(ids):
+            return images, ids, None
+        return images, ids, np.asarray(images.token_spans[ids.start:ids.stop]) - int(store.doc_offsets[d])
 
 
-def pack_sample(store, index, p: int) -> list[tuple[str, bytes]]:
+def pack_sample(gather: _Gather, index, p: int) -> list[tuple[str, bytes]]:
     """The members ``(extension, bytes)`` of pack ``p``'s sample (module docstring)."""
+    store = gather.store
     segs = np.asarray(index.pack_segments(p), dtype=np.int64)
-    tokens = index.pack_tokens(p)
+    tokens = index.pack_tokens(p) if index.manifest.materialized else gather.runs(segs, mask=False)
     lens = segs[:, 2] - segs[:, 1]
     cu = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=cu[1:])
     members = [("input_ids.npy", _npy(tokens))]
     if store.has_loss_mask:
-        mask = np.concatenate([store.document_loss_mask(int(d))[b:e] for d, b, e in segs])
-        members.append(("loss_mask.npy", _npy(mask)))
+        members.append(("loss_mask.npy", _npy(gather.runs(segs, mask=True))))
     members.append(("cu_seqlens.npy", _npy(cu)))
     image_meta = []
     if store.num_images:
         for (d, b, e), start in zip(segs, cu[:-1]):
-            images, ids, rel = _doc_images(store, int(d))
+            images, ids, rel = gather.images(int(d))
             for i, (rb, re) in zip(ids, rel if rel is not None else ()):
                 if rb < b or re > e:
                     continue  # the packer never cuts an image; an image outside the segment is another pack's
@@ -103,40 +129,60 @@ def pack_sample(store, index, p: int) -> list[tuple[str, bytes]]:
     return members
 
 
+def ustar_header(name: str, size: int) -> bytes:
+    """One POSIX ustar header block: a regular file, mode 0444, uid/gid 0, mtime 0, no user names."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100 or size >= 8 ** 11:
+        raise ValueError(f"tar member {name!r} of {size} bytes: a ustar header holds names <= 100 bytes, sizes < 8 GiB")
+    h = bytearray(_BLOCK)
+    h[0:len(raw)] = raw
+    h[100:108] = b"0000444\0"
+    h[108:116] = h[116:124] = b"0000000\0"
+    h[124:136] = b"%011o\0" % size
+    h[136:148] = b"00000000000\0"
+    h[148:156] = b" " * 8
+    h[156:157] = b"0"
+    h[257:265] = b"ustar\x0000"
+    h[329:337] = h[337:345] = b"0000000\0"
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
 class _ShardWriter:
-    """Tar shards of whole samples under ``shard_bytes`` each, deterministic headers."""
+    """Tar shards of whole samples within ``shard_bytes`` each; headers written directly (deterministic)."""
 
     def __init__(self, folder: Path, shard_bytes: int) -> None:
         self.folder, self.shard_bytes = folder, shard_bytes
-        self.tar = None
+        self.file = None
         self.size = 0
         self.shards: list[dict] = []
 
     def _open(self) -> None:
         self.close()
         name = f"shard-{len(self.shards):06d}.tar"
-        self.tar = tarfile.open(self.folder / name, "w", format=tarfile.USTAR_FORMAT)
+        self.file = open(self.folder / name, "wb")
         self.shards.append({"name": name, "samples": 0})
         self.size = 0
 
     def write(self, key: str, members: list[tuple[str, bytes]]) -> None:
         need = _tar_size(members)
-        if self.tar is None or (self.size and self.size + need + _END > self.shard_bytes):
+        if self.file is None or (self.size and self.size + need + _END > self.shard_bytes):
             self._open()
+        out = self.file
         for ext, data in members:
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size, info.mode, info.mtime = len(data), 0o444, 0
-            self.tar.addfile(info, io.BytesIO(data))
+            out.write(ustar_header(f"{key}.{ext}", len(data)))
+            out.write(data)
+            out.write(b"\0" * (-len(data) % _BLOCK))
         self.size += need
         self.shards[-1]["samples"] += 1
 
     def close(self) -> None:
-        if self.tar is not None:
-            self.tar.close()
-            with open(self.tar.name, "rb+") as f:  # tarfile pads to 10 KiB records; the two end blocks suffice
-                f.truncate(self.size + _END)
-                os.fsync(f.fileno())
-            self.tar = None
+        if self.file is not None:
+            self.file.write(b"\0" * _END)  # end of archive
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            self.file = None
 
 
 def export_webdataset(dataset, out: str | os.PathLike, *, index: str | None = None,
@@ -165,8 +211,9 @@ def export_webdataset(dataset, out: str | os.PathLike, *, index: str | None = No
     tmp = temp_sibling(target)
     writer = _ShardWriter(tmp, shard_bytes)
     try:
+        gather = _Gather(store)
         for p in range(idx.num_packs):
-            writer.write(f"{p:09d}", pack_sample(store, idx, p))
+            writer.write(f"{p:09d}", pack_sample(gather, idx, p))
         writer.close()
         summary = {"format": "webdataset", "source": str(Path(store.path).resolve()), "index": idx.name,
                    "packs": idx.num_packs, "has_loss_mask": bool(store.has_loss_mask),
