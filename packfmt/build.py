@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .errors import InputError
 from .skips import Tally
-from .sources import Raw, count_records, detect_format, iter_records
+from .sources import Raw, count_records, describe_sources, is_path, iter_records
+from .sources.hf import is_dataset_object
 from .tokenize import TextEncoder, TokenizerSpec
 from .writer import DatasetWriter
 
@@ -299,18 +300,16 @@ def run_build(
     return BuildResult(path, writer.build_report)
 
 
-def source_report(inputs: Sequence[str | os.PathLike], fmt: str | None, split: str | None = None) -> list[dict]:
-    """``{path, format}`` of each input, plus ``split`` (the one read) for a DatasetDict folder."""
-    from .sources.hf_disk import resolve_split
+def source_report(inputs: Sequence[Any], fmt: str | None, split: str | None = None) -> list[dict]:
+    """``{path, format}`` of each input, plus ``split`` (the one read) for a DatasetDict."""
+    return describe_sources(inputs, fmt, split)
 
-    out = []
-    for p in inputs:
-        kind = fmt or detect_format(p)
-        entry = {"path": str(Path(p).resolve()), "format": kind}
-        if kind == "hf_disk" and (chosen := resolve_split(p, split)) is not None:
-            entry["split"] = chosen
-        out.append(entry)
-    return out
+
+def as_inputs(inputs: Any) -> list:
+    """A list of inputs: paths as ``str``, ``datasets`` objects as they are; one path or object alone is a list of one."""
+    if is_path(inputs) or is_dataset_object(inputs):
+        inputs = [inputs]
+    return [str(p) if is_path(p) else p for p in inputs]
 
 
 def build_text(
@@ -327,10 +326,13 @@ def build_text(
     glob: str = "*.txt",
     **kw: Any,
 ) -> BuildResult:
-    """Tokenize text records (JSONL, JSON, Parquet, HF save_to_disk, .txt folder) into a dataset.
+    """Tokenize text records (JSONL, JSON, Parquet, HF save_to_disk, .txt folder, WebDataset tar shards,
+    Hugging Face datasets) into a dataset.
 
     Args:
-        inputs: files or folders, read in order.
+        inputs: files or folders, read in order; or a ``datasets.Dataset`` / ``IterableDataset`` /
+            ``DatasetDict`` (alone or in the list); with ``fmt="hf"``, names of datasets in the local
+            HF cache (never downloaded).
         out: target dataset directory (atomic publish; nothing appears there on failure).
         tokenizer: local tokenizer directory or tokenizer.json.
         field / template: where the text comes from (``template`` like ``"{title}\\n{text}"``).
@@ -340,20 +342,24 @@ def build_text(
     """
     spec = TokenizerSpec(str(tokenizer), add_bos=add_bos, add_eos=add_eos, image_token=None)
     factory = partial(TextConverter, spec, field, template)
-    converter = factory()
-    inputs = [str(p) for p in inputs]
-    records = iter_records(inputs, fmt, columns=converter.columns, split=split, glob=glob)
-    total = count_records(inputs, fmt, split=split, glob=glob)
-    settings = {"field": field, "template": template, "add_bos": converter.encoder.add_bos,
-                "add_eos": converter.encoder.add_eos, "bos_eos_from": "flags" if converter.encoder.explicit else "tokenizer",
-                "batch_size": kw.get("batch_size", 256), "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
-    base = {"command": "text", "sources": source_report(inputs, fmt, split), "settings": settings}
-    return run_build(records, converter, factory, out, report_base=base, total=total, **kw)
+    def settings(converter) -> dict:
+        enc = converter.encoder
+        return {"field": field, "template": template, "add_bos": enc.add_bos, "add_eos": enc.add_eos,
+                "bos_eos_from": "flags" if enc.explicit else "tokenizer"}
+
+    return _build_records("text", factory, inputs, out, fmt=fmt, split=split, settings=settings, glob=glob, **kw)
 
 
-def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: dict, glob: str = "*.txt", **kw) -> BuildResult:
+def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: dict | Callable, glob: str = "*.txt",
+                   **kw) -> BuildResult:
+    """Any converter over any sources (``packfmt.sources``): records reach ``run_build`` one way.
+
+    ``settings``: the report's settings, or a function of the converter giving them.
+    """
     converter = factory()
-    inputs = [str(p) for p in inputs]
+    if callable(settings):
+        settings = settings(converter)
+    inputs = as_inputs(inputs)
     records = iter_records(inputs, fmt, columns=converter.columns, split=split, glob=glob)
     total = count_records(inputs, fmt, split=split, glob=glob)
     settings = {**settings, "batch_size": kw.get("batch_size", 256),
@@ -407,7 +413,7 @@ def build_multimodal(
     out: str | os.PathLike,
     tokenizer: str | os.PathLike,
     *,
-    image_root: str | os.PathLike,
+    image_root: str | os.PathLike | None = None,
     image_tokens: int | str = 576,
     patch_size: int = 14,
     merge: int = 2,
@@ -425,7 +431,8 @@ def build_multimodal(
     """LLaVA-style (``conversations`` + ``image``) or ``{messages, images}`` records -> tokens, mask, images.
 
     Args:
-        image_root: folder image paths are relative to (paths escaping it are refused).
+        image_root: folder image paths are relative to (paths escaping it are refused); not needed
+            when every image comes with its record (WebDataset members, HF ``Image`` bytes).
         image_tokens: tokens per image: an int (fixed) or ``"dynamic"``
             (``ceil(h/(patch_size*merge)) * ceil(w/(patch_size*merge))``).
         max_pixels: refuse images with more pixels (decompression bombs); default Pillow's bound.
@@ -443,9 +450,10 @@ def build_multimodal(
     spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token)
     rule = _image_rule(image_tokens, patch_size, merge)
     encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
-    factory = partial(MultimodalConverter, spec, str(image_root), rule, train_on, max_pixels, encoding)
+    root = None if image_root is None else str(Path(image_root).resolve())
+    factory = partial(MultimodalConverter, spec, root, rule, train_on, max_pixels, encoding)
     settings = {"train_on": train_on, "chat_template": "custom" if chat_template else "tokenizer",
-                "image_root": str(Path(image_root).resolve()), "image_tokens": rule.describe(),
+                "image_root": root, "image_tokens": rule.describe(),
                 "image_token": image_token, "max_pixels": max_pixels, **encoding.describe()}
     return _build_records("multimodal", factory, inputs, out, fmt=fmt, split=split, settings=settings, **kw)
 

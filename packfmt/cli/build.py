@@ -28,10 +28,11 @@ def _common(p: argparse.ArgumentParser, *, tokenizer_required: bool = True) -> N
 
 
 def _inputs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="input files or folders")
+    p.add_argument("inputs", nargs="+", help="input files or folders (.tar WebDataset shards too); with --format hf, "
+                                             "names of datasets in the local Hugging Face cache (never downloaded)")
     p.add_argument("-o", "--out", required=True, help="target dataset directory")
     p.add_argument("--format", dest="fmt", choices=FORMATS, help="input format (default: from each path)")
-    p.add_argument("--split", help="split of a DatasetDict saved with save_to_disk (default: train; "
+    p.add_argument("--split", help="split of a DatasetDict (save_to_disk folder or --format hf name; default: train; "
                                    "a DatasetDict without train needs --split)")
 
 
@@ -89,7 +90,8 @@ def add_parser(sub) -> None:
 
     m = kinds.add_parser("llava", help="LLaVA / {messages, images} records with images -> tokens, mask, images")
     _inputs(m)
-    m.add_argument("--image-root", required=True, help="folder that image paths are relative to (paths may not escape it)")
+    m.add_argument("--image-root", help="folder that image paths are relative to (paths may not escape it); "
+                                        "not needed for WebDataset .tar shards, whose images are members of each sample")
     _chat_opts(m)
     _image_opts(m)
     _common(m)

@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a dataset to another format (megatron .bin/.idx)")
+    p = sub.add_parser("export", help="export a dataset to another format (megatron .bin/.idx, webdataset shards of packs)")
     fmt = p.add_subparsers(dest="export_format", metavar="FORMAT")
     fmt.required = True
     m = fmt.add_parser("megatron", help="Megatron-Core IndexedDataset PREFIX.bin + PREFIX.idx")
@@ -16,6 +16,14 @@ def add_parser(sub) -> None:
     m.add_argument("--no-loss-mask", dest="loss_mask", action="store_false",
                    help="do not write the loss mask beside the tokens (Megatron's .bin/.idx cannot hold it)")
     m.set_defaults(func=run_megatron)
+    w = fmt.add_parser("webdataset", help="WebDataset tar shards, one sample per pack (Megatron-Energon CrudeWebdataset)")
+    w.add_argument("dataset", help="packfmt dataset (or collection) directory")
+    w.add_argument("out", help="output folder (shard-000000.tar, ... and export.json; published atomically)")
+    w.add_argument("--index", help="pack index to export (default: the dataset's only one; see packfmt inspect)")
+    w.add_argument("--shard-bytes", type=int, default=1 << 30,
+                   help="largest shard in bytes (default 1 GiB); a pack larger than it gets a shard of its own")
+    w.add_argument("--overwrite", action="store_true", help="replace an existing OUT (atomically)")
+    w.set_defaults(func=run_webdataset)
 
 
 def run_megatron(args: argparse.Namespace) -> int:
@@ -36,4 +44,16 @@ def run_megatron(args: argparse.Namespace) -> int:
         else:
             print("note: Megatron's .bin/.idx do not carry the loss mask; it was not exported (--no-loss-mask)",
                   file=sys.stderr)
+    return 0
+
+
+def run_webdataset(args: argparse.Namespace) -> int:
+    from ..export_webdataset import export_webdataset
+
+    result = export_webdataset(args.dataset, args.out, index=args.index, shard_bytes=args.shard_bytes,
+                               overwrite=args.overwrite)
+    print(f"wrote {result.packs:,} packs in {len(result.shards)} shard(s), {result.bytes:,} bytes, to {result.path}")
+    urls = str(result.path / f"shard-{{000000..{len(result.shards) - 1:06d}}}.tar")
+    print(f"  read them with webdataset.WebDataset({urls!r}), or run `energon prepare {result.path}` and pick "
+          "CrudeWebdataset for Megatron-Energon (spec/WEBDATASET.md)")
     return 0

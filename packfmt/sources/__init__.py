@@ -3,29 +3,45 @@
 ``obj`` is the record as a dict, or an :class:`~packfmt.errors.InputError` when the record
 itself could not be read (malformed JSON line, undecodable text file): sources never raise for
 one bad record, they hand it to the build's error policy. ``line`` is 1-based: the line of a
-JSONL file, the row of a Parquet/Arrow table, the element of a JSON array (1 for a text file).
+JSONL file, the row of a Parquet/Arrow table, the element of a JSON array, the sample of a tar
+shard (1 for a text file).
 
-Formats (``detect_format`` picks one from the path):
+One interface: a source is one module of this package (named in ``SOURCES``) with
+
+- ``read(input, opts: ReadOptions) -> Iterator[Raw]``: the records, streamed (bounded memory);
+- ``count(input, opts) -> int | None``: the number of records when known without reading the data;
+- ``describe(input, opts) -> dict`` (optional): extra build-report keys (e.g. the split read).
+
+Every source's records reach the writer the same way (``build.run_build``), so adding a source
+is adding one module and one ``SOURCES`` entry. Formats (``detect_format`` picks one from the path):
 
 - ``jsonl``: ``*.jsonl`` / ``*.ndjson`` (optionally ``.gz`` / ``.zst``), one JSON object per line.
-- ``json``: ``*.json`` holding one JSON array of objects (LLaVA style; read whole).
+- ``json``: ``*.json`` holding one JSON array of objects (LLaVA style), parsed incrementally.
 - ``parquet``: ``*.parquet`` files, streamed batch by batch (pyarrow).
 - ``hf_disk``: a folder written by ``datasets.save_to_disk`` (``state.json`` + ``data-*.arrow``),
   read with pyarrow directly (``datasets`` is not needed).
 - ``text_dir``: a folder of ``*.txt`` files, one record ``{"text": ...}`` per file.
+- ``webdataset``: ``*.tar`` shards of ``{key.json, key.jpg|png|...}`` samples (``sources.wds``).
+- ``hf``: a dataset already in the local Hugging Face cache, by name (never downloaded), or an
+  in-memory ``datasets.Dataset`` / ``IterableDataset`` / ``DatasetDict`` (Python API only).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
-from typing import Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from ..errors import InputError
 
-__all__ = ["Raw", "FORMATS", "detect_format", "iter_records", "count_records", "missing_columns"]
+__all__ = ["Raw", "ReadOptions", "FORMATS", "SOURCES", "detect_format", "iter_records", "count_records",
+           "describe_sources", "missing_columns"]
 
-FORMATS = ("jsonl", "json", "parquet", "hf_disk", "text_dir")
+#: format name -> module of this package implementing it (``read`` / ``count`` / ``describe``).
+SOURCES = {"jsonl": "jsonl", "json": "jsonarray", "parquet": "parquet", "hf_disk": "hf_disk",
+           "text_dir": "textdir", "webdataset": "wds", "hf": "hf"}
+FORMATS = tuple(SOURCES)
 
 
 class Raw(NamedTuple):
@@ -36,8 +52,28 @@ class Raw(NamedTuple):
     obj: dict | InputError
 
 
-def detect_format(path: str | os.PathLike) -> str:
+class ReadOptions(NamedTuple):
+    """What a build asks of every source: the columns it needs, the split, the text-folder glob."""
+
+    columns: Sequence[str] | None = None
+    split: str | None = None
+    glob: str = "*.txt"
+
+
+def is_path(inp: Any) -> bool:
+    return isinstance(inp, (str, os.PathLike))
+
+
+def detect_format(path: Any) -> str:
     """The source format of ``path`` from its layout and suffix (see module docstring)."""
+    if not is_path(path):
+        from . import hf
+
+        if hf.is_dataset_object(path):
+            return "hf"
+        raise InputError(f"input {type(path).__name__}: expected a path or a datasets.Dataset / IterableDataset / "
+                         "DatasetDict", reason="unknown_format", expected="a path or a datasets object",
+                         found=type(path).__name__)
     p = Path(path)
     if p.is_dir():
         if (p / "state.json").is_file() or (p / "dataset_dict.json").is_file():
@@ -55,6 +91,8 @@ def detect_format(path: str | os.PathLike) -> str:
         return "json"
     if name.endswith(".parquet"):
         return "parquet"
+    if name.endswith(".tar"):
+        return "webdataset"
     raise InputError(f"{p}: cannot tell the format from the name (pass fmt= one of {list(FORMATS)})",
                      reason="unknown_format", file=str(p), expected=f"one of {list(FORMATS)}", found=p.suffix or "no suffix",
                      cli=f"{p}: cannot tell the format from the name (pass --format {{{','.join(FORMATS)}}})")
@@ -75,42 +113,50 @@ def missing_columns(file: str, columns: Sequence[str] | None, names: Sequence[st
                       cli=f"{what}: pick one with --field or --template")
 
 
-def iter_records(paths: Sequence[str | os.PathLike], fmt: str | None = None, *, columns: Sequence[str] | None = None,
+def source_module(kind: str, inp: Any = None):
+    """The module implementing format ``kind`` (InputError naming the formats for an unknown one)."""
+    if kind not in SOURCES:
+        file = str(inp) if is_path(inp) else None
+        raise InputError(f"{inp}: unknown format {kind!r}; the formats are {list(FORMATS)}", reason="unknown_format",
+                         file=file, expected=f"one of {list(FORMATS)}", found=kind)
+    return importlib.import_module(f"{__name__}.{SOURCES[kind]}")
+
+
+def _sources(inputs: Sequence[Any], fmt: str | None):
+    for inp in inputs:
+        kind = "hf" if not is_path(inp) else fmt or detect_format(inp)
+        yield inp, kind, source_module(kind, inp)
+
+
+def iter_records(inputs: Sequence[Any], fmt: str | None = None, *, columns: Sequence[str] | None = None,
                  split: str | None = None, glob: str = "*.txt") -> Iterator[Raw]:
     """Stream the records of every input in order. ``columns`` restricts table reads to those columns."""
-    from . import hf_disk, jsonl, parquet, textdir
-
-    for path in paths:
-        kind = fmt or detect_format(path)
-        if kind == "jsonl":
-            yield from jsonl.iter_jsonl(path)
-        elif kind == "json":
-            yield from jsonl.iter_json_array(path)
-        elif kind == "parquet":
-            yield from parquet.iter_parquet(path, columns=columns)
-        elif kind == "hf_disk":
-            yield from hf_disk.iter_hf_disk(path, columns=columns, split=split)
-        elif kind == "text_dir":
-            yield from textdir.iter_text_dir(path, glob=glob)
-        else:
-            raise InputError(f"{path}: unknown format {kind!r}", reason="unknown_format", file=str(path),
-                             expected=f"one of {list(FORMATS)}", found=kind)
+    opts = ReadOptions(columns, split, glob)
+    for inp, _, module in _sources(inputs, fmt):
+        yield from module.read(inp, opts)
 
 
-def count_records(paths: Sequence[str | os.PathLike], fmt: str | None = None, *, split: str | None = None,
+def count_records(inputs: Sequence[Any], fmt: str | None = None, *, split: str | None = None,
                   glob: str = "*.txt") -> int | None:
     """The number of records when it is known without reading the data (tables, folders), else None."""
-    from . import hf_disk, parquet, textdir
-
+    opts = ReadOptions(None, split, glob)
     total = 0
-    for path in paths:
-        kind = fmt or detect_format(path)
-        if kind == "parquet":
-            total += parquet.count_rows(path)
-        elif kind == "hf_disk":
-            total += hf_disk.count_rows(path, split=split)
-        elif kind == "text_dir":
-            total += textdir.count_files(path, glob=glob)
-        else:
+    for inp, _, module in _sources(inputs, fmt):
+        n = module.count(inp, opts)
+        if n is None:
             return None
+        total += n
     return total
+
+
+def describe_sources(inputs: Sequence[Any], fmt: str | None, split: str | None = None) -> list[dict]:
+    """``{path, format}`` of each input for the build report, plus what the source adds (``split`` read)."""
+    opts = ReadOptions(None, split)
+    out = []
+    for inp, kind, module in _sources(inputs, fmt):
+        entry = {"path": module.label(inp) if kind == "hf" else str(Path(inp).resolve()), "format": kind}
+        describe = getattr(module, "describe", None)
+        if describe is not None:
+            entry.update(describe(inp, opts))
+        out.append(entry)
+    return out

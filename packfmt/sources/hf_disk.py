@@ -35,27 +35,33 @@ def splits(root: str | os.PathLike) -> list[str] | None:
     return list(json.loads(dd.read_text(encoding="utf-8")).get("splits", []))
 
 
-def resolve_split(root: str | os.PathLike, split: str | None) -> str | None:
-    """The split to read from ``root``: ``split``, else ``train`` of a DatasetDict; None for a single Dataset.
+def choose_split(names: Sequence[str], split: str | None, where: str, file: str | None = None) -> str:
+    """The split to read from a DatasetDict with splits ``names``: ``split``, else ``train``.
 
     Raises ``missing_split`` naming the splits there are when ``split`` is not one of them, or when
-    it is None and the DatasetDict has no ``train``.
+    it is None and there is no ``train`` (``where`` names the DatasetDict in the message). Shared by
+    ``save_to_disk`` folders and in-memory / cached DatasetDicts (``sources.hf``).
     """
-    names = splits(root)
-    if names is None:
-        return None
-    dd = str(Path(root) / "dataset_dict.json")
+    names = list(names)
     if split is None:
         if DEFAULT_SPLIT in names:
             return DEFAULT_SPLIT
-        raise InputError(f"{root}: a DatasetDict with splits {names} and no {DEFAULT_SPLIT!r}: pass split= one of them",
-                         reason="missing_split", file=dd, field="splits", expected=f"one of {names}", found="no split",
-                         cli=f"{root}: a DatasetDict with splits {names} and no {DEFAULT_SPLIT!r}: "
+        raise InputError(f"{where}: a DatasetDict with splits {names} and no {DEFAULT_SPLIT!r}: pass split= one of them",
+                         reason="missing_split", file=file, field="splits", expected=f"one of {names}", found="no split",
+                         cli=f"{where}: a DatasetDict with splits {names} and no {DEFAULT_SPLIT!r}: "
                              f"pass --split {'|'.join(names)}")
     if split not in names:
-        raise InputError(f"{root}: no split {split!r}; the splits are {names}", reason="missing_split", file=dd,
+        raise InputError(f"{where}: no split {split!r}; the splits are {names}", reason="missing_split", file=file,
                          field="splits", expected=f"one of {names}", found=split)
     return split
+
+
+def resolve_split(root: str | os.PathLike, split: str | None) -> str | None:
+    """The split to read from ``root``: ``split``, else ``train`` of a DatasetDict; None for a single Dataset."""
+    names = splits(root)
+    if names is None:
+        return None
+    return choose_split(names, split, str(root), str(Path(root) / "dataset_dict.json"))
 
 
 def _split_dirs(root: Path, split: str | None) -> list[Path]:
@@ -123,3 +129,16 @@ def count_rows(path: str | os.PathLike, split: str | None = None) -> int:
     for arrow in data_files(path, split):
         total += sum(b.num_rows for b in _batches(_open_reader(arrow)))
     return total
+
+
+def read(path: str | os.PathLike, opts) -> Iterator[Raw]:
+    return iter_hf_disk(path, columns=opts.columns, split=opts.split)
+
+
+def count(path: str | os.PathLike, opts) -> int:
+    return count_rows(path, split=opts.split)
+
+
+def describe(path: str | os.PathLike, opts) -> dict:
+    chosen = resolve_split(path, opts.split)
+    return {} if chosen is None else {"split": chosen}

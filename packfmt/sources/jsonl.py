@@ -1,4 +1,4 @@
-"""JSON Lines (optionally .gz/.zst compressed) and JSON-array files."""
+"""JSON Lines files (optionally .gz/.zst compressed): one record per non-blank line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..errors import InputError
 from . import Raw
 
 
-def _open_binary(path: Path):
+def open_binary(path: Path):
     name = path.name.lower()
     if name.endswith(".gz"):
         return gzip.open(path, "rb")
@@ -41,35 +41,16 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[Raw]:
     """Stream one record per non-blank line (blank lines separate nothing and are not records)."""
     p = Path(path)
     file = str(p)
-    with _open_binary(p) as f:
+    with open_binary(p) as f:
         for line, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             yield Raw(file, line, parse_line(raw, file, line))
 
 
-def iter_json_array(path: str | os.PathLike) -> Iterator[Raw]:
-    """A JSON file holding one array of objects (LLaVA style). Read whole: such files are not streamable."""
-    p = Path(path)
-    file = str(p)
-    with _open_binary(p) as f:
-        data = f.read()
-    try:
-        arr = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        yield Raw(file, 1, InputError(f"{file}: malformed JSON ({exc})", reason="malformed_json", file=file, line=1,
-                                      expected="a JSON array of objects", found="unparseable file"))
-        return
-    if isinstance(arr, dict):
-        arr = [arr]
-    if not isinstance(arr, list):
-        yield Raw(file, 1, InputError(f"{file}: expected a JSON array, found {type(arr).__name__}", reason="not_an_object",
-                                      file=file, line=1, expected="JSON array", found=type(arr).__name__))
-        return
-    for k, obj in enumerate(arr, start=1):
-        if isinstance(obj, dict):
-            yield Raw(file, k, obj)
-        else:
-            yield Raw(file, k, InputError(f"{file}: element {k}: expected a JSON object, found {type(obj).__name__}",
-                                          reason="not_an_object", file=file, line=k, expected="JSON object",
-                                          found=type(obj).__name__))
+def read(path: str | os.PathLike, opts) -> Iterator[Raw]:
+    return iter_jsonl(path)
+
+
+def count(path: str | os.PathLike, opts) -> None:
+    return None  # known only by reading the file

@@ -54,13 +54,18 @@ class ImageTokenRule:
                 "formula": "ceil(h/(patch*merge)) * ceil(w/(patch*merge))"}
 
 
-def _image_list(obj: dict) -> list[str]:
+def _image_list(obj: dict) -> list[str | tuple[bytes, str]]:
+    """The record's images in order: a path string (relative to the image root), or ``(bytes, name)``
+    for an image carried in the record (a tar shard member, an HF ``Image`` feature's ``{"bytes", "path"}``)."""
     raw = obj.get("images", obj.get("image"))
     if raw is None:
         return []
     items = raw if isinstance(raw, list) else [raw]
     out = []
     for k, item in enumerate(items):
+        if isinstance(item, dict) and isinstance(item.get("bytes"), (bytes, bytearray)):
+            out.append((bytes(item["bytes"]), str(item.get("path") or f"images[{k}]")))
+            continue
         path = item.get("path") if isinstance(item, dict) else item
         if not isinstance(path, str) or not path:
             raise InputError(f"images[{k}]: expected a path string, found {type(path).__name__}", reason="invalid_image_entry",
@@ -69,8 +74,12 @@ def _image_list(obj: dict) -> list[str]:
     return out
 
 
-def resolve_image(root: Path, rel: str) -> Path:
+def resolve_image(root: Path | None, rel: str) -> Path:
     """``root / rel`` resolved (symlinks too); raises ``image_path_escapes_root`` if it leaves ``root``."""
+    if root is None:
+        raise InputError(f"image {rel!r} is a path but no image root was given", reason="missing_image", field="image",
+                         expected="image_root= (the folder image paths are relative to)", found=rel,
+                         cli=f"image {rel!r} is a path but no image root was given: pass --image-root")
     target = (root / rel).resolve()
     if not target.is_relative_to(root):
         raise InputError(f"image path {rel!r} escapes the image root {root}", reason="image_path_escapes_root",
@@ -78,16 +87,20 @@ def resolve_image(root: Path, rel: str) -> Path:
     return target
 
 
-def load_image(path: Path, rel: str, max_pixels: int) -> tuple[bytes, str, int, int]:
-    """The file's bytes and ``(codec, width, height)`` after checking it decodes."""
+def _read_file(path: Path, rel: str) -> bytes:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"image {rel!r} not found ({path})", reason="missing_image", field="image",
                          expected="an existing file", found="missing") from None
     except OSError as exc:
         raise InputError(f"image {rel!r} unreadable: {exc}", reason="missing_image", field="image",
                          expected="a readable file", found=type(exc).__name__) from None
+
+
+def load_image(source: Path | bytes, rel: str, max_pixels: int) -> tuple[bytes, str, int, int]:
+    """The image's bytes (read from ``source`` when a path) and ``(codec, width, height)`` after checking it decodes."""
+    data = source if isinstance(source, bytes) else _read_file(source, rel)
     try:
         codec, width, height = sniff_image(data, max_pixels=max_pixels)
     except InputError as exc:
@@ -131,7 +144,8 @@ class MultimodalConverter:
 
     Args:
         spec: tokenizer; ``spec.image_token`` must be one token of its vocabulary.
-        image_root: folder that image paths are relative to; paths may not leave it.
+        image_root: folder that image paths are relative to; paths may not leave it (images carried
+            in the record as bytes, e.g. WebDataset members, need none).
         rule: image token count rule.
         train_on: loss mask policy (image tokens are never trained on).
         max_pixels: decompression-bomb bound (width * height) of the source images.
@@ -141,10 +155,10 @@ class MultimodalConverter:
     loss_mask = True
     columns = None
 
-    def __init__(self, spec: TokenizerSpec, image_root: str, rule: ImageTokenRule, train_on: str = "assistant",
+    def __init__(self, spec: TokenizerSpec, image_root: str | None, rule: ImageTokenRule, train_on: str = "assistant",
                  max_pixels: int | None = None, encoding: ImageEncoding | None = None) -> None:
         self.spec = spec
-        self.root = Path(image_root).resolve()
+        self.root = None if image_root is None else Path(image_root).resolve()
         self.rule = rule
         self.train_on = train_on
         self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS)
@@ -169,12 +183,12 @@ class MultimodalConverter:
         if self.train_on == "assistant" and not any(m["role"] == "assistant" for m in messages):
             raise InputError("no assistant message: nothing to train on", reason="no_assistant_turn",
                              field="messages", expected="an assistant message", found="none")
-        paths = [str(resolve_image(self.root, rel)) for rel in rels]
-        return messages, paths, rels
+        sources = [str(resolve_image(self.root, e)) if isinstance(e, str) else e[0] for e in rels]
+        return messages, sources, [e if isinstance(e, str) else e[1] for e in rels]
 
     def _encode_one(self, payload, encoded) -> tuple:
         messages, paths, rels = payload
-        images = [load_image(Path(p), rel, self.max_pixels) for p, rel in zip(paths, rels)]
+        images = [load_image(p if isinstance(p, bytes) else Path(p), rel, self.max_pixels) for p, rel in zip(paths, rels)]
         if isinstance(encoded, InputError):
             raise encoded
         if not self.encoding.is_identity:

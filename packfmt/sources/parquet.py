@@ -39,3 +39,11 @@ def count_rows(path: str | os.PathLike) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(str(path)).metadata.num_rows
+
+
+def read(path: str | os.PathLike, opts) -> Iterator[Raw]:
+    return iter_parquet(path, columns=opts.columns)
+
+
+def count(path: str | os.PathLike, opts) -> int:
+    return count_rows(path)

@@ -60,3 +60,11 @@ def iter_text_dir(root: str | os.PathLike, *, glob: str = "*.txt") -> Iterator[R
                                           line=1, expected="UTF-8 text", found="invalid bytes"))
             continue
         yield Raw(file, 1, {"text": text, "path": str(path.relative_to(root))})
+
+
+def read(root: str | os.PathLike, opts) -> Iterator[Raw]:
+    return iter_text_dir(root, glob=opts.glob)
+
+
+def count(root: str | os.PathLike, opts) -> int:
+    return count_files(root, opts.glob)
