@@ -165,3 +165,24 @@ def test_any_interruptions_resume_exactly(ds, reference, data):
             stops.append(n)
             done += n
     assert interrupted(ds, 0, stops) == reference
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_collection_resumes_exactly_and_reads_as_its_store(tmp_path, ds, reference, num_workers):
+    """The same documents as a 3-member collection with the same packs: the same batches, and exact resume."""
+    from packfmt.collection import write_collection
+
+    store = ds.store
+    cuts = [0, 100, 100, 299]  # an empty member in the middle
+    members = []
+    for m, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        off = np.asarray(store.doc_offsets[a:b + 1])
+        members.append(write_flat_dataset(tmp_path / f"m{m}", np.asarray(store.tokens[off[0]:off[-1]]), off - off[0],
+                                          vocab_size=1000).path)
+    coll = write_collection(tmp_path / "coll", [(None, p) for p in members])
+    index = ds.index
+    write_pack_index(coll, np.asarray(index.segments), np.asarray(index.pack_offsets), capacity=64, name="one")
+    cds = PackedDataset(coll.path, "one")
+    assert interrupted(cds, num_workers, [5, 6]) == reference
+    for p in range(len(cds)):  # and the batches hold the same rows
+        assert torch.equal(cds[p]["input_ids"], ds[p]["input_ids"]) and torch.equal(cds[p]["labels"], ds[p]["labels"])
