@@ -249,6 +249,8 @@ def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None,
     f = _Fetcher(storage_options, cache_dir, cache_limit)
     f.result = Fetched(path=Path())
     f.result.path = f.dataset(url.rstrip("/"))
+    if f.limit is not None and not f.result.downloaded:  # (after a download, ``file`` evicted already)
+        evict(f.root, f.limit)
     return f.result
 
 
