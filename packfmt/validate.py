@@ -157,7 +157,8 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
             fetched = fetch_dataset(path, storage_options)
         except PackfmtError as exc:
             report = Report(str(path), deep)
-            _Collector(report).add(exc.file or str(path), exc.field, detail=str(exc))
+            where, msg = exc.file or str(path), str(exc)
+            _Collector(report).add(where, None, detail=msg.removeprefix(f"{where}: "))
             return report
         report = validate(fetched.path, deep=deep, progress=progress, decode_images=decode_images)
         report.path = str(path)

@@ -188,7 +188,7 @@ class _Fetcher:
                               "or write one with packfmt build / merge", file=url, expected="a manifest",
                               found="missing") from None
 
-    def dataset(self, url: str) -> Path:
+    def dataset(self, url: str, *, packs: bool = True) -> Path:
         fs, rpath = uri.filesystem(url, self.so)
         local = self.mirror(url)
         self.result.pins.append(Pin(local))
@@ -198,11 +198,12 @@ class _Fetcher:
             from ..collection.manifest import parse_collection_manifest
 
             for member in parse_collection_manifest(obj, file=f"{url}/{F.MANIFEST}").members:
-                self.dataset(uri.join(url, member.path))
+                self.dataset(uri.join(url, member.path), packs=False)  # a collection reads its own indexes only
         else:
             for name, entry in F.parse_manifest(obj, file=f"{url}/{F.MANIFEST}").files.items():
                 self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
-        self.packs(fs, rpath, url, local)
+        if packs:
+            self.packs(fs, rpath, url, local)
         _write_atomic(local / F.MANIFEST, raw)
         return local
 
