@@ -130,3 +130,25 @@ def test_file_urls_are_local_paths(tmp_path):
     build_text([SAMPLE / "text.jsonl"], f"file://{tmp_path}/ds", TOK, limit=5)
     assert packfmt.open(f"file://{tmp_path}/ds").num_documents == 5
     assert (tmp_path / "ds" / "manifest.json").is_file()
+
+
+def test_cli_megatron_and_chat_inputs_from_the_bucket(s3_server, cache, tmp_path):
+    from packfmt.megatron import export_megatron
+
+    local = tmp_path / "local"
+    build_text([SAMPLE / "text.jsonl"], local, TOK, limit=12)
+    export_megatron(local, tmp_path / "mg" / "web_text_document")
+    s3_server.put(str(tmp_path / "mg") + "/", f"{BUCKET}/mg/", recursive=True)
+    store = packfmt.open(local)
+    assert main(["build", "megatron", f"{URL}/mg/web_text_document", "-o", f"{URL}/mg/ds",
+                 "--vocab-size", str(store.vocab_size)]) == 0
+    back = packfmt.open(f"{URL}/mg/ds")
+    assert np.array_equal(np.asarray(back.tokens), np.asarray(store.tokens))
+    assert np.array_equal(np.asarray(back.doc_offsets), np.asarray(store.doc_offsets))
+    s3_server.put_file(str(SAMPLE / "chat.jsonl"), f"{BUCKET}/in/chat.jsonl")
+    assert main(["build", "chat", f"{URL}/in/chat.jsonl", "-o", str(tmp_path / "chat"), "--tokenizer", TOK,
+                 "--no-progress"]) == 0
+    assert main(["build", "chat", str(SAMPLE / "chat.jsonl"), "-o", str(tmp_path / "chat-local"), "--tokenizer", TOK,
+                 "--no-progress"]) == 0
+    assert (tmp_path / "chat" / "tokens.bin").read_bytes() == (tmp_path / "chat-local" / "tokens.bin").read_bytes()
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("packfmt-inputs-*"))  # downloaded inputs removed

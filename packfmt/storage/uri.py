@@ -83,20 +83,22 @@ def root_key(url: str, storage_options: dict | None = None) -> str:
 
 def download_inputs(paths, storage_options: dict | None = None):
     """``(local paths, temp dir or None)``: each remote URL in ``paths`` downloaded (a folder recursively) into a
-    fresh temp dir, under its own base name; local paths and ``file://`` URLs are passed through."""
+    fresh temp dir, under its own base name, files of one remote folder side by side (``PREFIX.bin`` beside
+    ``PREFIX.idx``); local paths and ``file://`` URLs are passed through."""
     import tempfile
 
     if not any(is_remote(p) for p in paths):
         return [str(local_file(p)) for p in paths], None
     tmp = Path(tempfile.mkdtemp(prefix="packfmt-inputs-"))
-    out = []
-    for i, p in enumerate(paths):
+    out, folders = [], {}
+    for p in paths:
         if not is_remote(p):
             out.append(str(local_file(p)))
             continue
         fs, rpath = filesystem(p, storage_options)
-        dst = tmp / str(i) / posixpath.basename(rpath)
-        dst.parent.mkdir(parents=True)
+        parent = folders.setdefault(p.rstrip("/").rsplit("/", 1)[0], str(len(folders)))
+        dst = tmp / parent / posixpath.basename(rpath)
+        dst.parent.mkdir(parents=True, exist_ok=True)
         if fs.isdir(rpath):
             fs.get(rpath + "/", str(dst) + "/", recursive=True)
         else:
