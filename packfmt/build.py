@@ -241,8 +241,12 @@ def run_build(
     total: int | None = None,
     limit: int | None = None,
     skip_log: str | os.PathLike | None = None,
+    storage_options: dict | None = None,
 ) -> BuildResult:
     """Run the pipeline for any converter (text, chat, multimodal) and publish the dataset.
+
+    ``out`` may be a URL (``s3://...``): the dataset is written locally, then uploaded with its
+    manifest last (``packfmt.storage``; ``storage_options`` go to fsspec).
 
     Args:
         records: the source records, in order.
@@ -254,6 +258,17 @@ def run_build(
     """
     if on_error not in ON_ERROR_POLICIES:
         raise ValueError(f"on_error: expected one of {ON_ERROR_POLICIES}, found {on_error!r}")
+    from .storage import is_remote, local_file
+
+    if is_remote(out):
+        from .storage import remote_output
+
+        with remote_output(str(out), storage_options, overwrite=overwrite) as local:
+            result = run_build(records, converter, factory, local, report_base=report_base, vocab_size=vocab_size,
+                               on_error=on_error, workers=workers, batch_size=batch_size, progress=progress,
+                               total=total, limit=limit, skip_log=skip_log)
+        return BuildResult(str(out).rstrip("/"), result.report)
+    out = local_file(out)
     enc = converter.encoder
     vocab = int(vocab_size or enc.vocab_size)
     special = {k: (v if v is not None and v < vocab else None) for k, v in enc.special_tokens.items()}

@@ -75,6 +75,7 @@ def build_pack_index(
     overwrite: bool = False,
     max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION,
     weights: dict | None = None,
+    storage_options: dict | None = None,
 ) -> PackIndex:
     """Pack every document of ``dataset`` (a store, a collection, or a path) into packs of at most
     ``capacity`` tokens and store the index.
@@ -98,7 +99,7 @@ def build_pack_index(
     """
     from .packing import pack_items, segment_documents
 
-    store = dataset if hasattr(dataset, "index_binding") else open_dataset(dataset)
+    store = dataset if hasattr(dataset, "index_binding") else open_dataset(dataset, storage_options=storage_options)
     is_collection = not isinstance(store, Store)
     if weights is not None and not is_collection:
         raise WriteError(f"{store.path}: weights= mixes the members of a collection; this is a single store "
@@ -207,6 +208,10 @@ def build_pack_index(
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if getattr(store, "url", None):  # opened from a URL: upload the index, index.json last (packfmt.storage)
+        from .storage.upload import upload_index
+
+        upload_index(store, name)
     lost = lost_tokens(stats, num_tokens, max_lost_fraction)
     if lost["exceeded"]:
         warnings.warn(LostTokensWarning(

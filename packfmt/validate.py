@@ -36,7 +36,8 @@ __all__ = ["Problem", "Report", "validate", "ERROR", "WARNING"]
 
 
 # ----------------------------------------------------------------------------- entry point
-def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False, decode_images: bool = True) -> Report:
+def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False, decode_images: bool = True,
+             *, storage_options: dict | None = None) -> Report:
     """Validate the dataset at ``path``; return a :class:`Report` with every problem found.
 
     Args:
@@ -46,7 +47,23 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
         decode_images: with ``deep``, decode every image and compare its size with image_meta (V20);
             the one deep check whose cost grows with pixels rather than bytes.
     """
-    root = Path(path)
+    from .storage import is_remote, local_file
+
+    if is_remote(path):  # fetched whole into the cache; a file that fails the cache's check is reported, not served
+        from .errors import PackfmtError
+        from .storage import fetch_dataset
+
+        try:
+            fetched = fetch_dataset(path, storage_options)
+        except PackfmtError as exc:
+            report = Report(str(path), deep)
+            where, msg = exc.file or str(path), str(exc)
+            _Collector(report).add(where, None, detail=msg.removeprefix(f"{where}: "))
+            return report
+        report = validate(fetched.path, deep=deep, progress=progress, decode_images=decode_images)
+        report.path = str(path)
+        return report
+    root = Path(local_file(path))
     report = Report(str(root), deep)
     out = _Collector(report)
     if not root.is_dir():

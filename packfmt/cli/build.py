@@ -28,9 +28,11 @@ def _common(p: argparse.ArgumentParser, *, tokenizer_required: bool = True) -> N
 
 
 def _inputs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", help="input files or folders (.tar WebDataset shards too); with --format hf, "
-                                             "names of datasets in the local Hugging Face cache (never downloaded)")
-    p.add_argument("-o", "--out", required=True, help="target dataset directory")
+    p.add_argument("inputs", nargs="+", help="input files or folders (.tar WebDataset shards too; or URLs: s3://..., "
+                                             "downloaded first); with --format hf, names of datasets in the local "
+                                             "Hugging Face cache (never downloaded)")
+    p.add_argument("-o", "--out", required=True, help="target dataset directory or URL (s3://...: written locally, "
+                                                      "uploaded manifest last)")
     p.add_argument("--format", dest="fmt", choices=FORMATS, help="input format (default: from each path)")
     p.add_argument("--split", help="split of a DatasetDict (save_to_disk folder or --format hf name; default: train; "
                                    "a DatasetDict without train needs --split)")
@@ -122,8 +124,23 @@ def run_megatron(args: argparse.Namespace) -> int:
     if args.vocab_size < 1:
         print("packfmt build megatron: error: --vocab-size must be >= 1", file=sys.stderr)
         return 2
+    from ..storage import download_inputs, is_remote, remote_output
+
     tok = {"name": args.tokenizer_name, "hash": None} if args.tokenizer_name else None
-    out = import_megatron(args.prefix, args.out, vocab_size=args.vocab_size, tokenizer=tok, overwrite=args.overwrite)
+    (bin_, _), tmp = download_inputs([args.prefix + ".bin", args.prefix + ".idx"])
+    try:
+        prefix = bin_[:-len(".bin")]
+        if is_remote(args.out):
+            with remote_output(args.out, overwrite=args.overwrite) as local:
+                import_megatron(prefix, local, vocab_size=args.vocab_size, tokenizer=tok)
+            out = args.out
+        else:
+            out = import_megatron(prefix, args.out, vocab_size=args.vocab_size, tokenizer=tok, overwrite=args.overwrite)
+    finally:
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
     store = open_dataset(out)
     print(f"wrote {store.num_documents:,} documents, {store.num_tokens:,} tokens ({store.manifest.token_dtype}) to {out}")
     return 0
@@ -166,6 +183,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from ..storage import download_inputs
+
+    remote = list(getattr(args, "inputs", [])) + ([args.image_root] if getattr(args, "image_root", None) else [])
+    local, tmp = download_inputs(remote)  # URLs fetched to a temp dir (object storage; packfmt.storage)
+    try:
+        if hasattr(args, "inputs"):
+            args.inputs = local[:len(args.inputs)]
+        if getattr(args, "image_root", None):
+            args.image_root = local[-1]
+        return _run(args, B)
+    finally:
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, B) -> int:
     common = dict(on_error=args.on_error, workers=args.workers, batch_size=args.batch_size, overwrite=args.overwrite,
                   progress=args.progress and sys.stderr.isatty(), vocab_size=args.vocab_size, limit=args.limit,
                   skip_log=args.skip_log)

@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
         "inspect", help="summarize a dataset and its pack indexes (numbers, plots, one pack's text)",
         description="Counts, document length distribution, images, loss mask, build report, and for each pack "
                     "index its fill efficiency next to what naive padding would cost on the same data.")
-    p.add_argument("path", help="dataset directory")
+    p.add_argument("path", help="dataset directory or URL (s3://...: read through the local cache)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write length / fill histograms and token grids of one batch of packs drawn "
                                                      "at random, with batch boundaries (see --batch-size)")

@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
     p.add_argument("sources", nargs="+", metavar="[NAME=]SRC",
                    help="a store or collection directory; NAME names the member (default: the directory name); "
                         "a collection's members are named NAME.MEMBER")
-    p.add_argument("-o", "--output", required=True, metavar="DST", help="the collection (or store) directory to write")
+    p.add_argument("-o", "--output", required=True, metavar="DST", help="the collection (or store) directory or URL (s3://...) to write")
     p.add_argument("--physical", action="store_true",
                    help="write one contiguous store (tokens, offsets, masks and images copied); the pack indexes "
                         "of a single source collection are carried, those of member stores are not")
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.physical:
         return _physical(args, sources)
     coll = write_collection(args.output, sources, overwrite=args.overwrite)
-    print(f"wrote collection {coll.path}: {len(coll.members):,} members, {coll.num_documents:,} documents, "
+    print(f"wrote collection {getattr(coll, 'url', coll.path)}: {len(coll.members):,} members, {coll.num_documents:,} documents, "
           f"{coll.num_tokens:,} tokens")
     for m in coll.members[:10]:
         print(f"  {m.name}: {m.documents:,} documents, {m.tokens:,} tokens ({m.path})")
@@ -48,7 +48,7 @@ def _physical(args: argparse.Namespace, sources) -> int:
     store = merge_physical(sources, args.output, overwrite=args.overwrite)
     report = store.manifest.raw["build_report"]
     files = store.manifest.files
-    print(f"wrote store {store.path}: {len(report['members']):,} members, {store.num_documents:,} documents, "
+    print(f"wrote store {getattr(store, 'url', store.path)}: {len(report['members']):,} members, {store.num_documents:,} documents, "
           f"{store.num_tokens:,} tokens, {store.num_images:,} images ({report['bytes_copied']:,} bytes copied)")
     print("  files: " + ", ".join(f"{name} ({files[name].bytes:,} bytes)" for name in sorted(files)))
     indexes = report["pack_indexes"]
@@ -61,5 +61,5 @@ def _physical(args: argparse.Namespace, sources) -> int:
         print(f"  {member_indexes:,} pack index(es) of member stores not carried (their document ids are the "
               "member's own)")
     if not indexes["carried"]:
-        print(f"  next: pack the merged store with `packfmt pack {store.path} --capacity N`")
+        print(f"  next: pack the merged store with `packfmt pack {getattr(store, 'url', store.path)} --capacity N`")
     return 0

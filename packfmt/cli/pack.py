@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("pack", help="compute a pack index over a dataset (offline, global)",
                        description="Pack every document into packs of at most --capacity tokens and store the index "
                                    "under DATASET/packs/NAME (atomic; other indexes are untouched).")
-    p.add_argument("dataset", help="dataset directory (a store or a collection: a collection packs every document "
+    p.add_argument("dataset", help="dataset directory or URL (s3://...; the index is uploaded, index.json last) (a store or a collection: a collection packs every document "
                                    "of every member in one run)")
     p.add_argument("--capacity", type=int, required=True, help="tokens per pack (training sequence length)")
     p.add_argument("--algorithm", default="ffd", choices=F.ALGORITHM_NAMES, help="packing algorithm (default: ffd)")
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"name": index.name, "path": str(index.path), "stats": stats, "lost_tokens": lost,
                           "mixture": mixture}, indent=2))
         return 0
-    print(f"wrote pack index {index.name!r} to {index.path}")
+    where = f"{store.url}/{F.PACKS_DIR}/{index.name}" if getattr(store, "url", None) else index.path
+    print(f"wrote pack index {index.name!r} to {where}")
     print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} "
           f"{'document copies' if mixture else 'documents'} "
           f"({stats['segments']:,} segments), algorithm {index.algorithm}")

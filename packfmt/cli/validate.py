@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
                     "reads only the manifests and offsets arrays (fast at any size); --deep also verifies every "
                     "checksum, token range, loss mask values, image metadata, and that each pack index covers every "
                     "document as its oversize policy says. Every problem is reported, not only the first.")
-    p.add_argument("path", help="dataset directory")
+    p.add_argument("path", help="dataset directory or URL (s3://..., gs://...: read through the local cache)")
     p.add_argument("--deep", action="store_true", help="also read every byte (checksums, token ids, pack coverage)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing; the exit status tells (0 valid, 1 invalid)")

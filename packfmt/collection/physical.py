@@ -246,7 +246,7 @@ def _normalize(sources: Iterable) -> list[tuple[str | None, Path]]:
 
 
 def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool = False,
-                   on_bytes: Callable[[int], None] | None = None) -> Store:
+                   on_bytes: Callable[[int], None] | None = None, storage_options: dict | None = None) -> Store:
     """Write the stores of ``sources`` (stores and collections, in order) as one contiguous store at ``dst``.
 
     Args:
@@ -261,6 +261,14 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     """
     from .carry import carry_indexes
 
+    from ..storage import is_url
+
+    sources = [s if isinstance(s, tuple) else (None, s) for s in sources]
+    if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
+        from ..storage.upload import merge_remote
+
+        return merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,
+                            physical=True, storage_options=storage_options, on_bytes=on_bytes)
     t0 = time.perf_counter()
     dst = Path(dst)
     pairs = _normalize(sources)

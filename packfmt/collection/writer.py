@@ -91,7 +91,7 @@ def _shared(store: Store) -> dict:
 
 
 def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str | os.PathLike]], *,
-                     overwrite: bool = False) -> Collection:
+                     overwrite: bool = False, storage_options: dict | None = None) -> Collection:
     """Write a collection at ``dst`` listing the stores of ``sources`` in order; return it opened.
 
     Members must agree on token dtype, vocabulary, tokenizer identity (name and hash), special
@@ -99,6 +99,13 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     The manifest is written last, in a temporary sibling renamed into place: a killed merge
     leaves nothing that opens as a collection.
     """
+    from ..storage import is_url
+
+    if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
+        from ..storage.upload import merge_remote
+
+        return merge_remote(lambda s, d, **kw: write_collection(d, s, **kw), sources, dst, overwrite=overwrite,
+                            physical=False, storage_options=storage_options)
     dst = Path(dst)
     members = resolve_members(sources)
     check_members_agree(members)

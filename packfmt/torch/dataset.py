@@ -146,7 +146,7 @@ class PackedDataset(Dataset):
     """One pack per item, with labels, per-segment positions and segment ids.
 
     Args:
-        path_or_store: a dataset directory or an open ``Store``.
+        path_or_store: a dataset directory, a URL (``s3://...``: fetched into the cache, see ``packfmt.open``), or an open ``Store``.
         index: pack index name (default: the only index of the dataset) or an open ``PackIndex``.
         pad_to_capacity: pad every pack to ``capacity`` tokens (padding: ``pad`` token or 0,
             label -100, ``doc_ids`` -1, positions 0..pad_len-1 so it forms its own isolated run).
@@ -197,6 +197,7 @@ class PackedDataset(Dataset):
         index_dtype: torch.dtype = torch.int64,
         fields: tuple[str, ...] | list[str] = FIELDS,
         input_ids_dtype: torch.dtype | str | None = None,
+        storage_options: dict | None = None,
     ) -> None:
         if index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype: expected torch.int64 or torch.int32, found {index_dtype!r}")
@@ -208,7 +209,7 @@ class PackedDataset(Dataset):
         if input_ids_dtype is not None and input_ids_dtype != "native" and input_ids_dtype not in INDEX_DTYPES:
             raise ValueError(f"input_ids_dtype: expected None, torch.int64, torch.int32 or 'native', "
                              f"found {input_ids_dtype!r}")
-        store = path_or_store if isinstance(path_or_store, Store) else open_dataset(path_or_store)
+        store = path_or_store if isinstance(path_or_store, Store) else open_dataset(path_or_store, storage_options=storage_options)
         idx = index if isinstance(index, PackIndex) else store.pack_index(index)
         self.path = str(Path(store.path))
         self.index_name = idx.name

@@ -1,0 +1,46 @@
+"""Object storage: every dataset path may be an fsspec URL (``s3://``, ``gs://``, ``file://`` ...).
+
+Only this package imports fsspec, and only when a URL is given (``pip install 'packfmt[s3]'``).
+
+* ``uri``: local path or URL; the fsspec file system of a URL; input files fetched to a temp dir.
+* ``cache``: remote datasets mirrored whole-file into a verified, locked, bounded node-local cache.
+* ``upload``: outputs written locally and uploaded with the manifest last.
+"""
+
+from __future__ import annotations
+
+from .uri import MissingExtraError, is_remote, is_url, local_file
+
+__all__ = ["is_url", "is_remote", "local_file", "MissingExtraError", "open_url", "remote_output", "fetch_dataset",
+           "download_inputs"]
+
+
+def fetch_dataset(url, storage_options=None, cache_dir=None, cache_limit=None):
+    from .cache import fetch_dataset as fetch
+
+    return fetch(url, storage_options, cache_dir, cache_limit)
+
+
+def remote_output(url, storage_options=None, *, overwrite=False, cache_dir=None):
+    from .upload import remote_output as out
+
+    return out(url, storage_options, overwrite=overwrite, cache_dir=cache_dir)
+
+
+def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, **kw):
+    """``packfmt.open`` of a URL: mirror it into the cache, open the mirror, keep it pinned while the object lives."""
+    from ..reader import open_dataset
+
+    fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit)
+    ds = open_dataset(fetched.path, **kw)
+    ds._storage_pins = fetched.pins
+    ds._storage_options = storage_options
+    ds.url = url.rstrip("/")
+    return ds
+
+
+def download_inputs(paths, storage_options=None):
+    """Build inputs: URLs downloaded (files or folders) into a fresh temp dir; ``(local paths, temp dir or None)``."""
+    from .uri import download_inputs as dl
+
+    return dl(paths, storage_options)

@@ -1,0 +1,127 @@
+"""Writing to a URL: write locally, then upload with the commit points last.
+
+A dataset's commit point is its ``manifest.json`` (a pack index's: ``packs/NAME/index.json``): a
+reader that sees it sees every file it lists. So an upload (1) removes the commit points it will
+replace, outermost first (readers then see no dataset rather than a mix of two), (2) removes remote
+files the new tree does not have, (3) puts the data files, (4) puts the commit points, innermost
+first and the top one last. A failure before (4) leaves nothing that opens; rerun the command.
+The local copy is written where the cache mirrors ``url`` and marked verified after the upload, so
+the writer's node reads it back without downloading.
+"""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from .. import format as F
+from ..errors import DatasetExistsError
+from . import uri
+from .cache import mark_verified, mirror_path
+
+__all__ = ["remote_output", "upload_tree", "exists"]
+
+_COMMITS = (F.MANIFEST, F.PACK_INDEX_JSON)
+
+
+def exists(url: str, storage_options: dict | None = None, commit: str = F.MANIFEST) -> bool:
+    fs, rpath = uri.filesystem(url, storage_options)
+    fs.invalidate_cache(rpath)
+    return fs.exists(f"{rpath}/{commit}")
+
+
+def upload_tree(local: Path, url: str, storage_options: dict | None = None, subdir: str = "") -> int:
+    """Upload ``local/subdir`` to ``url/subdir`` (commit points last; stale remote files removed); return files put."""
+    fs, rpath = uri.filesystem(url, storage_options)
+    base = Path(local) / subdir if subdir else Path(local)
+    rbase = f"{rpath}/{subdir}" if subdir else rpath
+    rels = sorted(p.relative_to(base).as_posix() for p in base.rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(base).parts))
+    fs.invalidate_cache(rbase)
+    try:
+        old = sorted(p[len(rbase) + 1:] for p in fs.find(rbase))
+    except FileNotFoundError:
+        old = []
+    depth = lambda rel: rel.count("/")  # noqa: E731
+    for rel in sorted((r for r in old if r.rsplit("/", 1)[-1] in _COMMITS), key=depth):
+        fs.rm_file(f"{rbase}/{rel}")
+    keep = set(rels)
+    for rel in old:
+        if rel not in keep and rel.rsplit("/", 1)[-1] not in _COMMITS:
+            fs.rm_file(f"{rbase}/{rel}")
+    data = [r for r in rels if r.rsplit("/", 1)[-1] not in _COMMITS]
+    commits = sorted((r for r in rels if r.rsplit("/", 1)[-1] in _COMMITS), key=depth, reverse=True)
+    for rel in data + commits:
+        fs.put_file(str(base / rel), f"{rbase}/{rel}")
+    fs.invalidate_cache(rbase)
+    return len(rels)
+
+
+@contextmanager
+def remote_output(url: str, storage_options: dict | None = None, *, overwrite: bool = False, cache_dir=None):
+    """Yield the local directory to write the dataset at ``url`` into; upload it when the block succeeds.
+
+    Refuses an existing remote dataset unless ``overwrite`` (checked before any work is done).
+    """
+    url = url.rstrip("/")
+    if exists(url, storage_options) and not overwrite:
+        raise DatasetExistsError(f"{url}: already exists (pass overwrite=True to replace it)", file=url,
+                                 expected="no existing dataset", found="exists",
+                                 cli=f"{url}: already exists (pass --overwrite to replace it)")
+    local = mirror_path(url, storage_options, cache_dir)
+    if local.exists():
+        shutil.rmtree(local)  # a stale mirror; processes that mapped its files keep valid mappings
+    local.parent.mkdir(parents=True, exist_ok=True)
+    yield local
+    upload_tree(local, url, storage_options)
+    mark_verified(local)
+
+
+def upload_index(dataset, name: str) -> None:
+    """Upload pack index ``name`` just written into the mirror of a dataset opened from a URL (index.json last)."""
+    sub = f"{F.PACKS_DIR}/{name}"
+    upload_tree(dataset.path, dataset.url, getattr(dataset, "_storage_options", None), subdir=sub)
+    mark_verified(Path(dataset.path))
+
+
+def merge_remote(write, sources, dst, *, overwrite: bool, physical: bool, storage_options: dict | None = None, **kw):
+    """``write_collection`` / ``merge_physical`` where a source or ``dst`` is a URL.
+
+    Remote sources are fetched into the cache; a remote ``dst`` is written where the cache mirrors it and
+    uploaded (manifest last). A collection records member paths relative to itself, so a collection in
+    object storage lists only members on the same file system, and a local one lists no remote member.
+    """
+    from ..errors import WriteError
+    from .cache import fetch_dataset
+
+    dst_remote = uri.is_remote(str(dst))
+    local_sources, pins = [], []
+    for name, path in sources:
+        if uri.is_remote(str(path)):
+            if not physical and not dst_remote:
+                raise WriteError(f"{path}: a local collection cannot list a member in object storage (its files live in "
+                                 "a cache that may be evicted); write the collection to object storage too, or copy "
+                                 "the members with merge_physical", file=str(path), expected="a local member",
+                                 found="a URL", cli=f"{path}: a local collection cannot list a member in object storage; "
+                                 "write it to object storage too (-o s3://...), or copy the members with --physical")
+            if not physical and uri.root_key(str(path), storage_options) != uri.root_key(str(dst), storage_options):
+                raise WriteError(f"{path}: not on the file system of {dst} (another scheme or endpoint); a collection "
+                                 "lists members by relative path", file=str(path), expected="the scheme of dst",
+                                 found=str(path))
+            fetched = fetch_dataset(str(path), storage_options)
+            pins += fetched.pins
+            local_sources.append((name, fetched.path))
+        else:
+            if dst_remote and not physical:
+                raise WriteError(f"{path}: a collection in object storage cannot list a local member; upload it first "
+                                 "(packfmt merge --physical SRC -o s3://..., or build it there)", file=str(path),
+                                 expected="a URL", found="a local path")
+            local_sources.append((name, uri.local_file(path)))
+    if not dst_remote:
+        return write(local_sources, uri.local_file(dst), overwrite=overwrite, **kw)
+    with remote_output(str(dst), storage_options, overwrite=overwrite) as local:
+        write(local_sources, local, overwrite=False, **kw)
+    from ..reader import open_dataset
+
+    return open_dataset(str(dst), storage_options=storage_options)
