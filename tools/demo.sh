@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the main job on the bundled sample data:
-# build -> pack -> validate -> inspect -> read a few batches, for text, chat and multimodal data.
+# build -> pack -> validate -> inspect -> read a few batches, for text, chat and multimodal data,
+# and a weighted mixture of two text sources as one collection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -24,14 +25,25 @@ $PF pack "$OUT/text" --capacity 1024 --algorithm greedy --overwrite
 $PF pack "$OUT/chat" --capacity 1024 --algorithm bfd --materialize --overwrite
 $PF pack "$OUT/vqa" --capacity 256 --algorithm balanced --max-images-per-pack 8 --overwrite
 
+step "collection: two text sources as one dataset, packed globally with books weighted 2x"
+head -n 30 packfmt/sample_data/text.jsonl > "$OUT/web.jsonl"
+tail -n 30 packfmt/sample_data/text.jsonl > "$OUT/books.jsonl"
+for src in web books; do
+  $PF build text "$OUT/$src.jsonl" -o "$OUT/$src" --tokenizer "$TOK" --overwrite --no-progress > /dev/null
+done
+$PF merge web="$OUT/web" books="$OUT/books" -o "$OUT/mix" --overwrite
+$PF pack "$OUT/mix" --capacity 1024 --algorithm ffd --weights web=1,books=2 --name mix-1024 --overwrite
+
 step "validate --deep"
-for d in text chat vqa; do $PF validate "$OUT/$d" --deep; done
+for d in text chat vqa mix; do $PF validate "$OUT/$d" --deep; done
 
 step "inspect"
 $PF inspect "$OUT/text" --plot "$OUT/text.png"
 $PF inspect "$OUT/chat" --show-pack 0 --tokenizer "$TOK"
+$PF inspect "$OUT/mix"
 
 step "read batches (PackedDataset + varlen collate, 2 DataLoader workers)"
 .venv/bin/python tools/read_batches.py "$OUT/text" --index ffd-1024 --batch-size 4 --batches 2 --tokenizer "$TOK"
 .venv/bin/python tools/read_batches.py "$OUT/chat" --index bfd-1024 --batch-size 2 --batches 1 --tokenizer "$TOK"
+.venv/bin/python tools/read_batches.py "$OUT/mix" --index mix-1024 --batch-size 2 --batches 1 --tokenizer "$TOK"
 printf '\nDone. Plot: %s/text.png\n' "$OUT"
