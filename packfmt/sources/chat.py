@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..errors import InputError
-from ..tokenize import ChatEncoder, TokenizerSpec
+from ..chat import ChatEncoder
+from ..tokenize import TokenizerSpec
 
 #: ShareGPT / LLaVA speaker names -> chat roles.
 ROLE_NAMES = {
