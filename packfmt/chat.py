@@ -162,7 +162,7 @@ class ChatEncoder(TextEncoder):
     def untrained_reasoning(self, text: str, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """Character ranges of the reasoning blocks inside ``spans`` that the loss leaves out: every
         block with ``reasoning="drop"``, else only the empty ones. A range covers the block and the
-        whitespace after it."""
+        newlines after it."""
         out = []
         for begin, end in spans:
             pos = text.find(REASONING_OPEN, begin, end)
@@ -171,7 +171,7 @@ class ChatEncoder(TextEncoder):
                 if close < 0:
                     break
                 stop = close + len(REASONING_CLOSE)
-                while stop < end and text[stop] in _SPACE:
+                while stop < end and text[stop] in "\r\n":  # the template's separator, not the answer's spaces
                     stop += 1
                 if self.reasoning == "drop" or not text[pos + len(REASONING_OPEN):close].strip(_SPACE):
                     out.append((pos, stop))
