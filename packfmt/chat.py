@@ -97,21 +97,25 @@ class ChatEncoder(TextEncoder):
                              field="messages", expected="renderable messages", found=type(exc).__name__) from None
 
     def _probe(self) -> tuple[str, str]:
-        """``(assistant header, end-of-turn marker)`` of the template, from two probe conversations."""
+        """``(assistant header, end-of-turn marker)`` of the template, from probe conversations
+        (``""`` for what a template does not show or refuses to render: then less is located)."""
         user = {"role": "user", "content": "hi"}
+        header = end = ""
         try:
             plain = self.render([user])
             prompted = self.render([user], add_generation_prompt=True)
-            header = prompted[len(plain):] if prompted.startswith(plain) else ""
+            if prompted.startswith(plain):  # a prompt that opens the reasoning: the block belongs to the turn
+                header = prompted[len(plain):].split(REASONING_OPEN)[0]
+        except InputError:
+            pass
+        try:
             two = self.render([user, {"role": "assistant", "content": _PROBES[0]}, user,
                                {"role": "assistant", "content": _PROBES[1]}])
-        except InputError:  # a template that refuses the probe: locate contents only
-            return "", ""
-        if not all(p in two for p in _PROBES):
-            return header, ""
-        after = [two[two.index(p) + len(p):] for p in _PROBES]
-        end = os.path.commonprefix(after)
-        return header, end.split(_PROBES[1])[0]
+        except InputError:
+            return header, end
+        if all(p in two for p in _PROBES):
+            end = os.path.commonprefix([two[two.index(p) + len(p):] for p in _PROBES]).split(_PROBES[1])[0]
+        return header, end
 
     # ------------------------------------------------------------------ turn location
     def _content_at(self, msg: dict, text: str, begin: int) -> tuple[int, int]:
@@ -261,11 +265,33 @@ class ChatEncoder(TextEncoder):
             if located is None:
                 results[k] = (ids, np.ones(ids.size, dtype=np.uint8))
                 continue
-            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-            starts, ends = offsets[:, 0], offsets[:, 1]
             mask = np.zeros(ids.size, dtype=np.uint8)
-            for begin, end in located[0]:
-                mask[(starts < end) & (ends > begin)] = 1
-            self._unmask(mask, offsets, located[1])
+            if not self._mark_by_chars(enc, mask, *located):  # a character in no token: the offsets decide
+                offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+                starts, ends = offsets[:, 0], offsets[:, 1]
+                mask[:] = 0
+                for begin, end in located[0]:
+                    mask[(starts < end) & (ends > begin)] = 1
+                self._unmask(mask, offsets, located[1])
             results[k] = (ids, mask)
         return results
+
+    @staticmethod
+    def _mark_by_chars(enc, mask: np.ndarray, spans, untrained) -> bool:
+        """Mark ``spans`` and clear ``untrained`` through ``char_to_token`` (transformers' rule: from the
+        token holding a span's first character to the one holding its last; cheaper than every token's
+        offsets). False when a boundary character is in no token."""
+        for begin, end in spans:
+            if end > begin:
+                first, last = enc.char_to_token(begin), enc.char_to_token(end - 1)
+                if first is None or last is None:
+                    return False
+                mask[first:last + 1] = 1
+        for begin, end in untrained:  # only the tokens wholly inside
+            first, last = enc.char_to_token(begin), enc.char_to_token(end - 1)
+            if first is None or last is None:
+                return False
+            first += enc.token_to_chars(first)[0] < begin
+            last -= enc.token_to_chars(last)[1] > end
+            mask[first:last + 1] = 0
+        return True

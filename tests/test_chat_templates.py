@@ -284,3 +284,17 @@ def test_cli_train_on_last_and_reasoning_drop(tmp_path, tok_dir, tok, capsys):
     assert settings["train_on"] == "last" and settings["reasoning"] == "drop"
     assert same_runs(trained_runs(tok, out), [expected_runs("qwen3", r["messages"], reasoning="drop", train_on="last")
                                               for r in RECORDS])
+
+
+def test_generation_prompt_that_opens_the_reasoning(tmp_path, tok_dir, tok):
+    """DeepSeek-R1's shape: the generation prompt ends in <think>\\n, earlier turns lose their reasoning;
+    the reasoning block then belongs to the turn (kept or dropped like any other)."""
+    template = ("{% for m in messages %}{% if m.role == 'user' %}<|im_start|>User: {{ m.content }}"
+                "{% else %}<|im_start|>Assistant: {% set c = m.content %}{% if not loop.last %}"
+                "{% set c = c.split('</think>')[-1] %}{% endif %}{{ c }}<|im_end|>{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>Assistant: <think>\n{% endif %}")
+    record = RECORDS[2]
+    src = write_jsonl(tmp_path / "c.jsonl", [record])
+    for reasoning, last in (("keep", "<think>\nsay bye\n</think>\n\nGoodbye!<|im_end|>"), ("drop", "Goodbye!<|im_end|>")):
+        result = build_chat([src], tmp_path / reasoning, tok_dir, chat_template=template, reasoning=reasoning)
+        assert same_runs(trained_runs(tok, result.path), [["\n\nHello!<|im_end|>", last]])
