@@ -19,6 +19,10 @@ trains reasoning blocks (``<think>...</think>``) with their turn, ``"drop"`` lea
 the loss; an empty block (the ``<think>\\n\\n</think>\\n\\n`` boilerplate) is never trained. Tokens
 stay in the sequence either way: only the mask changes. System, user and tool turns are
 rendered and never trained unless ``train_on="all"``.
+
+A token is trained from the one holding a span's first character to the one holding its last
+(transformers' rule), so a token the tokenizer merges across the header and an answer that starts
+with whitespace is trained; an untrained reasoning range clears only the tokens wholly inside it.
 """
 
 from __future__ import annotations
