@@ -390,22 +390,39 @@ def build_chat(
     *,
     chat_template: str | None = None,
     train_on: str = "assistant",
+    reasoning: str = "keep",
     fmt: str | None = None,
     split: str | None = None,
     **kw: Any,
 ) -> BuildResult:
     """Chat/SFT records (``messages`` role/content or ``conversations`` from/value) -> tokens + loss mask.
 
+    The mask comes from the template's ``{% generation %}`` blocks when it has them (transformers'
+    assistant mask), else from each assistant turn located in the rendered conversation (any
+    template that renders the turn's content, incremental or not); see :mod:`packfmt.chat`.
+
     Args:
         chat_template: Jinja template text overriding the tokenizer's own.
-        train_on: ``"assistant"``: mask 1 on assistant spans only; ``"all"``: every token.
+        train_on: ``"assistant"``: every assistant turn; ``"last"``: only the last one; ``"all"``: every token.
+        reasoning: ``"keep"``: reasoning blocks (``<think>...</think>``) are trained with their turn;
+            ``"drop"``: left out of the loss. An empty block is never trained.
         **kw: as :func:`build_text`.
     """
+    from .chat import REASONING, TRAIN_ON
     from .sources.chat import ChatConverter
 
+    for name, value, choices in (("train_on", train_on, TRAIN_ON), ("reasoning", reasoning, REASONING)):
+        if value not in choices:
+            raise InputError(f"{name}={value!r}: expected one of {', '.join(map(repr, choices))}", reason="invalid_option",
+                             field=name, expected=list(choices), found=value,
+                             cli=f"--{name.replace('_', '-')} {value}: expected one of {', '.join(choices)}")
     spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=None)
-    factory = partial(ChatConverter, spec, train_on)
-    settings = {"train_on": train_on, "chat_template": "custom" if chat_template else "tokenizer"}
+    factory = partial(ChatConverter, spec, train_on, reasoning)
+
+    def settings(converter) -> dict:
+        return {"train_on": train_on, "reasoning": reasoning, "chat_template": "custom" if chat_template else "tokenizer",
+                "loss_mask_from": "generation_blocks" if converter.encoder.generation else "located_turns"}
+
     return _build_records("chat", factory, inputs, out, fmt=fmt, split=split, settings=settings, **kw)
 
 

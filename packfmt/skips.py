@@ -48,9 +48,12 @@ _HINTS: dict[str, tuple[str, str]] = {
                           "no record has an assistant turn: pass --train-on all to train on every token"),
     "chat_template_error": ("the chat template cannot render these messages: pass chat_template= with one that can",
                             "the chat template cannot render these messages: pass --chat-template FILE with one that can"),
-    "chat_template_not_incremental": ("the chat template re-renders earlier turns differently: pass chat_template= "
-                                      "with a prefix-stable one", "the chat template re-renders earlier turns "
-                                      "differently: pass --chat-template FILE with a prefix-stable one"),
+    "chat_span_not_found": ("the chat template changes the assistant contents, so their turns cannot be located: "
+                            "pass chat_template= with {% generation %} blocks, or train_on='all'",
+                            "the chat template changes the assistant contents, so their turns cannot be located: "
+                            "pass --chat-template FILE with {% generation %} blocks, or --train-on all"),
+    "image_in_chat": ("the conversations hold images: build them with build_multimodal",
+                      "the conversations hold images: build them with `packfmt build llava`"),
     "image_marker_mismatch": ("the text's image markers are not image_token=: pass the marker the data uses",
                               "the text's image markers are not --image-token: pass the marker the data uses"),
     "missing_image": ("the image paths do not resolve: pass image_root= the folder they are relative to",

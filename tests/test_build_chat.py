@@ -141,13 +141,29 @@ def test_bad_conversations_are_reported(tmp_path):
     assert result.report["records_read"] == 2 + len(bad) and result.report["documents_written"] == 2
 
 
-def test_template_that_is_not_incremental_is_refused(tmp_path):
+def test_template_that_is_not_incremental_is_located(tmp_path, tok):
     # renders the message count first, so a prefix of the conversation renders differently
-    template = "{{ messages|length }}{% for m in messages %}|{{ m['role'] }}:{{ m['content'] }}{% endfor %}"
-    src = write_jsonl(tmp_path / "c.jsonl", sample_chats()[:2])
+    template = ("{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chats = sample_chats()[:6]
+    result = build_chat([write_jsonl(tmp_path / "c.jsonl", chats)], tmp_path / "ds", SAMPLE_TOK, chat_template=template)
+    for chat, (ids, mask) in zip(chats, stored(result.path), strict=True):
+        ids, mask = np.array(ids), np.array(mask)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+        runs = [tok.decode(ids[b:e]) for b, e in zip(edges[::2], edges[1::2])]
+        assert runs == [m["content"] + "<|im_end|>\n" for m in chat["messages"] if m["role"] == "assistant"]
+
+
+def test_template_that_changes_the_content_names_the_message(tmp_path):
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | upper }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    src = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                           {"role": "assistant", "content": "hello there"}]}])
     with pytest.raises(InputError) as info:
         build_chat([src], tmp_path / "ds", SAMPLE_TOK, chat_template=template)
-    assert info.value.reason == "chat_template_not_incremental"
+    assert info.value.reason == "chat_span_not_found"
+    assert "messages[1] (assistant)" in str(info.value) and "train_on='all'" in str(info.value)
+    assert "{% generation %}" in str(info.value) and "--train-on all" in info.value.cli_message()
 
 
 def test_cli_build_chat(tmp_path, capsys):

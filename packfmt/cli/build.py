@@ -45,10 +45,18 @@ def _bos_eos(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-add-eos", dest="add_eos", action="store_false", help="never append EOS")
 
 
-def _chat_opts(p: argparse.ArgumentParser) -> None:
+def _chat_opts(p: argparse.ArgumentParser, *, turns: bool = False) -> None:
     p.add_argument("--chat-template", help="Jinja chat template file (default: the tokenizer's)")
-    p.add_argument("--train-on", choices=("assistant", "all"), default="assistant",
-                   help="loss mask: assistant tokens only (default) or every token")
+    if not turns:
+        p.add_argument("--train-on", choices=("assistant", "all"), default="assistant",
+                       help="loss mask: assistant tokens only (default) or every token")
+        return
+    p.add_argument("--train-on", choices=("assistant", "last", "all"), default="assistant",
+                   help="loss mask: every assistant turn (default), only the last assistant turn, or every token "
+                        "(system, user and tool turns are trained only with 'all')")
+    p.add_argument("--reasoning", choices=("keep", "drop"), default="keep",
+                   help="reasoning blocks (<think>...</think>) of assistant turns: trained with their turn (keep, "
+                        "default) or left out of the loss (drop); an empty <think></think> is never trained")
 
 
 def _image_opts(p: argparse.ArgumentParser) -> None:
@@ -86,7 +94,7 @@ def add_parser(sub) -> None:
 
     c = kinds.add_parser("chat", help="messages / conversations (OpenAI or ShareGPT) -> tokens + loss mask")
     _inputs(c)
-    _chat_opts(c)
+    _chat_opts(c, turns=True)
     _common(c)
     c.set_defaults(func=run)
 
@@ -211,7 +219,8 @@ def _run(args: argparse.Namespace, B) -> int:
                                   glob=args.glob, **common)
         elif args.kind == "chat":
             result = B.build_chat(args.inputs, args.out, args.tokenizer, fmt=args.fmt, split=args.split,
-                                  chat_template=_read_template(args.chat_template), train_on=args.train_on, **common)
+                                  chat_template=_read_template(args.chat_template), train_on=args.train_on,
+                                  reasoning=args.reasoning, **common)
         elif args.kind == "llava":
             result = B.build_multimodal(args.inputs, args.out, args.tokenizer, image_root=args.image_root, fmt=args.fmt,
                                         split=args.split, chat_template=_read_template(args.chat_template),

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..images import DEFAULT_MAX_PIXELS, ImageEncoding, sniff_image
-from ..tokenize import ChatEncoder, TokenizerError, TokenizerSpec
+from ..chat import ChatEncoder
+from ..tokenize import TokenizerError, TokenizerSpec
 from ..writer import ImageRecord
 from .chat import normalize_messages
 
