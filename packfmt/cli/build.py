@@ -35,6 +35,16 @@ def _inputs(p: argparse.ArgumentParser) -> None:
                                    "a DatasetDict without train needs --split)")
 
 
+def _engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: this machine, --workers processes, writes a store (default); ray: a Ray Data job "
+                        "(needs pip install 'packfmt[ray]'), writes a collection of member stores under OUT/members/")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="with --engine ray: the cluster to join ('auto', ray://HOST:10001; default: start Ray locally)")
+    p.add_argument("--records-per-member", type=int, metavar="N",
+                   help="with --engine ray: input records (lines, rows) per work unit and member store (default 100000)")
+
+
 def _bos_eos(p: argparse.ArgumentParser) -> None:
     p.add_argument("--add-bos", dest="add_bos", action="store_true", default=None, help="prepend BOS to every document")
     p.add_argument("--no-add-bos", dest="add_bos", action="store_false", help="never prepend BOS")
@@ -79,12 +89,14 @@ def add_parser(sub) -> None:
     t.add_argument("--glob", default="*.txt", help="files of a text folder (default *.txt)")
     _bos_eos(t)
     _common(t)
+    _engine(t)
     t.set_defaults(func=run)
 
     c = kinds.add_parser("chat", help="messages / conversations (OpenAI or ShareGPT) -> tokens + loss mask")
     _inputs(c)
     _chat_opts(c)
     _common(c)
+    _engine(c)
     c.set_defaults(func=run)
 
     m = kinds.add_parser("llava", help="LLaVA / {messages, images} records with images -> tokens, mask, images")
@@ -93,6 +105,7 @@ def add_parser(sub) -> None:
     _chat_opts(m)
     _image_opts(m)
     _common(m)
+    _engine(m)
     m.set_defaults(func=run)
 
     e = kinds.add_parser("easy-vqa", help="the easy-vqa PyPI dataset (shipped multimodal example)")
@@ -167,6 +180,26 @@ def run(args: argparse.Namespace) -> int:
     common = dict(on_error=args.on_error, workers=args.workers, batch_size=args.batch_size, overwrite=args.overwrite,
                   progress=args.progress and sys.stderr.isatty(), vocab_size=args.vocab_size, limit=args.limit,
                   skip_log=args.skip_log)
+    engine = getattr(args, "engine", "local")
+    if engine == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print("packfmt build: error: --engine ray needs Ray Data: pip install 'packfmt[ray]'", file=sys.stderr)
+            return 2
+        if args.limit is not None:
+            print("packfmt build: error: --limit is not supported with --engine ray", file=sys.stderr)
+            return 2
+        del common["limit"]
+        common.update(engine="ray", ray_address=args.ray_address)
+        if args.records_per_member is not None:
+            if args.records_per_member < 1:
+                print("packfmt build: error: --records-per-member must be >= 1", file=sys.stderr)
+                return 2
+            common["records_per_member"] = args.records_per_member
+    elif getattr(args, "ray_address", None) is not None or getattr(args, "records_per_member", None) is not None:
+        print("packfmt build: error: --ray-address and --records-per-member need --engine ray", file=sys.stderr)
+        return 2
     try:
         if args.kind == "text":
             result = B.build_text(args.inputs, args.out, args.tokenizer, field=args.field, template=_unescape(args.template),
@@ -216,4 +249,8 @@ def print_report(result, *, as_json: bool = False, skip_log: str | None = None) 
                                                              " (pass --skip-log FILE to list every one)"))
     print(f"  {r['tokens']:,} tokens" + (f", {r['images']:,} images" if r.get("images") else "")
           + f" in {r['seconds']:.2f} s ({r['tokens_per_second']:,.0f} tokens/s, {r['workers']} worker(s))")
+    if r.get("engine") == "ray":
+        ray = r["ray"]
+        print(f"  ray: {ray['units']} work units, {ray['actor_pool']} tokenizer actor(s) on {ray['cluster_cpus']:g} CPUs; "
+              f"a collection: read it with packfmt.open, or `packfmt merge --physical {result.path} -o STORE`")
     print(f"  tokenizer {r['tokenizer']['name']} ({r['tokenizer']['class']}, {r['tokenizer']['hash'][:19]}...)")

@@ -14,7 +14,7 @@ from .manifest import (COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, SHARED_KE
                        is_collection)
 from .reader import Collection, _same
 
-__all__ = ["write_collection", "parse_source", "resolve_members", "check_members_agree"]
+__all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree"]
 
 
 def parse_source(text: str) -> tuple[str | None, str]:
@@ -80,6 +80,20 @@ def _shared(store: Store) -> dict:
     return {key: store.manifest.raw.get(key) for key in SHARED_KEYS}
 
 
+def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path) -> dict:
+    """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``)."""
+    entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
+                      m.manifest).to_json() for m, _, _ in members]
+    return {
+        "format": COLLECTION_FORMAT_NAME, "format_version": COLLECTION_VERSION_STR,
+        "producer": {"name": "packfmt", "version": __version__},
+        **{key: members[0][2][key] for key in SHARED_KEYS},
+        "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
+                   "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
+        "members": entries,
+    }
+
+
 def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str | os.PathLike]], *,
                      overwrite: bool = False) -> Collection:
     """Write a collection at ``dst`` listing the stores of ``sources`` in order; return it opened.
@@ -92,24 +106,13 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     dst = Path(dst)
     members = resolve_members(sources)
     check_members_agree(members)
-    first_shared = members[0][2]
     remove_stale_temps(dst)
     if (dst.exists() or dst.is_symlink()) and not overwrite:
         raise DatasetExistsError(f"{dst}: already exists (pass overwrite=True to replace it)", file=str(dst),
                                  expected="no existing path", found="exists",
                                  cli=f"{dst}: already exists (pass --overwrite to replace it)")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    base = dst.resolve().parent / dst.name
-    entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
-                      m.manifest).to_json() for m, _, _ in members]
-    manifest = {
-        "format": COLLECTION_FORMAT_NAME, "format_version": COLLECTION_VERSION_STR,
-        "producer": {"name": "packfmt", "version": __version__},
-        **{key: first_shared[key] for key in SHARED_KEYS},
-        "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
-                   "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
-        "members": entries,
-    }
+    manifest = collection_manifest(members, dst.resolve().parent / dst.name)
     tmp = temp_sibling(dst)
     try:
         with open(tmp / F.MANIFEST, "wb") as fh:
