@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 from .._io import publish_dir, remove_stale_temps, temp_sibling
 from ..errors import DatasetExistsError, InputError
 from ..skips import Tally
+from .encode import _fault_once
 from .units import plan_units
 
 __all__ = ["run_ray_build", "DEFAULT_RECORDS_PER_MEMBER", "pool_size"]
@@ -58,7 +59,7 @@ def _connect(address: str | None) -> tuple[bool, float]:
     return True, time.perf_counter() - t0
 
 
-def _commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: bool) -> Path:
+def _commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: bool, fault: dict | None) -> Path:
     """Rename the returned stores to ``members/``, drop staging, write the manifest last, publish."""
     from .. import format as F
     from ..collection.writer import check_members_agree, collection_manifest, resolve_members
@@ -70,6 +71,7 @@ def _commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: 
         dst = members_dir / f"{i:05d}"
         os.rename(r["dir"], dst)
         sources.append((dst.name, dst))
+        _fault_once(fault, "commit", i)  # test hook: the driver dies with k members renamed
     shutil.rmtree(tmp / "staging")  # dead attempts' folders, stores of 0 documents
     members = resolve_members(sources)  # opens each store: the structural checks of a reader
     check_members_agree(members)
@@ -179,7 +181,7 @@ def run_ray_build(
                     "actor_pool": pool, "cluster_cpus": ray.cluster_resources().get("CPU", 0),
                     "startup_seconds": round(startup, 3), "preserve_order": True},
         }
-        path = _commit(tmp, out, returns, report, overwrite)
+        path = _commit(tmp, out, returns, report, overwrite, _fault)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
