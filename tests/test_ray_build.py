@@ -183,3 +183,29 @@ def test_driver_killed_in_commit_leaves_no_collection_and_rerun_succeeds(tmp_pat
     result = build_text([SAMPLE / "text.jsonl"], out, SAMPLE_TOK, engine="ray", records_per_member=10)
     assert_same_as_local(result.path, local, tmp_path)
     no_leftovers(out)
+
+
+def test_cli_engine_ray_joins_a_running_cluster(tmp_path, ray_session):
+    """`packfmt build chat --engine ray --ray-address ADDR` in another process; validate accepts the collection."""
+    address = ray_session.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "chat"
+    cmd = [sys.executable, "-m", "packfmt.cli", "build", "chat", str(SAMPLE / "chat.jsonl"), "-o", str(out),
+           "--tokenizer", str(SAMPLE_TOK), "--engine", "ray", "--ray-address", address, "--records-per-member", "30",
+           "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "60 records read = 60 written + 0 skipped" in proc.stdout
+    assert "2 work units" in proc.stdout
+    check = subprocess.run([sys.executable, "-m", "packfmt.cli", "validate", str(out), "--deep"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and "warning" not in check.stdout, check.stdout
+
+
+def test_cli_ray_options_need_engine_ray(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "packfmt.cli", "build", "text", str(SAMPLE / "text.jsonl"), "-o",
+                           str(tmp_path / "o"), "--tokenizer", str(SAMPLE_TOK), "--ray-address", "auto"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "need --engine ray" in proc.stderr
+    assert not (tmp_path / "o").exists()
