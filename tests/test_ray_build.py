@@ -209,3 +209,18 @@ def test_cli_ray_options_need_engine_ray(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "need --engine ray" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_megatron_on_ray_same_bytes_as_import(tmp_path):
+    from packfmt.megatron import export_megatron, import_megatron
+    from packfmt.ray.megatron import run_ray_megatron
+
+    src = build_text([SAMPLE / "text.jsonl"], tmp_path / "src", SAMPLE_TOK).path
+    export_megatron(src, tmp_path / "mg" / "corpus")
+    vocab = packfmt.open(src).vocab_size
+    local = import_megatron(tmp_path / "mg" / "corpus", tmp_path / "local", vocab_size=vocab)
+    out = run_ray_megatron(tmp_path / "mg" / "corpus", tmp_path / "ray", vocab_size=vocab, records_per_member=16)
+    coll = Collection(out)
+    assert len(coll.members) == 4 and coll.num_documents == 60
+    assert_same_as_local(out, local, tmp_path)
+    no_leftovers(out)

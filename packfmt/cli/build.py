@@ -123,10 +123,12 @@ def add_parser(sub) -> None:
                    help="vocabulary size (Megatron files do not record it; ids >= it are refused)")
     g.add_argument("--tokenizer-name", default=None, help="tokenizer name to record in the manifest")
     g.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT (atomically)")
+    _engine(g)
     g.set_defaults(func=run_megatron)
 
 
 def run_megatron(args: argparse.Namespace) -> int:
+    from .. import open as packfmt_open  # a Ray build writes a collection
     from ..megatron import import_megatron
     from ..reader import open_dataset
 
@@ -134,6 +136,22 @@ def run_megatron(args: argparse.Namespace) -> int:
         print("packfmt build megatron: error: --vocab-size must be >= 1", file=sys.stderr)
         return 2
     tok = {"name": args.tokenizer_name, "hash": None} if args.tokenizer_name else None
+    if args.engine == "ray":
+        try:
+            from ..ray.megatron import run_ray_megatron
+        except ImportError:
+            print("packfmt build: error: --engine ray needs Ray Data: pip install 'packfmt[ray]'", file=sys.stderr)
+            return 2
+        extra = {} if args.records_per_member is None else {"records_per_member": args.records_per_member}
+        out = run_ray_megatron(args.prefix, args.out, vocab_size=args.vocab_size, tokenizer=tok,
+                               overwrite=args.overwrite, ray_address=args.ray_address, **extra)
+        coll = packfmt_open(out)
+        print(f"wrote {coll.num_documents:,} documents, {coll.num_tokens:,} tokens ({coll.token_dtype}) to {out} "
+              f"(a collection of {len(coll.members)} member stores)")
+        return 0
+    if args.ray_address is not None or args.records_per_member is not None:
+        print("packfmt build: error: --ray-address and --records-per-member need --engine ray", file=sys.stderr)
+        return 2
     out = import_megatron(args.prefix, args.out, vocab_size=args.vocab_size, tokenizer=tok, overwrite=args.overwrite)
     store = open_dataset(out)
     print(f"wrote {store.num_documents:,} documents, {store.num_tokens:,} tokens ({store.manifest.token_dtype}) to {out}")

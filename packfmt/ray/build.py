@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,7 +37,7 @@ from ..skips import Tally
 from .encode import _fault_once
 from .units import plan_units
 
-__all__ = ["run_ray_build", "DEFAULT_RECORDS_PER_MEMBER", "pool_size"]
+__all__ = ["run_ray_build", "DEFAULT_RECORDS_PER_MEMBER", "pool_size", "staged_job", "commit"]
 
 #: Records (lines, rows) per work unit, hence about per member store.
 DEFAULT_RECORDS_PER_MEMBER = 100_000
@@ -59,7 +60,55 @@ def _connect(address: str | None) -> tuple[bool, float]:
     return True, time.perf_counter() - t0
 
 
-def _commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: bool, fault: dict | None) -> Path:
+class _Job:
+    def __init__(self, tmp: Path, address: str | None, startup: float) -> None:
+        self.tmp, self.staging, self.address, self.startup = tmp, tmp / "staging", address, startup
+
+    def describe(self) -> dict:
+        import ray
+
+        return {"address": self.address, "cluster_cpus": ray.cluster_resources().get("CPU", 0),
+                "startup_seconds": round(self.startup, 3), "preserve_order": True}
+
+
+@contextmanager
+def staged_job(out: Path, *, overwrite: bool, ray_address: str | None, progress: bool):
+    """Refuse an existing ``out``, join/start Ray, make the temporary sibling (+ ``staging/``), keep order.
+
+    On any exception the temporary folder is removed; Ray is shut down if this call started it.
+    """
+    from ray.data import DataContext
+
+    out = Path(out)
+    remove_stale_temps(out)  # what a killed earlier build left (its pid is gone)
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise DatasetExistsError(f"{out}: already exists (pass overwrite=True to replace it)", file=str(out),
+                                 expected="no existing path", found="exists",
+                                 cli=f"{out}: already exists (pass --overwrite to replace it)")
+    started, startup = _connect(ray_address)
+    ctx = DataContext.get_current()
+    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_sibling(out)
+        (tmp / "staging").mkdir()
+        ctx.execution_options.preserve_order = True  # write tasks in input order: members = records in order
+        ctx.enable_progress_bars = progress
+        yield _Job(tmp, ray_address, startup)
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: bool, fault: dict | None = None) -> Path:
     """Rename the returned stores to ``members/``, drop staging, write the manifest last, publish."""
     from .. import format as F
     from ..collection.writer import check_members_agree, collection_manifest, resolve_members
@@ -112,7 +161,7 @@ def run_ray_build(
     or ``ray://host:10001``: a cluster) and ``records_per_member``. ``_fault`` is a test hook.
     """
     import ray
-    from ray.data import ActorPoolStrategy, DataContext
+    from ray.data import ActorPoolStrategy
 
     from ..build import BuildResult, ON_ERROR_POLICIES, writer_args
     from .encode import EncodeUnits
@@ -126,69 +175,49 @@ def run_ray_build(
                          cli="--limit is not supported with --engine ray (build a slice of the input instead)")
     if records_per_member < 1:
         raise ValueError(f"records_per_member: expected >= 1, found {records_per_member}")
-    out = Path(out)
-    remove_stale_temps(out)  # what a killed earlier build left (its pid is gone)
-    if (out.exists() or out.is_symlink()) and not overwrite:
-        raise DatasetExistsError(f"{out}: already exists (pass overwrite=True to replace it)", file=str(out),
-                                 expected="no existing path", found="exists",
-                                 cli=f"{out}: already exists (pass --overwrite to replace it)")
-    units = [{**u, "seq": i} for i, u in enumerate(plan_units(list(inputs), fmt, records_per_member))]
     wargs = writer_args(converter, vocab_size)
-    started, startup = _connect(ray_address)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out)
-    ctx = DataContext.get_current()
-    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
+    units = [{**u, "seq": i} for i, u in enumerate(plan_units(list(inputs), fmt, records_per_member))]
     log_file = None
     try:
-        ctx.execution_options.preserve_order = True
-        ctx.enable_progress_bars = progress
-        (tmp / "staging").mkdir()
-        pool = pool_size(ray.cluster_resources().get("CPU", 1), workers)
-        t0 = time.perf_counter()
-        returns: list[dict] = []
-        if units:
-            ds = ray.data.from_items(units, override_num_blocks=len(units))
-            ds = ds.map_batches(EncodeUnits, fn_constructor_args=(factory, converter.columns, split, glob, batch_size,
-                                                                  _fault),
-                                batch_size=1, batch_format="pyarrow", num_cpus=1,
-                                compute=ActorPoolStrategy(min_size=1, max_size=pool))
-            sink = MemberSink(str(tmp / "staging"), wargs, _fault)
-            ds.write_datasink(sink)
-            returns = sorted(sink.returns, key=lambda r: r["task_idx"])
-        seconds = time.perf_counter() - t0
-        log_file = open(skip_log, "w", encoding="utf-8") if skip_log else None
-        tally = Tally(on_error, log_file)
-        for r in returns:
-            tally.read += r["read"]
-            tally.written += r["written"]
-            tally.tokens += r["tokens"]
-            tally.images += r["images"]
-            for bad in r["bad"]:
-                tally.bad(*bad)
-        tally.end_batch()  # on_error="fail": the first bad record in input order stops the build
-        if tally.written == 0:
-            raise tally.nothing_written(str(out), report_base.get("sources", []))
-        report = {
-            **report_base,
-            "records_read": tally.read, "documents_written": tally.written,
-            "skipped": dict(sorted(tally.skipped.items())), "skipped_examples": tally.examples,
-            "tokens": tally.tokens, "images": tally.images, "seconds": round(seconds, 3),
-            "tokens_per_second": round(tally.tokens / max(seconds, 1e-9), 1),
-            "tokenizer": converter.encoder.identity, "on_error": on_error, "workers": pool,
-            "engine": "ray",
-            "ray": {"address": ray_address, "units": len(units), "records_per_member": records_per_member,
-                    "actor_pool": pool, "cluster_cpus": ray.cluster_resources().get("CPU", 0),
-                    "startup_seconds": round(startup, 3), "preserve_order": True},
-        }
-        path = _commit(tmp, out, returns, report, overwrite, _fault)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with staged_job(out, overwrite=overwrite, ray_address=ray_address, progress=progress) as job:
+            pool = pool_size(ray.cluster_resources().get("CPU", 1), workers)
+            t0 = time.perf_counter()
+            returns: list[dict] = []
+            if units:
+                ds = ray.data.from_items(units, override_num_blocks=len(units))
+                ds = ds.map_batches(EncodeUnits, fn_constructor_args=(factory, converter.columns, split, glob,
+                                                                      batch_size, _fault),
+                                    batch_size=1, batch_format="pyarrow", num_cpus=1,
+                                    compute=ActorPoolStrategy(min_size=1, max_size=pool))
+                sink = MemberSink(str(job.staging), wargs, _fault)
+                ds.write_datasink(sink)
+                returns = sorted(sink.returns, key=lambda r: r["task_idx"])
+            seconds = time.perf_counter() - t0
+            log_file = open(skip_log, "w", encoding="utf-8") if skip_log else None
+            tally = Tally(on_error, log_file)
+            for r in returns:
+                tally.read += r["read"]
+                tally.written += r["written"]
+                tally.tokens += r["tokens"]
+                tally.images += r["images"]
+                for bad in r["bad"]:
+                    tally.bad(*bad)
+            tally.end_batch()  # on_error="fail": the first bad record in input order stops the build
+            if tally.written == 0:
+                raise tally.nothing_written(str(out), report_base.get("sources", []))
+            report = {
+                **report_base,
+                "records_read": tally.read, "documents_written": tally.written,
+                "skipped": dict(sorted(tally.skipped.items())), "skipped_examples": tally.examples,
+                "tokens": tally.tokens, "images": tally.images, "seconds": round(seconds, 3),
+                "tokens_per_second": round(tally.tokens / max(seconds, 1e-9), 1),
+                "tokenizer": converter.encoder.identity, "on_error": on_error, "workers": pool,
+                "engine": "ray",
+                "ray": {**job.describe(), "units": len(units), "records_per_member": records_per_member,
+                        "actor_pool": pool},
+            }
+            path = commit(job.tmp, out, returns, report, overwrite, _fault)
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
         if log_file is not None:
             log_file.close()
-        if started:
-            ray.shutdown()
     return BuildResult(path, report)
