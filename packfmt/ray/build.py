@@ -7,7 +7,8 @@ The pipeline (driver, then the cluster, then the driver)::
 
 * Inputs are cut into units on the driver (``units.plan_units``), so a unit's identity depends on
   the input only; each unit is one Ray block, read and converted in an actor of a pool that loads
-  the tokenizer once per actor. The pool is capped below the cluster's CPUs: a pool holding every
+  the tokenizer once per actor, which yields its rows in tables of ``encode.CHUNK_ROWS`` (bounded
+  memory); the sink has Ray bundle them, in order, into writes of ``records_per_member`` rows. The pool is capped below the cluster's CPUs: a pool holding every
   CPU starves Ray's other tasks and hangs (ray-project/ray#44687).
 * ``preserve_order`` is set, so write tasks follow input order; the members listed in
   ``task_idx`` order hold the input records in input order, and ``merge_physical`` of the result is
@@ -189,7 +190,7 @@ def run_ray_build(
                                                                       batch_size, _fault),
                                     batch_size=1, batch_format="pyarrow", num_cpus=1,
                                     compute=ActorPoolStrategy(min_size=1, max_size=pool))
-                sink = MemberSink(str(job.staging), wargs, _fault)
+                sink = MemberSink(str(job.staging), wargs, _fault, rows_per_write=records_per_member)
                 ds.write_datasink(sink)
                 returns = sorted(sink.returns, key=lambda r: r["task_idx"])
             seconds = time.perf_counter() - t0

@@ -20,6 +20,8 @@ from .units import read_unit
 
 __all__ = ["EncodeUnits", "ROW_SCHEMA_FIELDS", "decode_row"]
 
+#: Records per Arrow table an actor yields (blocks; the sink bundles them into members).
+CHUNK_ROWS = 1024
 ROW_SCHEMA_FIELDS = ("file", "line", "tokens", "mask", "images", "reason", "message", "cli")
 
 
@@ -47,8 +49,7 @@ class EncodeUnits:
         self.fault = fault
 
     def __call__(self, batch):
-        import pyarrow as pa
-
+        """Yield one Arrow table per ``CHUNK_ROWS`` records: an actor's memory stays bounded whatever the unit size."""
         from ..build import convert_records
 
         cols: dict[str, list] = {k: [] for k in ROW_SCHEMA_FIELDS}
@@ -74,12 +75,19 @@ class EncodeUnits:
                     cols["reason"].append(reason)
                     cols["message"].append(message)
                     cols["cli"].append(cli)
-        return pa.table({
-            "file": pa.array(cols["file"], pa.string()), "line": pa.array(cols["line"], pa.int64()),
-            "tokens": pa.array(cols["tokens"], pa.binary()), "mask": pa.array(cols["mask"], pa.binary()),
-            "images": pa.array(cols["images"], pa.binary()), "reason": pa.array(cols["reason"], pa.string()),
-            "message": pa.array(cols["message"], pa.string()), "cli": pa.array(cols["cli"], pa.string()),
-        })
+                if len(cols["file"]) >= CHUNK_ROWS:
+                    yield _table(cols)
+                    cols = {k: [] for k in ROW_SCHEMA_FIELDS}
+        if cols["file"]:
+            yield _table(cols)
+
+
+def _table(cols: dict):
+    import pyarrow as pa
+
+    types = {"file": pa.string(), "line": pa.int64(), "tokens": pa.binary(), "mask": pa.binary(),
+             "images": pa.binary(), "reason": pa.string(), "message": pa.string(), "cli": pa.string()}
+    return pa.table({k: pa.array(cols[k], types[k]) for k in ROW_SCHEMA_FIELDS})
 
 
 def decode_row(row: dict) -> tuple:

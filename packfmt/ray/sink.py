@@ -25,11 +25,18 @@ __all__ = ["MemberSink"]
 class MemberSink(Datasink):
     """Writes member stores under ``staging``; ``returns`` holds the write returns after the job."""
 
-    def __init__(self, staging: str, writer_args: dict, fault: dict | None = None) -> None:
+    def __init__(self, staging: str, writer_args: dict, fault: dict | None = None,
+                 rows_per_write: int | None = None) -> None:
         self.staging = str(staging)
+        self.rows_per_write = rows_per_write
         self.writer_args = writer_args
         self.fault = fault
         self.returns: list[dict] = []
+
+    @property
+    def min_rows_per_write(self) -> int | None:
+        """Ray bundles blocks (in order) until a write task has this many record rows: one member each."""
+        return self.rows_per_write
 
     def write(self, blocks, ctx) -> dict:
         from ..build import write_doc
