@@ -36,7 +36,7 @@ from .sources.hf import is_dataset_object
 from .tokenize import TextEncoder, TokenizerSpec
 from .writer import DatasetWriter
 
-__all__ = ["BuildResult", "TextConverter", "build_text", "build_chat", "build_multimodal", "build_easy_vqa", "run_build",
+__all__ = ["BuildResult", "TextConverter", "convert_records", "write_doc", "build_text", "build_chat", "build_multimodal", "build_easy_vqa", "run_build",
            "ON_ERROR_POLICIES"]
 
 ON_ERROR_POLICIES = ("fail", "skip")
@@ -219,6 +219,37 @@ def _consume(batch: list, results: list, writer: DatasetWriter, tally: Tally) ->
     tally.end_batch()
 
 
+def convert_records(records: Iterable[Raw], converter, batch_size: int) -> Iterator[tuple]:
+    """Convert records in the calling process as a local build does (prepare, then encode per batch).
+
+    Yields ``(file, line, doc, None)`` or ``(file, line, None, (reason, message, cli))`` for every
+    record, in order; the Ray engine's tokenizer actors run this, then ``write_doc`` in its sink.
+    """
+    for batch in _prepared_batches(records, converter, batch_size, None):
+        good = [item for _, _, item in batch if not isinstance(item, InputError)]
+        res = iter(converter.encode(good) if good else [])
+        for file, line, item in batch:
+            out = item if isinstance(item, InputError) else next(res)
+            if isinstance(out, InputError):
+                yield file, line, None, (out.reason, str(out), out.cli)
+            elif len(out) == 2:  # Failure (reason, message)
+                yield file, line, None, (out[0], out[1], None)
+            else:
+                yield file, line, out, None
+
+
+#: Public name of the per-document write rule (empty tokens and ids out of range are skips).
+write_doc = _write_doc
+
+
+def writer_args(converter, vocab_size: int | None) -> dict:
+    """The ``DatasetWriter`` keywords a converter's documents are written with (every engine uses these)."""
+    enc = converter.encoder
+    vocab = int(vocab_size or enc.vocab_size)
+    special = {k: (v if v is not None and v < vocab else None) for k, v in enc.special_tokens.items()}
+    return {"vocab_size": vocab, "tokenizer": enc.identity, "special_tokens": special, "loss_mask": converter.loss_mask}
+
+
 def _progress(total: int | None, enabled: bool):
     from tqdm.auto import tqdm
 
@@ -270,10 +301,7 @@ def run_build(
         return BuildResult(str(out).rstrip("/"), result.report)
     out = local_file(out)
     enc = converter.encoder
-    vocab = int(vocab_size or enc.vocab_size)
-    special = {k: (v if v is not None and v < vocab else None) for k, v in enc.special_tokens.items()}
-    writer = DatasetWriter(out, vocab_size=vocab, tokenizer=enc.identity, special_tokens=special,
-                           loss_mask=converter.loss_mask, overwrite=overwrite)
+    writer = DatasetWriter(out, **writer_args(converter, vocab_size), overwrite=overwrite)
     log_file = open(skip_log, "w", encoding="utf-8") if skip_log else None
     tally = Tally(on_error, log_file)
     start = time.perf_counter()
@@ -339,6 +367,7 @@ def build_text(
     add_eos: bool | None = None,
     split: str | None = None,
     glob: str = "*.txt",
+    engine: str = "local",
     **kw: Any,
 ) -> BuildResult:
     """Tokenize text records (JSONL, JSON, Parquet, HF save_to_disk, .txt folder, WebDataset tar shards,
@@ -352,8 +381,10 @@ def build_text(
         tokenizer: local tokenizer directory or tokenizer.json.
         field / template: where the text comes from (``template`` like ``"{title}\\n{text}"``).
         add_bos / add_eos: None = the tokenizer's own config; a bool = explicit (see TokenizerSpec).
+        engine: ``"local"`` (this process and ``workers`` processes; writes a store) or ``"ray"``
+            (Ray Data; writes a collection, see :func:`packfmt.ray.build.run_ray_build`).
         **kw: passed to :func:`run_build` (on_error, workers, batch_size, overwrite, progress,
-            vocab_size, limit, skip_log).
+            vocab_size, limit, skip_log; with ``engine="ray"``: ray_address, records_per_member).
     """
     spec = TokenizerSpec(str(tokenizer), add_bos=add_bos, add_eos=add_eos, image_token=None)
     factory = partial(TextConverter, spec, field, template)
@@ -362,14 +393,22 @@ def build_text(
         return {"field": field, "template": template, "add_bos": enc.add_bos, "add_eos": enc.add_eos,
                 "bos_eos_from": "flags" if enc.explicit else "tokenizer"}
 
-    return _build_records("text", factory, inputs, out, fmt=fmt, split=split, settings=settings, glob=glob, **kw)
+    return _build_records("text", factory, inputs, out, fmt=fmt, split=split, settings=settings, glob=glob,
+                          engine=engine, **kw)
+
+
+def _run_engine(engine: str, inputs, fmt, split, glob, converter, factory, out, base: dict, kw: dict) -> BuildResult:
+    if engine != "ray":
+        raise ValueError(f"engine: expected one of ('local', 'ray'), found {engine!r}")
+    from .ray.build import run_ray_build
+
+    return run_ray_build(inputs, converter, factory, out, fmt=fmt, split=split, glob=glob, report_base=base, **kw)
 
 
 def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: dict | Callable, glob: str = "*.txt",
-                   **kw) -> BuildResult:
-    """Any converter over any sources (``packfmt.sources``): records reach ``run_build`` one way.
-
-    ``settings``: the report's settings, or a function of the converter giving them.
+                   engine: str = "local", **kw) -> BuildResult:
+    """Any converter over any sources (``packfmt.sources``): records reach ``run_build`` (or the Ray
+    engine) one way. ``settings``: the report's settings, or a function of the converter giving them.
     """
     converter = factory()
     if callable(settings):
@@ -380,6 +419,8 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
     settings = {**settings, "batch_size": kw.get("batch_size", 256),
                 "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
     base = {"command": command, "sources": source_report(inputs, fmt, split), "settings": settings}
+    if engine != "local":
+        return _run_engine(engine, inputs, fmt, split, glob, converter, factory, out, base, kw)
     return run_build(records, converter, factory, out, report_base=base, total=total, **kw)
 
 

@@ -83,44 +83,64 @@ def import_megatron(
     Megatron files carry no vocabulary size, so it must be given; ids >= ``vocab_size`` are
     refused by the writer (no silent wrap-around).
     """
-    prefix = str(prefix)
-    dtype, lengths, pointers, doc_idx = read_megatron_index(prefix + ".idx")
-    if dtype.kind not in "iu":
-        raise FormatError(file=Path(prefix + ".idx").name, field="dtype", expected="an integer token dtype", found=str(dtype))
-    n_seq = lengths.shape[0]
-    if doc_idx.shape[0] == 0 or doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0):
-        raise FormatError(file=Path(prefix + ".idx").name, field="document_indices",
-                          expected=f"non-decreasing from 0 to {n_seq}", found=f"[{doc_idx[:1]}...{doc_idx[-1:]}]")
-    bin_path = Path(prefix + ".bin")
-    data = np.memmap(bin_path, dtype=dtype, mode="r") if os.path.getsize(bin_path) else np.empty(0, dtype)
-    itemsize = dtype.itemsize
-    ends = pointers // itemsize + lengths
-    if n_seq and (np.any(pointers % itemsize) or ends.max() > data.shape[0]):
-        raise FormatError(file=bin_path.name, field="sequence_pointers", expected=f"aligned offsets within {data.shape[0]} elements",
-                          found="out of range or misaligned")
-    contiguous = n_seq == 0 or bool(np.all(pointers[1:] == pointers[:-1] + lengths[:-1].astype(np.int64) * itemsize))
+    src = open_megatron(prefix)
     tok = dict(tokenizer or {"name": f"megatron:{Path(prefix).name}", "hash": None})
     skipped_empty = 0
     with DatasetWriter(out, vocab_size=vocab_size, tokenizer=tok, special_tokens=special_tokens, overwrite=overwrite,
-                       extra={"source": {"megatron_prefix": Path(prefix).name, "sequences": int(n_seq),
-                                         "documents": int(doc_idx.shape[0] - 1)}}) as w:
-        for d in range(doc_idx.shape[0] - 1):
-            s0, s1 = int(doc_idx[d]), int(doc_idx[d + 1])
-            if s0 == s1:
-                skipped_empty += 1
-                continue
-            if contiguous:
-                begin = int(pointers[s0]) // itemsize
-                toks = data[begin:int(ends[s1 - 1])]
-            else:
-                toks = np.concatenate([data[int(pointers[s]) // itemsize:int(ends[s])] for s in range(s0, s1)])
-            if toks.size == 0:
+                       extra=src.extra) as w:
+        for toks in src.documents(0, src.num_documents):
+            if toks is None:
                 skipped_empty += 1
                 continue
             w.add_document(toks)
-        w.build_report = {"source": "megatron", "records_read": int(doc_idx.shape[0] - 1),
+        w.build_report = {"source": "megatron", "records_read": src.num_documents,
                           "documents_written": w.num_documents, "skipped": {"empty_document": skipped_empty} if skipped_empty else {}}
     return Path(out)
+
+
+class MegatronSource:
+    """An opened ``PREFIX.bin/.idx`` pair (checked), read document range by document range."""
+
+    def __init__(self, prefix: str) -> None:
+        prefix = str(prefix)
+        dtype, lengths, pointers, doc_idx = read_megatron_index(prefix + ".idx")
+        if dtype.kind not in "iu":
+            raise FormatError(file=Path(prefix + ".idx").name, field="dtype", expected="an integer token dtype", found=str(dtype))
+        n_seq = lengths.shape[0]
+        if doc_idx.shape[0] == 0 or doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0):
+            raise FormatError(file=Path(prefix + ".idx").name, field="document_indices",
+                              expected=f"non-decreasing from 0 to {n_seq}", found=f"[{doc_idx[:1]}...{doc_idx[-1:]}]")
+        bin_path = Path(prefix + ".bin")
+        data = np.memmap(bin_path, dtype=dtype, mode="r") if os.path.getsize(bin_path) else np.empty(0, dtype)
+        itemsize = dtype.itemsize
+        ends = pointers // itemsize + lengths
+        if n_seq and (np.any(pointers % itemsize) or ends.max() > data.shape[0]):
+            raise FormatError(file=bin_path.name, field="sequence_pointers", expected=f"aligned offsets within {data.shape[0]} elements",
+                              found="out of range or misaligned")
+        self.data, self.pointers, self.ends, self.doc_idx, self.itemsize = data, pointers, ends, doc_idx, itemsize
+        self.contiguous = n_seq == 0 or bool(np.all(pointers[1:] == pointers[:-1] + lengths[:-1].astype(np.int64) * itemsize))
+        self.num_documents = int(doc_idx.shape[0] - 1)
+        self.extra = {"source": {"megatron_prefix": Path(prefix).name, "sequences": int(n_seq),
+                                 "documents": self.num_documents}}
+
+    def documents(self, d0: int, d1: int):
+        """Tokens of documents ``d0..d1-1`` in order; None for an empty one (the importer counts it skipped)."""
+        data, pointers, ends, doc_idx, itemsize = self.data, self.pointers, self.ends, self.doc_idx, self.itemsize
+        for d in range(d0, d1):
+            s0, s1 = int(doc_idx[d]), int(doc_idx[d + 1])
+            if s0 == s1:
+                yield None
+                continue
+            if self.contiguous:
+                toks = data[int(pointers[s0]) // itemsize:int(ends[s1 - 1])]
+            else:
+                toks = np.concatenate([data[int(pointers[s]) // itemsize:int(ends[s])] for s in range(s0, s1)])
+            yield toks if toks.size else None
+
+
+def open_megatron(prefix: str | os.PathLike) -> MegatronSource:
+    """Open and check ``PREFIX.bin/.idx`` (FormatError naming the file and field when they disagree)."""
+    return MegatronSource(str(prefix))
 
 
 def loss_mask_prefix(prefix: str | os.PathLike) -> Path:

@@ -38,6 +38,16 @@ def _inputs(p: argparse.ArgumentParser) -> None:
                                    "a DatasetDict without train needs --split)")
 
 
+def _engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: this machine, --workers processes, writes a store (default); ray: a Ray Data job "
+                        "(needs pip install 'packfmt[ray]'), writes a collection of member stores under OUT/members/")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="with --engine ray: the cluster to join ('auto', ray://HOST:10001; default: start Ray locally)")
+    p.add_argument("--records-per-member", type=int, metavar="N",
+                   help="with --engine ray: input records (lines, rows) per work unit and member store (default 100000)")
+
+
 def _bos_eos(p: argparse.ArgumentParser) -> None:
     p.add_argument("--add-bos", dest="add_bos", action="store_true", default=None, help="prepend BOS to every document")
     p.add_argument("--no-add-bos", dest="add_bos", action="store_false", help="never prepend BOS")
@@ -90,12 +100,14 @@ def add_parser(sub) -> None:
     t.add_argument("--glob", default="*.txt", help="files of a text folder (default *.txt)")
     _bos_eos(t)
     _common(t)
+    _engine(t)
     t.set_defaults(func=run)
 
     c = kinds.add_parser("chat", help="messages / conversations (OpenAI or ShareGPT) -> tokens + loss mask")
     _inputs(c)
     _chat_opts(c, turns=True)
     _common(c)
+    _engine(c)
     c.set_defaults(func=run)
 
     m = kinds.add_parser("llava", help="LLaVA / {messages, images} records with images -> tokens, mask, images")
@@ -105,6 +117,7 @@ def add_parser(sub) -> None:
     _chat_opts(m)
     _image_opts(m)
     _common(m)
+    _engine(m)
     m.set_defaults(func=run)
 
     e = kinds.add_parser("easy-vqa", help="the easy-vqa PyPI dataset (shipped multimodal example)")
@@ -122,10 +135,12 @@ def add_parser(sub) -> None:
                    help="vocabulary size (Megatron files do not record it; ids >= it are refused)")
     g.add_argument("--tokenizer-name", default=None, help="tokenizer name to record in the manifest")
     g.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT (atomically)")
+    _engine(g)
     g.set_defaults(func=run_megatron)
 
 
 def run_megatron(args: argparse.Namespace) -> int:
+    from .. import open as packfmt_open  # a Ray build writes a collection
     from ..megatron import import_megatron
     from ..reader import open_dataset
 
@@ -135,6 +150,22 @@ def run_megatron(args: argparse.Namespace) -> int:
     from ..storage import download_inputs, is_remote, remote_output
 
     tok = {"name": args.tokenizer_name, "hash": None} if args.tokenizer_name else None
+    if args.engine == "ray":
+        try:
+            from ..ray.megatron import run_ray_megatron
+        except ImportError:
+            print("packfmt build: error: --engine ray needs Ray Data: pip install 'packfmt[ray]'", file=sys.stderr)
+            return 2
+        extra = {} if args.records_per_member is None else {"records_per_member": args.records_per_member}
+        out = run_ray_megatron(args.prefix, args.out, vocab_size=args.vocab_size, tokenizer=tok,
+                               overwrite=args.overwrite, ray_address=args.ray_address, **extra)
+        coll = packfmt_open(out)
+        print(f"wrote {coll.num_documents:,} documents, {coll.num_tokens:,} tokens ({coll.token_dtype}) to {out} "
+              f"(a collection of {len(coll.members)} member stores)")
+        return 0
+    if args.ray_address is not None or args.records_per_member is not None:
+        print("packfmt build: error: --ray-address and --records-per-member need --engine ray", file=sys.stderr)
+        return 2
     (bin_, _), tmp = download_inputs([args.prefix + ".bin", args.prefix + ".idx"])
     try:
         prefix = bin_[:-len(".bin")]
@@ -212,6 +243,26 @@ def _run(args: argparse.Namespace, B) -> int:
     common = dict(on_error=args.on_error, workers=args.workers, batch_size=args.batch_size, overwrite=args.overwrite,
                   progress=args.progress and sys.stderr.isatty(), vocab_size=args.vocab_size, limit=args.limit,
                   skip_log=args.skip_log)
+    engine = getattr(args, "engine", "local")
+    if engine == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print("packfmt build: error: --engine ray needs Ray Data: pip install 'packfmt[ray]'", file=sys.stderr)
+            return 2
+        if args.limit is not None:
+            print("packfmt build: error: --limit is not supported with --engine ray", file=sys.stderr)
+            return 2
+        del common["limit"]
+        common.update(engine="ray", ray_address=args.ray_address)
+        if args.records_per_member is not None:
+            if args.records_per_member < 1:
+                print("packfmt build: error: --records-per-member must be >= 1", file=sys.stderr)
+                return 2
+            common["records_per_member"] = args.records_per_member
+    elif getattr(args, "ray_address", None) is not None or getattr(args, "records_per_member", None) is not None:
+        print("packfmt build: error: --ray-address and --records-per-member need --engine ray", file=sys.stderr)
+        return 2
     try:
         if args.kind == "text":
             result = B.build_text(args.inputs, args.out, args.tokenizer, field=args.field, template=_unescape(args.template),
@@ -262,4 +313,8 @@ def print_report(result, *, as_json: bool = False, skip_log: str | None = None) 
                                                              " (pass --skip-log FILE to list every one)"))
     print(f"  {r['tokens']:,} tokens" + (f", {r['images']:,} images" if r.get("images") else "")
           + f" in {r['seconds']:.2f} s ({r['tokens_per_second']:,.0f} tokens/s, {r['workers']} worker(s))")
+    if r.get("engine") == "ray":
+        ray = r["ray"]
+        print(f"  ray: {ray['units']} work units, {ray['actor_pool']} tokenizer actor(s) on {ray['cluster_cpus']:g} CPUs; "
+              f"a collection: read it with packfmt.open, or `packfmt merge --physical {result.path} -o STORE`")
     print(f"  tokenizer {r['tokenizer']['name']} ({r['tokenizer']['class']}, {r['tokenizer']['hash'][:19]}...)")

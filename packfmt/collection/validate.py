@@ -41,7 +41,7 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
                           images=cm.num_images)
     members_ok = all([_check_member(root, cm, m, out, deep, progress, decode_images) for m in range(len(cm.members))])
     for p in sorted(root.iterdir()):
-        if p.name not in (F.MANIFEST, F.PACKS_DIR):
+        if p.name not in (F.MANIFEST, F.PACKS_DIR, "members"):  # members/: where a Ray build keeps its stores (§1)
             out.add(p.name, None, severity=V.WARNING, detail="unknown entry in a collection directory; readers ignore it")
     view = _CollectionView(root, cm, out, members_ok)
     indexes = [_CollectionIndexChecks(view, name) for name in V._index_dirs(root, out)]

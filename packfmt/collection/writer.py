@@ -14,7 +14,7 @@ from .manifest import (COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, SHARED_KE
                        is_collection)
 from .reader import Collection, _same
 
-__all__ = ["write_collection", "parse_source", "resolve_members", "check_members_agree"]
+__all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree"]
 
 
 def parse_source(text: str) -> tuple[str | None, str]:
@@ -90,6 +90,20 @@ def _shared(store: Store) -> dict:
     return {key: store.manifest.raw.get(key) for key in SHARED_KEYS}
 
 
+def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path) -> dict:
+    """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``)."""
+    entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
+                      m.manifest).to_json() for m, _, _ in members]
+    return {
+        "format": COLLECTION_FORMAT_NAME, "format_version": COLLECTION_VERSION_STR,
+        "producer": {"name": "packfmt", "version": __version__},
+        **{key: members[0][2][key] for key in SHARED_KEYS},
+        "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
+                   "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
+        "members": entries,
+    }
+
+
 def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str | os.PathLike]], *,
                      overwrite: bool = False, storage_options: dict | None = None) -> Collection:
     """Write a collection at ``dst`` listing the stores of ``sources`` in order; return it opened.
@@ -109,19 +123,8 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     dst = Path(dst)
     members = resolve_members(sources)
     check_members_agree(members)
-    first_shared = members[0][2]
     prepare_destination(dst, overwrite)
-    base = dst.resolve().parent / dst.name
-    entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
-                      m.manifest).to_json() for m, _, _ in members]
-    manifest = {
-        "format": COLLECTION_FORMAT_NAME, "format_version": COLLECTION_VERSION_STR,
-        "producer": {"name": "packfmt", "version": __version__},
-        **{key: first_shared[key] for key in SHARED_KEYS},
-        "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
-                   "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
-        "members": entries,
-    }
+    manifest = collection_manifest(members, dst.resolve().parent / dst.name)
     with staging(dst) as tmp:
         write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))
         publish_dir(tmp, dst, overwrite=overwrite)

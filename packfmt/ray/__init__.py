@@ -1,0 +1,8 @@
+"""packfmt on Ray (optional extra ``packfmt[ray]``; nothing else in packfmt imports this package).
+
+* ``packfmt.ray.build.run_ray_build``: ``packfmt build ... --engine ray`` (a collection written by
+  a Ray Data job: tokenizer actors, one member store per write task, a driver-side commit).
+* ``packfmt.ray.datasource.read_packs``: a pack index as a Ray Dataset whose rows are
+  ``PackedDataset``'s items, images run through an image processor in CPU actors; use it with
+  ``streaming_split(n)`` / Ray Train.
+"""
