@@ -164,7 +164,7 @@ def run_ray_build(
     import ray
     from ray.data import ActorPoolStrategy
 
-    from ..build import BuildResult, ON_ERROR_POLICIES, writer_args
+    from ..pipeline import ON_ERROR_POLICIES, BuildResult, writer_args
     from .encode import EncodeUnits
     from .sink import MemberSink
 

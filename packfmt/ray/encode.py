@@ -2,7 +2,7 @@
 
 One actor builds the converter (tokenizer, chat template, image rules) once in ``__init__`` and
 then converts whole units: ``prepare`` and ``encode`` exactly as a local build runs them
-(``packfmt.build.convert_records``). Every record read becomes one row, written or not: a
+(``packfmt.pipeline.convert_records``). Every record read becomes one row, written or not: a
 document's tokens, loss mask and images, or the reason it is skipped, with its ``file:line``.
 The sink applies the rest of the local build's rules (empty tokens, ids out of range).
 """
@@ -50,7 +50,7 @@ class EncodeUnits:
 
     def __call__(self, batch):
         """Yield one Arrow table per ``CHUNK_ROWS`` records: an actor's memory stays bounded whatever the unit size."""
-        from ..build import convert_records
+        from ..pipeline import convert_records
 
         cols: dict[str, list] = {k: [] for k in ROW_SCHEMA_FIELDS}
         for unit in batch.to_pylist():

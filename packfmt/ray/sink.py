@@ -2,7 +2,7 @@
 
 Each write task turns its blocks of record rows (``encode.EncodeUnits``) into one packfmt store
 with the ordinary ``DatasetWriter`` (atomic publish inside the staging folder), applying the
-local build's per-document rule (``packfmt.build.write_doc``). Its folder is named
+local build's per-document rule (``packfmt.pipeline.write_doc``). Its folder is named
 ``<task_idx>-<attempt uuid>``: a task Ray retries (its process died) writes a new folder, never
 into the dead attempt's, and only the folder a task *returns* is ever committed. What the task
 returns (counts, its bad records in order) is all the driver needs to commit and to report:
@@ -39,7 +39,7 @@ class MemberSink(Datasink):
         return self.rows_per_write
 
     def write(self, blocks, ctx) -> dict:
-        from ..build import write_doc
+        from ..pipeline import write_doc
         from ..skips import Tally
         from ..writer import DatasetWriter
 

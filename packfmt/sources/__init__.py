@@ -12,7 +12,7 @@ One interface: a source is one module of this package (named in ``SOURCES``) wit
 - ``count(input, opts) -> int | None``: the number of records when known without reading the data;
 - ``describe(input, opts) -> dict`` (optional): extra build-report keys (e.g. the split read).
 
-Every source's records reach the writer the same way (``build.run_build``), so adding a source
+Every source's records reach the writer the same way (``pipeline.run_build``), so adding a source
 is adding one module and one ``SOURCES`` entry. Formats (``detect_format`` picks one from the path):
 
 - ``jsonl``: ``*.jsonl`` / ``*.ndjson`` (optionally ``.gz`` / ``.zst``), one JSON object per line.
