@@ -15,6 +15,7 @@ from .errors import InputError
 from .pipeline import ON_ERROR_POLICIES, BuildResult, Doc, Failure, run_build
 from .sources import count_records, describe_sources, is_path, iter_records
 from .sources.hf import is_dataset_object
+from .storage.uri import is_url
 from .tokenize import TextEncoder, TokenizerSpec
 
 __all__ = ["BuildResult", "TextConverter", "build_text", "build_chat", "build_multimodal", "build_easy_vqa", "run_build",
@@ -150,10 +151,22 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
     """Any converter over any sources (``packfmt.sources``): records reach ``run_build`` (or the Ray
     engine) one way. ``settings``: the report's settings, or a function of the converter giving them.
     """
+    inputs = as_inputs(inputs)
+    if any(isinstance(p, str) and is_url(p) for p in inputs):  # object storage: fetched first (packfmt.storage)
+        import shutil
+
+        from .storage import download_inputs
+
+        local, tmp = download_inputs(inputs, kw.pop("storage_options", None))
+        try:
+            return _build_records(command, factory, local, out, fmt=fmt, split=split, settings=settings, glob=glob,
+                                  engine=engine, **kw)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
     converter = factory()
     if callable(settings):
         settings = settings(converter)
-    inputs = as_inputs(inputs)
     records = iter_records(inputs, fmt, columns=converter.columns, split=split, glob=glob)
     total = count_records(inputs, fmt, split=split, glob=glob)
     settings = {**settings, "batch_size": kw.get("batch_size", 256),

@@ -152,3 +152,12 @@ def test_cli_megatron_and_chat_inputs_from_the_bucket(s3_server, cache, tmp_path
                  "--no-progress"]) == 0
     assert (tmp_path / "chat" / "tokens.bin").read_bytes() == (tmp_path / "chat-local" / "tokens.bin").read_bytes()
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("packfmt-inputs-*"))  # downloaded inputs removed
+
+
+def test_python_build_reads_remote_inputs(s3_server, cache, tmp_path):
+    """build_text(inputs=[URL]) fetches the inputs like the CLI does (and a remote out uploads)."""
+    s3_server.put_file(str(SAMPLE / "text.jsonl"), f"{BUCKET}/api-inputs/text.jsonl")
+    result = build_text([f"{URL}/api-inputs/text.jsonl"], tmp_path / "from-url", TOK)
+    local = build_text([SAMPLE / "text.jsonl"], tmp_path / "local", TOK)
+    assert (Path(result.path) / "tokens.bin").read_bytes() == (Path(local.path) / "tokens.bin").read_bytes()
+    assert result.report["documents_written"] == 60
