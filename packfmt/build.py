@@ -250,6 +250,7 @@ def build_multimodal(
     image_token: str = "<image>",
     chat_template: str | None = None,
     train_on: str = "assistant",
+    reasoning: str = "keep",
     fmt: str | None = None,
     split: str | None = None,
     **kw: Any,
@@ -269,6 +270,7 @@ def build_multimodal(
             ``"png"``, ``"jpeg"``, ``"webp"``, ``"rgb8+zstd"`` (raw RGB pixels in a zstd frame).
         jpeg_quality: quality in [1, 100] of jpeg / webp re-encodes.
         image_token: marker string in the text; must be one token of the tokenizer.
+        train_on, reasoning: the loss mask, as :func:`build_chat` (image tokens are never trained).
         **kw: as :func:`build_text`.
     """
     from .sources.multimodal import MultimodalConverter
@@ -277,8 +279,8 @@ def build_multimodal(
     rule = _image_rule(image_tokens, patch_size, merge)
     encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
     root = None if image_root is None else str(Path(image_root).resolve())
-    factory = partial(MultimodalConverter, spec, root, rule, train_on, max_pixels, encoding)
-    settings = {"train_on": train_on, "chat_template": "custom" if chat_template else "tokenizer",
+    factory = partial(MultimodalConverter, spec, root, rule, train_on, max_pixels, encoding, reasoning)
+    settings = {"train_on": train_on, "reasoning": reasoning, "chat_template": "custom" if chat_template else "tokenizer",
                 "image_root": root, "image_tokens": rule.describe(),
                 "image_token": image_token, "max_pixels": max_pixels, **encoding.describe()}
     return _build_records("multimodal", factory, inputs, out, fmt=fmt, split=split, settings=settings, **kw)

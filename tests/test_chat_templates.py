@@ -298,3 +298,33 @@ def test_generation_prompt_that_opens_the_reasoning(tmp_path, tok_dir, tok):
     for reasoning, last in (("keep", "<think>\nsay bye\n</think>\n\nGoodbye!<|im_end|>"), ("drop", "Goodbye!<|im_end|>")):
         result = build_chat([src], tmp_path / reasoning, tok_dir, chat_template=template, reasoning=reasoning)
         assert same_runs(trained_runs(tok, result.path), [["\n\nHello!<|im_end|>", last]])
+
+
+def test_llava_build_takes_the_chat_mask_options(tmp_path):
+    """build llava trains on the last assistant turn only when asked (--train-on last), as build chat does."""
+    import io
+
+    from PIL import Image
+
+    from packfmt.build import build_multimodal
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (255, 0, 0)).save(buf, format="PNG")
+    (tmp_path / "img.png").write_bytes(buf.getvalue())
+    record = {"image": "img.png", "conversations": [
+        {"from": "human", "value": "<image>\nwhat?"}, {"from": "gpt", "value": "red"},
+        {"from": "human", "value": "sure?"}, {"from": "gpt", "value": "yes"}]}
+    src = tmp_path / "mm.json"
+    src.write_text(json.dumps([record]))
+    masks = {}
+    for train_on in ("assistant", "last"):
+        result = build_multimodal([src], tmp_path / train_on, SAMPLE_TOK, image_root=tmp_path,
+                                  image_tokens=2, train_on=train_on)
+        store = packfmt.open(result.path)
+        masks[train_on] = store.document_loss_mask(0).astype(bool)
+        assert result.report["settings"]["train_on"] == train_on
+    tok = load_tokenizer(SAMPLE_TOK)
+    ids = packfmt.open(tmp_path / "last").document(0)
+    assert masks["last"].sum() < masks["assistant"].sum()
+    assert "yes" in tok.decode(ids[masks["last"]]) and "red" not in tok.decode(ids[masks["last"]])
+    assert "red" in tok.decode(ids[masks["assistant"]])

@@ -114,7 +114,7 @@ def add_parser(sub) -> None:
     _inputs(m)
     m.add_argument("--image-root", help="folder that image paths are relative to (paths may not escape it); "
                                         "not needed for WebDataset .tar shards, whose images are members of each sample")
-    _chat_opts(m)
+    _chat_opts(m, turns=True)
     _image_opts(m)
     _common(m)
     _engine(m)
@@ -275,7 +275,7 @@ def _run(args: argparse.Namespace, B) -> int:
         elif args.kind == "llava":
             result = B.build_multimodal(args.inputs, args.out, args.tokenizer, image_root=args.image_root, fmt=args.fmt,
                                         split=args.split, chat_template=_read_template(args.chat_template),
-                                        train_on=args.train_on, image_token=args.image_token,
+                                        train_on=args.train_on, reasoning=args.reasoning, image_token=args.image_token,
                                         max_pixels=args.max_pixels, **_image_rule(args), **common)
         else:
             result = B.build_easy_vqa(args.out, args.tokenizer, split=args.split,

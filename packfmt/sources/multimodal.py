@@ -148,7 +148,8 @@ class MultimodalConverter:
         image_root: folder that image paths are relative to; paths may not leave it (images carried
             in the record as bytes, e.g. WebDataset members, need none).
         rule: image token count rule.
-        train_on: loss mask policy (image tokens are never trained on).
+        train_on: loss mask policy, as ``build_chat`` (image tokens are never trained on).
+        reasoning: ``"keep"`` or ``"drop"`` reasoning blocks from the loss, as ``build_chat``.
         max_pixels: decompression-bomb bound (width * height) of the source images.
         encoding: resize / re-encode policy (default: original bytes).
     """
@@ -157,14 +158,14 @@ class MultimodalConverter:
     columns = None
 
     def __init__(self, spec: TokenizerSpec, image_root: str | None, rule: ImageTokenRule, train_on: str = "assistant",
-                 max_pixels: int | None = None, encoding: ImageEncoding | None = None) -> None:
+                 max_pixels: int | None = None, encoding: ImageEncoding | None = None, reasoning: str = "keep") -> None:
         self.spec = spec
         self.root = None if image_root is None else Path(image_root).resolve()
         self.rule = rule
         self.train_on = train_on
         self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS)
         self.encoding = encoding or ImageEncoding()
-        self.encoder = ChatEncoder(spec, train_on)
+        self.encoder = ChatEncoder(spec, train_on, reasoning)
         self.image_id = self.encoder.token_id(spec.image_token)
         if self.image_id is None:
             raise TokenizerError(f"{spec.path}: image token {spec.image_token!r} is not one token of the vocabulary "
@@ -181,7 +182,7 @@ class MultimodalConverter:
         if markers != len(rels):
             raise InputError(f"{markers} {marker} markers in the conversation but {len(rels)} images",
                              reason="image_marker_mismatch", field="images", expected=markers, found=len(rels))
-        if self.train_on == "assistant" and not any(m["role"] == "assistant" for m in messages):
+        if self.train_on in ("assistant", "last") and not any(m["role"] == "assistant" for m in messages):
             raise InputError("no assistant message: nothing to train on", reason="no_assistant_turn",
                              field="messages", expected="an assistant message", found="none")
         sources = [str(resolve_image(self.root, e)) if isinstance(e, str) else e[0] for e in rels]
