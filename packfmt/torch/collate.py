@@ -21,7 +21,9 @@ import numpy as np
 import torch
 
 from ._kernels import count_labels, finish_varlen
-from .dataset import _NP_OF, IGNORE_INDEX, PAD_DOC_ID, PackBatch, _Arena
+from ._arena import _NP_OF, _Arena
+from .batch import PackBatch
+from .dataset import IGNORE_INDEX, PAD_DOC_ID
 
 __all__ = ["collate_varlen", "collate_padded", "collate_hf", "SharedBatch"]
 
