@@ -146,9 +146,18 @@ def read_back(out: Path) -> list[dict]:
 
 
 def check_export(store_path: Path, index: str, out: Path) -> int:
+    return check_samples(store_path, index, read_back(out))
+
+
+def same_bytes(member, stored: bytes) -> bool:
+    return member == stored
+
+
+def check_samples(store_path: Path, index: str, got: list[dict], same_image=same_bytes) -> int:
+    """Decoded samples (pack order) against ``PackedDataset``; ``same_image(member, stored bytes)``
+    compares an image member as the reader decoded it. Returns the number of images checked."""
     ds = torch_ds.PackedDataset(store_path, index)
     store = packfmt.open(store_path)
-    got = read_back(out)
     assert len(got) == len(ds)
     images_seen = 0
     for p, sample in enumerate(got):
@@ -173,7 +182,7 @@ def check_export(store_path: Path, index: str, out: Path) -> int:
             assert [m["image"] for m in meta["images"]] == item["image_ids"].tolist()
             assert [m["span"] for m in meta["images"]] == item["image_spans"].tolist()
             for m in meta["images"]:  # decode() without an image handler leaves image members as bytes
-                assert sample[m["member"]] == bytes(store.images.data(m["image"]))
+                assert same_image(sample[m["member"]], bytes(store.images.data(m["image"])))
             images_seen += len(meta["images"])
     return images_seen
 

@@ -54,6 +54,6 @@ def run_webdataset(args: argparse.Namespace) -> int:
                                overwrite=args.overwrite)
     print(f"wrote {result.packs:,} packs in {len(result.shards)} shard(s), {result.bytes:,} bytes, to {result.path}")
     urls = str(result.path / f"shard-{{000000..{len(result.shards) - 1:06d}}}.tar")
-    print(f"  read them with webdataset.WebDataset({urls!r}), or run `energon prepare {result.path}` and pick "
-          "CrudeWebdataset for Megatron-Energon (spec/WEBDATASET.md)")
+    print(f"  read them with webdataset.WebDataset({urls!r}); for Megatron-Energon run `energon prepare "
+          f"{result.path} --non-interactive --split-ratio 1,0,0 --sample-type CrudeWebdataset` (spec/WEBDATASET.md §3)")
     return 0
