@@ -7,9 +7,10 @@ under ``signal.alarm``: a Ray hang (ray-project/ray#44687, #62746) fails the tes
 
 from __future__ import annotations
 
-import signal
 
 import pytest
+
+import limits
 
 RAY_TEST_SECONDS = 240
 
@@ -27,11 +28,5 @@ def ray_session():
 
 @pytest.fixture()
 def time_limit():
-    def expired(signum, frame):
-        raise TimeoutError(f"a Ray test ran past {RAY_TEST_SECONDS} s (a Ray hang?)")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(RAY_TEST_SECONDS)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with limits.time_limit(RAY_TEST_SECONDS, "a Ray test (a Ray hang?)"):
+        yield

@@ -9,13 +9,14 @@ fails a test that runs longer than ``LIMIT_S`` (pytest-timeout is not installed;
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+import limits
 
 LIMIT_S = 120
 BUCKET = "bkt"
@@ -68,14 +69,8 @@ def s3_server():
 
 @pytest.fixture(autouse=True)
 def time_limit():
-    def expired(signum, frame):
-        raise TimeoutError(f"test ran longer than {LIMIT_S} s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(LIMIT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with limits.time_limit(LIMIT_S, "an object storage test"):
+        yield
 
 
 @pytest.fixture
