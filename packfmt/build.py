@@ -143,6 +143,14 @@ def _run_engine(engine: str, inputs, fmt, split, glob, converter, factory, out, 
         raise ValueError(f"engine: expected one of ('local', 'ray'), found {engine!r}")
     from .ray.build import run_ray_build
 
+    storage_options = kw.pop("storage_options", None)
+    if is_url(str(out)):  # object storage: the collection is built locally, then uploaded manifest last
+        from .storage import remote_output
+
+        with remote_output(str(out), storage_options, overwrite=kw.get("overwrite", False)) as local:
+            result = run_ray_build(inputs, converter, factory, local, fmt=fmt, split=split, glob=glob,
+                                   report_base=base, **{**kw, "overwrite": False})
+        return BuildResult(str(out).rstrip("/"), result.report)
     return run_ray_build(inputs, converter, factory, out, fmt=fmt, split=split, glob=glob, report_base=base, **kw)
 
 

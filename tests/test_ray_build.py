@@ -5,6 +5,7 @@ Runs on one shared local Ray session with 2 CPUs (tests/ray_session.py); skipped
 
 from __future__ import annotations
 
+
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from packfmt.collection import Collection, merge_physical  # noqa: E402
 from packfmt.errors import InputError  # noqa: E402
 
 from ray_session import ray_session, time_limit  # noqa: E402,F401
+from s3_server import s3_server  # noqa: E402,F401  (skips without moto / s3fs)
 
 SAMPLE = Path(packfmt.__file__).parent / "sample_data"
 SAMPLE_TOK = SAMPLE / "tokenizer"
@@ -225,3 +227,20 @@ def test_megatron_on_ray_same_bytes_as_import(tmp_path):
     assert len(coll.members) == 4 and coll.num_documents == 60
     assert_same_as_local(out, local, tmp_path)
     no_leftovers(out)
+
+
+def test_ray_build_to_object_storage(tmp_path, monkeypatch, s3_server):
+    """-o s3://...: the collection is built locally and uploaded manifest last; a fresh node reads it back."""
+    from s3_server import BUCKET
+
+    monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "cache"))
+    url = f"s3://{BUCKET}/ray/text"
+    result = build_text([SAMPLE / "text.jsonl"], url, SAMPLE_TOK, engine="ray", records_per_member=20)
+    assert result.path == url
+    names = sorted(p.split("/ray/text/")[1] for p in s3_server.find(f"{BUCKET}/ray/text"))
+    assert "manifest.json" in names and sum(n.endswith("/manifest.json") for n in names) == 3  # 3 members
+    monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "fresh"))
+    coll = packfmt.open(url)
+    local = packfmt.open(build_text([SAMPLE / "text.jsonl"], tmp_path / "local", SAMPLE_TOK).path)
+    assert coll.num_documents == local.num_documents == 60
+    assert all(coll.document(d).tolist() == local.document(d).tolist() for d in range(60))
