@@ -16,12 +16,28 @@ from .errors import (
     UnsupportedVersionError,
     WriteError,
 )
-from .format import FORMAT_VERSION_STR
-from .reader import ImageStore, PackIndex, Store, open_dataset
 from .version import __version__
-from .writer import DatasetWriter, ImageRecord
 
-open = open_dataset  # noqa: A001  (``packfmt.open(path)`` is the documented entry point)
+#: Public names imported on first use (PEP 562), so that ``import packfmt.cli`` installs the CLI's
+#: signal handlers before numpy loads: a Ctrl-C in the first instant exits 130 quietly too.
+_LAZY = {
+    "open": ("reader", "open_dataset"), "open_dataset": ("reader", "open_dataset"), "Store": ("reader", "Store"),
+    "ImageStore": ("reader", "ImageStore"), "PackIndex": ("reader", "PackIndex"),
+    "DatasetWriter": ("writer", "DatasetWriter"), "ImageRecord": ("writer", "ImageRecord"),
+    "FORMAT_VERSION_STR": ("format", "FORMAT_VERSION_STR"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'packfmt' has no attribute {name!r}")
+    import importlib
+
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
 
 __all__ = [
     "open",

@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-
-from .. import _io
+import sys
 
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
 _EXIT = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
@@ -46,7 +45,8 @@ def message(signum: int = signal.SIGINT) -> str:
 
 def _handler(signum, frame) -> None:
     global _unwinding
-    temps = _io.live_temps()
+    io = sys.modules.get("packfmt._io")  # not imported yet: nothing can have been written (and numpy stays unloaded)
+    temps = io.live_temps() if io is not None else []
     if _unwinding or not temps:
         for tmp in temps:
             shutil.rmtree(tmp, ignore_errors=True)
