@@ -31,6 +31,8 @@ from packfmt import format as F
 from packfmt._io import checksum_file
 from packfmt.packindex import build_pack_index
 
+from images import png
+
 HERE = Path(__file__).parent
 INT64 = np.iinfo(np.int64)
 TIME_LIMIT_S = 600
@@ -55,24 +57,14 @@ def _chat(root: Path) -> Path:
     return root
 
 
-def _png(color, w: int, h: int) -> bytes:
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (w, h), color).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _images(root: Path) -> Path:
     IMG = 99
     with packfmt.DatasetWriter(root, vocab_size=100, special_tokens={"image": IMG}) as w:
-        w.add_document([1, IMG, IMG, IMG, 2, 3], images=[packfmt.ImageRecord(_png((255, 0, 0), 4, 3), 4, 3, "png", 1, 4)])
+        w.add_document([1, IMG, IMG, IMG, 2, 3], images=[packfmt.ImageRecord(png(4, 3, (255, 0, 0)), 4, 3, "png", 1, 4)])
         w.add_document([4, 5, 6])
         w.add_document([4, IMG, IMG, 7, IMG, IMG, 8], images=[
-            packfmt.ImageRecord(_png((0, 0, 255), 2, 2), 2, 2, "png", 1, 3),
-            packfmt.ImageRecord(_png((0, 255, 0), 3, 2), 3, 2, "png", 4, 6)])
+            packfmt.ImageRecord(png(2, 2, (0, 0, 255)), 2, 2, "png", 1, 3),
+            packfmt.ImageRecord(png(3, 2, (0, 255, 0)), 3, 2, "png", 4, 6)])
         w.add_document([9, 10, 11, 12, 13])
     build_pack_index(root, capacity=8, algorithm="ffd")
     return root

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 import packfmt
+from images import png
 from packfmt import format as F
 from packfmt.cli import main
 from packfmt.inspect import batch_grids, padding_costs, row_lengths, summarize
@@ -18,14 +18,6 @@ from packfmt.packindex import build_pack_index
 
 LENGTHS = [10, 20, 30, 40]  # 100 tokens
 CAPACITY = 32
-
-
-def _png(width: int, height: int) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), (200, 10, 10)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +28,8 @@ def known(tmp_path_factory) -> Path:
                                tokenizer={"name": "toy", "hash": None}) as w:
         for d, n in enumerate(LENGTHS):
             mask = np.r_[np.zeros(n // 2), np.ones(n - n // 2)]
-            images = [packfmt.ImageRecord(_png(6, 4), 6, 4, "png", 0, 3),
-                      packfmt.ImageRecord(_png(3, 9), 3, 9, "png", 4, 6)] if d == 0 else []
+            images = [packfmt.ImageRecord(png(6, 4), 6, 4, "png", 0, 3),
+                      packfmt.ImageRecord(png(3, 9), 3, 9, "png", 4, 6)] if d == 0 else []
             w.add_document(np.arange(n) + d, mask, images=images)
         w.build_report = {"source": "jsonl", "records_read": 7, "documents_written": 4,
                           "skipped": {"empty_text": 2, "too_long": 1}}
@@ -59,7 +51,7 @@ def test_summary_numbers_are_exact(known):
     assert im["count"] == 2 and im["codecs"] == {"png": 2}
     assert im["width"] == {"min": 3, "max": 6} and im["height"] == {"min": 4, "max": 9}
     assert im["per_document"] == {"mean": 0.5, "max": 2, "documents_with_images": 1}
-    assert im["bytes"] == len(_png(6, 4)) + len(_png(3, 9))
+    assert im["bytes"] == len(png(6, 4)) + len(png(3, 9))
     br = s["build_report"]
     assert br["records_read"] == 7 and br["skipped_total"] == 3 and br["consistent"] is True
 
@@ -114,13 +106,13 @@ def test_cli_text_report(known, capsys):
 
 
 def test_cli_plot_writes_png(known, tmp_path, capsys):
-    png = tmp_path / "summary.png"
-    assert main(["inspect", str(known), "--plot", str(png)]) == 0
-    data = png.read_bytes()
+    out = tmp_path / "summary.png"
+    assert main(["inspect", str(known), "--plot", str(out)]) == 0
+    data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     from PIL import Image
 
-    with Image.open(png) as im:
+    with Image.open(out) as im:
         assert im.size[0] >= 800 and im.size[1] >= 600
 
 

@@ -3,7 +3,6 @@ batches are marked, image and loss-masked tokens have their own colours."""
 
 from __future__ import annotations
 
-import io
 import re
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 import packfmt
+from images import png
 from packfmt.cli import main
 from packfmt.inspect import format_summary, summarize
 from packfmt.packindex import build_pack_index
@@ -19,14 +19,6 @@ from packfmt.plot import DOC_A, DOC_B, IMAGE, MASKED_A, MASKED_B, batch_grids, d
 CAPACITY = 256  # <= MAX_WIDTH: grids are drawn at full resolution, one column per token
 IMAGE_TOKENS = 16
 NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?%?")
-
-
-def _png(width: int, height: int) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), (10, 120, 10)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +30,7 @@ def chat_mm(tmp_path_factory) -> Path:
         for d in range(150):
             n = int(rng.integers(30, 200))
             prompt = int(rng.integers(5, n // 2))
-            images = [packfmt.ImageRecord(_png(4, 4), 4, 4, "png", 2, 2 + IMAGE_TOKENS)] if d % 3 == 0 else []
+            images = [packfmt.ImageRecord(png(4, 4), 4, 4, "png", 2, 2 + IMAGE_TOKENS)] if d % 3 == 0 else []
             w.add_document(rng.integers(10, 500, n), np.r_[np.zeros(prompt), np.ones(n - prompt)], images=images)
     build_pack_index(root, capacity=CAPACITY, algorithm="ffd", name="ffd")
     return root

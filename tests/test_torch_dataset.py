@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import packfmt
+from images import png
 from packfmt.torch import IGNORE_INDEX, PAD_DOC_ID, PackedDataset, collate_hf, collate_padded, collate_varlen
 from packfmt.torch.testing import next_fit_segments, write_pack_index
 
@@ -183,17 +184,10 @@ def test_index_out_of_range(chat):
 
 
 def test_multimodal_images_and_spans(tmp_path):
-    from PIL import Image
-
-    def png(color, w, h):
-        buf = io.BytesIO()
-        Image.new("RGB", (w, h), color).save(buf, format="PNG")
-        return buf.getvalue()
-
     IMG = 99
     docs = [[1, IMG, IMG, IMG, 2, 3], [4, 5, IMG, IMG, 6]]
-    recs = [[packfmt.ImageRecord(png((255, 0, 0), 4, 3), 4, 3, "png", 1, 4)],
-            [packfmt.ImageRecord(png((0, 0, 255), 2, 2), 2, 2, "png", 2, 4)]]
+    recs = [[packfmt.ImageRecord(png(4, 3, (255, 0, 0)), 4, 3, "png", 1, 4)],
+            [packfmt.ImageRecord(png(2, 2, (0, 0, 255)), 2, 2, "png", 2, 4)]]
     with packfmt.DatasetWriter(tmp_path / "ds", vocab_size=100, special_tokens={"image": IMG}) as w:
         for doc, rec in zip(docs, recs):
             w.add_document(doc, images=rec)

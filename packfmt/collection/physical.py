@@ -105,10 +105,19 @@ def _bad(path: Path, rule: str, expected, found) -> FormatError:
                        file=str(path), field=rule, expected=expected, found=found)
 
 
-def _increasing(prev: int, chunk: np.ndarray, strict: bool) -> bool:
+def _check_step(path: Path, rule: str, prev: int, chunk: np.ndarray, *, strict: bool, top: int) -> None:
+    """One chunk of an offsets array, streamed: increasing from ``prev`` (the chunk before), at most ``top``.
+
+    The same rule as ``packfmt.checks.offsets`` over a whole array; the first element (0) and the
+    last (the total) are checked by the caller, which sees them.
+    """
     if strict:
-        return prev < chunk[0] and not bool(np.any(chunk[1:] <= chunk[:-1]))
-    return prev <= chunk[0] and not bool(np.any(chunk[1:] < chunk[:-1]))
+        ok = prev < chunk[0] and not bool(np.any(chunk[1:] <= chunk[:-1]))
+    else:
+        ok = prev <= chunk[0] and not bool(np.any(chunk[1:] < chunk[:-1]))
+    if not ok or chunk[-1] > top:
+        kind = "strictly increasing" if strict else "non-decreasing"
+        raise _bad(path, rule, f"{kind} offsets in [0, {top}]", "a step that is not")
 
 
 class _Merger:
@@ -162,8 +171,7 @@ class _Merger:
         while left:
             n = min(left, _OFFSET_ROWS)
             chunk = src.array(self.bufs[0], n)
-            if not _increasing(prev, chunk, strict=True) or chunk[-1] > blobs:
-                raise _bad(src.path, "V14", f"strictly increasing offsets in [0, {blobs}]", "a step that is not")
+            _check_step(src.path, "V14", prev, chunk, strict=True, top=blobs)
             self.out[F.IMAGE_OFFSETS].write_array(chunk + self.blob_bytes, F.OFFSET_DTYPE)
             prev, left = int(chunk[-1]), left - n
             self.tick(8 * n)
@@ -187,14 +195,11 @@ class _Merger:
         while left:
             n = min(left, _OFFSET_ROWS)
             ends = do.array(self.bufs[0], n)
-            if not _increasing(prev_do, ends, strict=True) or ends[-1] > m.num_tokens:
-                raise _bad(do.path, "V13", f"strictly increasing offsets in [0, {m.num_tokens}] (every document has "
-                           ">= 1 token)", "a step that is not")
+            _check_step(do.path, "V13", prev_do, ends, strict=True, top=m.num_tokens)
             self.out[F.DOC_OFFSETS].write_array(ends + self.tokens, F.OFFSET_DTYPE)
             if dio is not None:
                 img_ends = dio.array(self.bufs[1], n)
-                if not _increasing(prev_dio, img_ends, strict=False) or img_ends[-1] > m.num_images:
-                    raise _bad(dio.path, "V15", f"non-decreasing offsets in [0, {m.num_images}]", "a step that is not")
+                _check_step(dio.path, "V15", prev_dio, img_ends, strict=False, top=m.num_images)
                 self.out[F.DOC_IMAGE_OFFSETS].write_array(img_ends + self.num_images, F.OFFSET_DTYPE)
                 self._spans(spans, np.concatenate(([prev_do], ends)), np.concatenate(([prev_dio], img_ends)))
                 prev_dio = int(img_ends[-1])
