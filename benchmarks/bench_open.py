@@ -6,7 +6,8 @@ A store of N short documents (1-8 tokens) and a pack index of N segments (every 
 * ``Store`` open: manifest, sizes, memmaps, and V13 over ``doc_offsets`` (baseline: the same with
   the checks replaced by no-ops, i.e. what the reader did before it checked);
 * ``PackIndex`` open: memmaps and V25 / V27 / V29 over ``pack_offsets`` and ``segments``;
-* ``PackedDataset(...)`` construction, which opens both.
+* ``PackedDataset(...)`` construction, which opens both;
+* ``packfmt validate`` (structural: the same checks) as a whole process, beside ``packfmt --version``.
 
 Best of ``--repeat`` runs. ``python benchmarks/bench_open.py [--docs 10000000] [--repeat 3]``
 """
@@ -14,6 +15,7 @@ Best of ``--repeat`` runs. ``python benchmarks/bench_open.py [--docs 10000000] [
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -90,6 +92,13 @@ def main() -> None:
             rows.append({"case": case, "documents": args.docs, "segments": args.docs, "checked_s": checked,
                          "unchecked_s": unchecked, "checks_s": checked - unchecked,
                          "checks_ns_per_segment": (checked - unchecked) / args.docs * 1e9})
+        # the structural validate (which runs the same checks) as a whole process, interpreter start included
+        cli = [sys.executable, "-c", "import sys; from packfmt.cli import main; sys.exit(main(sys.argv[1:]))"]
+        whole = best(lambda: subprocess.run([*cli, "validate", str(root)], check=True, capture_output=True), args.repeat)
+        bare = best(lambda: subprocess.run([*cli, "--version"], check=True, capture_output=True), args.repeat)
+        rows.append({"case": "packfmt validate (whole process)", "documents": args.docs, "segments": args.docs,
+                     "checked_s": whole, "unchecked_s": bare, "checks_s": whole - bare,
+                     "checks_ns_per_segment": (whole - bare) / args.docs * 1e9})
     cols = ["case", "documents", "checked_s", "unchecked_s", "checks_s", "checks_ns_per_segment"]
     print_table(rows, cols, title=f"Open-time checks, {args.docs:,} documents / segments (best of {args.repeat})")
     write_json(RESULTS_DIR / "bench_open.json", {"rows": rows, "machine": machine_info(), "args": vars(args)})
