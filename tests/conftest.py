@@ -1,0 +1,43 @@
+"""The test suite in two parts: ``bash tools/test.sh`` runs the fast default (every test not marked
+``slow``), ``bash tools/test.sh --slow`` the rest; CI (``.ci/run``) runs both.
+
+A test is slow when it starts a server or a cluster (Ray, the S3-protocol server, Energon's
+prepare), spawns training processes, or sweeps a configuration space at a size that costs tens of
+seconds on 2 cores. They are listed here, each with why, instead of scattered over the files, so
+that the fast set stays one reviewable list: a file's tests by file name, single tests by node id.
+Move a test here when it takes more than ~10 s on its own (``pytest --durations=30`` shows them).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SLOW_FILES = {
+    "test_ray_build.py": "a real local Ray (ray.init ~10 s, ~1 GB) and Ray jobs",
+    "test_ray_datasource.py": "a real local Ray",
+    "test_storage.py": "a real S3-protocol server (moto) on 127.0.0.1",
+    "test_storage_cache.py": "a real S3-protocol server (moto) on 127.0.0.1, several processes",
+    "test_storage_errors.py": "a real S3-protocol server (moto) on 127.0.0.1",
+    "test_energon.py": "Megatron-Energon's prepare and loader over exported shards",
+    "test_torch_train_example.py": "torchrun with two CPU ranks training a tiny model",
+    "test_bench_gpu_train.py": "the GPU benchmark's CPU smoke run (trains a small model)",
+}
+
+SLOW_TESTS = {
+    "test_torch_dataset.py::test_int32_index_dtype_equals_int64_everywhere": "every option combination, ~50 s",
+    "test_torch_fields.py::test_variants_equal_default_everywhere": "every field/dtype variant, ~30 s",
+    "test_sources_hf.py::test_cli_format_hf_reads_the_local_cache_and_never_downloads": "HF datasets CLI, ~25 s",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: servers, clusters, subprocess training or large sweeps "
+                                       "(run by `bash tools/test.sh --slow`; see tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        file = item.path.name
+        node = f"{file}::{item.originalname if hasattr(item, 'originalname') else item.name}"
+        if file in SLOW_FILES or node in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
