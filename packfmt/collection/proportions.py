@@ -98,13 +98,14 @@ def plan_proportions(names: list[str], doc_start: np.ndarray, kept: np.ndarray, 
             order = pool[np.lexsort((pool, extra_copy_draws(seed, pool)))]  # by u(seed, d), then d
             run = np.concatenate([[0], np.cumsum(kept[order])])
             extra = _nearest(run, rest)
-            if whole + (extra > 0) > MAX_WEIGHT:
+            needed = whole + int(extra > 0)
+            if needed > MAX_WEIGHT:
                 raise WriteError(
                     f"proportions: {key!r} keeps {int(pool_tokens[j]):,} tokens; its share of {total:,} tokens "
-                    f"({target:,}) needs {whole + 1:,} copies of its documents, more than {MAX_WEIGHT}",
-                    field=f"proportions[{key!r}]", expected=f"at most {MAX_WEIGHT} copies", found=whole + 1,
+                    f"({target:,}) needs {needed:,} copies of its documents, more than {MAX_WEIGHT}",
+                    field=f"proportions[{key!r}]", expected=f"at most {MAX_WEIGHT} copies", found=needed,
                     cli=f"--proportions: {key!r} keeps {int(pool_tokens[j]):,} tokens; {proportions[key]:g} of "
-                        f"{total:,} tokens needs {whole + 1:,} copies of it, more than {MAX_WEIGHT}: "
+                        f"{total:,} tokens needs {needed:,} copies of it, more than {MAX_WEIGHT}: "
                         f"lower --tokens or its share")
             copies[pool] = whole
             copies[order[:extra]] += 1
