@@ -35,14 +35,16 @@ _MATERIALIZE_CHUNK_TOKENS = 1 << 24
 _SEGMENT_ROWS_CHUNK = 1 << 20
 
 
-def default_index_name(algorithm: str, capacity: int, seed: int | None, weights: dict | None = None) -> str:
-    """``ALGORITHM-CAPACITY[-sSEED][-mixHASH]``: a mixture adds 8 hex digits of its weights and seed."""
+def default_index_name(algorithm: str, capacity: int, seed: int | None, weights: dict | None = None,
+                       proportions: dict | None = None, tokens: int | None = None) -> str:
+    """``ALGORITHM-CAPACITY[-sSEED][-mixHASH]``: a mixture adds 8 hex digits of what it asked and its seed."""
     shuffled = algorithm in ("first_fit_shuffle", "shuffle_and_pack")
     name = f"{algorithm}-{capacity}" + (f"-s{seed}" if shuffled else "")
-    if weights:
+    if weights or proportions:
         import xxhash
 
-        key = F.canonical_json({"weights": weights, "seed": seed or 0})
+        asked = {"weights": weights} if weights else {"proportions": proportions, "tokens": tokens}
+        key = F.canonical_json({**asked, "seed": seed or 0})
         name += "-mix" + xxhash.xxh3_64(key).hexdigest()[:8]
     return name
 
@@ -75,6 +77,8 @@ def build_pack_index(
     overwrite: bool = False,
     max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION,
     weights: dict | None = None,
+    proportions: dict | None = None,
+    tokens: int | None = None,
     storage_options: dict | None = None,
 ) -> PackIndex:
     """Pack every document of ``dataset`` (a store, a collection, or a path) into packs of at most
@@ -94,6 +98,11 @@ def build_pack_index(
         weights: a collection only: ``{member or group name: weight}``, a weighted mixture
             (spec/COLLECTION.md §5): each document packed ``floor(w)`` times plus a seeded fraction,
             two copies never in one pack. Members no key names have weight 1.
+        proportions: a collection only, instead of ``weights``: ``{member or group name: share}``,
+            shares summing to 1 (spec/COLLECTION.md §5.1): the index holds ``tokens`` tokens (after
+            oversize losses), each key's share of them to within half a document, its documents
+            repeated in rounds when it holds too few. Members no key names are left out.
+        tokens: with ``proportions``: the total; None: the largest total no key needs a second copy for.
     Returns:
         The new index, opened.
     """
@@ -101,11 +110,22 @@ def build_pack_index(
 
     store = dataset if hasattr(dataset, "index_binding") else open_dataset(dataset, storage_options=storage_options)
     is_collection = not isinstance(store, Store)
-    if weights is not None and not is_collection:
-        raise WriteError(f"{store.path}: weights= mixes the members of a collection; this is a single store "
-                         "(make a collection with packfmt.collection.write_collection first)", field="weights=",
+    if weights is not None and proportions is not None:
+        raise WriteError("weights= and proportions= are two ways to mix; give one (weights: copies of each document; "
+                         "proportions with tokens=: shares of the packed tokens)", field="proportions=",
+                         expected="weights= or proportions=, not both", found="both",
+                         cli="--weights and --proportions are two ways to mix; give one (--weights: copies of each "
+                             "document; --proportions with --tokens: shares of the packed tokens)")
+    if tokens is not None and proportions is None:
+        raise WriteError("tokens= is the total of a mixture by proportion; give proportions= with it",
+                         field="tokens=", expected="proportions= given", found="tokens= alone",
+                         cli="--tokens is the total of a mixture by proportion; give --proportions NAME=SHARE,... with it")
+    mixing = "weights" if weights is not None else "proportions" if proportions is not None else None
+    if mixing and not is_collection:
+        raise WriteError(f"{store.path}: {mixing}= mixes the members of a collection; this is a single store "
+                         "(make a collection with packfmt.collection.write_collection first)", field=f"{mixing}=",
                          expected="a collection", found="a store",
-                         cli=f"{store.path}: --weights mixes the members of a collection; this is a single store "
+                         cli=f"{store.path}: --{mixing} mixes the members of a collection; this is a single store "
                              "(make one with `packfmt merge`)")
     if algorithm not in F.ALGORITHM_NAMES:
         raise WriteError(field="algorithm", expected=f"one of {list(F.ALGORITHM_NAMES)}", found=repr(algorithm))
@@ -125,14 +145,16 @@ def build_pack_index(
             raise WriteError(field=f"{key}=", expected="None (no limit) or an integer >= 1 (spec §4.1)", found=repr(limit))
     max_docs_per_pack = None if max_docs_per_pack is None else int(max_docs_per_pack)
     max_images_per_pack = None if max_images_per_pack is None else int(max_images_per_pack)
-    plan = None
     if weights is not None:
         from .collection import mixture
 
         weights = mixture.check_weights(weights)
         resolved = mixture.member_weights([m.name for m in store.members], weights)
-        plan = (weights, resolved, mixture.document_copies(store.doc_start, resolved, seed or 0))
-    name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights))
+    if proportions is not None:
+        from .collection import mixture, proportions as by_share
+
+        proportions, tokens = by_share.check_proportions(proportions), by_share.check_tokens(tokens)
+    name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
     t0 = time.perf_counter()
     lengths = np.asarray(store.doc_lengths, dtype=np.int64)
     spans, doc_image_offsets = relative_image_spans(store)
@@ -141,13 +163,20 @@ def build_pack_index(
     except ValueError as exc:  # an image run longer than capacity cannot be placed under any policy
         raise WriteError(f"capacity {capacity}: {exc}", field="capacity", expected=">= the longest image token run",
                          found=capacity) from None
+    plan = None  # (copies, record head, per member fields)
+    if weights is not None:
+        plan = (mixture.document_copies(store.doc_start, resolved, seed or 0), {"weights": weights},
+                [{"weight": float(w)} for w in resolved])
+    elif proportions is not None:
+        plan = by_share.plan_proportions([m.name for m in store.members], store.doc_start,
+                                         mixture.kept_tokens(seg, lengths)[1], proportions, tokens, seed or 0)
     mixture_json, stat_lengths, num_tokens = None, lengths, store.num_tokens
     if plan is None:
         result = pack_items(seg.lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
                             image_counts=seg.image_counts if store.num_images else None,
                             max_images_per_pack=max_images_per_pack)
     else:
-        weights, resolved, copies = plan
+        copies, head, member_fields = plan
         rounds = mixture.pack_rounds(seg, lengths, copies, capacity, algorithm, seed or 0, oversize,
                                      with_images=bool(store.num_images), max_items_per_pack=max_docs_per_pack,
                                      max_images_per_pack=max_images_per_pack)
@@ -180,9 +209,11 @@ def build_pack_index(
         if materialize:
             files.update(_materialize(store, tmp, seg.rows(result.order), pack_offsets))
         if plan is not None:  # per member sums: the order of the items does not matter
-            mixture_json = mixture.mixture_record(weights, seed or 0, [m.name for m in store.members], resolved,
+            mixture_json = mixture.mixture_record(head, seed or 0, [m.name for m in store.members], member_fields,
                                                   store.doc_start, copies, seg.item_docs(), seg.lengths,
                                                   rounds.packs_per_round)
+            if proportions is not None:
+                mixture_json["shares"] = by_share.key_shares(mixture_json)
         index = {
             "format": F.PACK_INDEX_FORMAT_NAME,
             "format_version": "1.1" if is_collection else F.FORMAT_VERSION_STR,

@@ -19,12 +19,20 @@ def add_parser(sub) -> None:
     p.add_argument("--capacity", type=int, required=True, help="tokens per pack (training sequence length)")
     p.add_argument("--algorithm", default="ffd", choices=F.ALGORITHM_NAMES, help="packing algorithm (default: ffd)")
     p.add_argument("--name", help="index name (default: ALGORITHM-CAPACITY[-sSEED])")
-    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled algorithms and of --weights' fractions "
-                                                        "(default: 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled algorithms and of the documents "
+                                                        "--weights' fractions and --proportions' remainders draw (default: 0)")
     p.add_argument("--weights", metavar="NAME=W,...",
                    help="a collection only: weighted mixture, e.g. web=1,code=2.5,books=0.3 (NAME: a member or a dotted "
                         "group; others weigh 1; 0 drops a member): each document packed floor(W) times plus a "
                         "--seed-chosen fraction, two copies never in one pack (spec/COLLECTION.md §5)")
+    p.add_argument("--proportions", metavar="NAME=P,...",
+                   help="a collection only, instead of --weights: shares of the packed tokens, e.g. "
+                        "web=0.6,code=0.3,books=0.1 (summing to 1; members no NAME names are left out): each share "
+                        "met to within half a document, a member repeated in rounds when it holds too few "
+                        "(spec/COLLECTION.md §5.1)")
+    p.add_argument("--tokens", metavar="N", type=_token_count,
+                   help="with --proportions: tokens the index holds (e.g. 1000000000 or 1e9; default: the most "
+                        "that repeat no member)")
     p.add_argument("--max-docs-per-pack", type=int, help="at most K documents (segments) per pack")
     p.add_argument("--max-images-per-pack", type=int, help="at most M images per pack (image budget)")
     p.add_argument("--oversize", default="split", choices=F.OVERSIZE_POLICIES,
@@ -52,14 +60,25 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < F.SEED_LIMIT:  # the range index.json can hold (spec §4.1)
         print(f"packfmt pack: error: --seed must be in [0, 2**63), got {args.seed}", file=sys.stderr)
         return 2
+    if args.weights is not None and args.proportions is not None:
+        print("packfmt pack: error: --weights and --proportions are two ways to mix; give one (--weights: copies of "
+              "each document; --proportions with --tokens: shares of the packed tokens)", file=sys.stderr)
+        return 2
+    if args.tokens is not None and args.proportions is None:
+        print("packfmt pack: error: --tokens is the total of a mixture by proportion; give --proportions "
+              "NAME=SHARE,... with it", file=sys.stderr)
+        return 2
     weights = parse_weights(args.weights) if args.weights is not None else None
+    proportions = None if args.proportions is None else parse_weights(
+        args.proportions, "--proportions", "SHARE", "web=0.6,code=0.3,books=0.1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LostTokensWarning)  # said below in CLI words
         index = build_pack_index(
             args.dataset, capacity=args.capacity, algorithm=args.algorithm, name=args.name, seed=args.seed,
             max_docs_per_pack=args.max_docs_per_pack, max_images_per_pack=args.max_images_per_pack,
             oversize=args.oversize, materialize=args.materialize, overwrite=args.overwrite,
-            max_lost_fraction=args.max_lost_fraction, weights=weights)
+            max_lost_fraction=args.max_lost_fraction, weights=weights,
+            proportions=proportions, tokens=args.tokens)
     stats = index.stats
     store = index.store
     mixture = index.manifest.raw.get("mixture")
@@ -93,3 +112,14 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join("  " + line for line in format_mixture(mixture)))
     print(f"  took {stats['seconds']:.3f} s")
     return 0
+
+
+def _token_count(text: str) -> int:
+    """``--tokens``: a whole number, written out or as ``1e9``."""
+    try:
+        value = float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        value = None
+    if value is None or value != value or value < 1 or value != int(value) or value >= F.SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens >= 1 (e.g. 1000000000 or 1e9), got {text!r}")
+    return int(value)

@@ -49,31 +49,45 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
     for name in coll.pack_index_names():
         index = coll.pack_index(name)
         mixture = index.manifest.raw.get("mixture")
-        summary = index_summary(index, lengths if mixture is None else _copy_lengths(coll, lengths, mixture), batch_size)
+        summary = index_summary(index, lengths if mixture is None else _copy_lengths(coll, lengths, mixture, index),
+                                batch_size)
         if mixture is not None:
             summary["mixture"] = mixture
         out["pack_indexes"][name] = summary
     return out
 
 
-def _copy_lengths(coll, lengths: np.ndarray, mixture: dict) -> np.ndarray:
+def _copy_lengths(coll, lengths: np.ndarray, mixture: dict, index) -> np.ndarray:
     """The lengths of the mixture's document copies: what its padding baselines pad (the same data)."""
-    from .mixture import check_weights, document_copies, member_weights
+    from .proportions import copies_of_record
 
-    resolved = member_weights([m.name for m in coll.members], check_weights(mixture["weights"]))
-    return np.repeat(lengths, document_copies(coll.doc_start, resolved, mixture["seed"]))
+    copies = copies_of_record(coll, mixture, index.capacity, index.manifest.oversize)[0]
+    return np.repeat(lengths, copies)
 
 
 def format_mixture(mixture: dict) -> list[str]:
-    """The lines of a mixture: weights as given, then per member weight, copies, tokens, proportion."""
-    weights = ", ".join(f"{k}={v:g}" for k, v in mixture["weights"].items())
-    lines = [f"mixture weights {weights} (seed {mixture['seed']}; {len(mixture['rounds'])} round(s) of "
-             f"{', '.join(f'{p:,}' for p in mixture['rounds'])} packs)",
-             f"  {'member':24s} {'weight':>8s} {'documents':>12s} {'tokens':>14s} {'proportion':>10s}"]
+    """The lines of a mixture: what it asked (weights, or shares of a total), then per member copies, tokens, share."""
+    rounds = (f"seed {mixture['seed']}; {len(mixture['rounds'])} round(s) of "
+              f"{', '.join(f'{p:,}' for p in mixture['rounds'])} packs")
+    if "weights" in mixture:
+        weights = ", ".join(f"{k}={v:g}" for k, v in mixture["weights"].items())
+        lines = [f"mixture weights {weights} ({rounds})"]
+        column, value = "weight", lambda m: f"{m['weight']:>8g}"
+    else:
+        target = mixture["target"]
+        asked = ", ".join(f"{k}={v:g}" for k, v in target["proportions"].items())
+        total = f"{target['total']:,} tokens" + ("" if target["tokens"] is not None else " (no key repeated)")
+        lines = [f"mixture proportions {asked} of {total} ({rounds})"]
+        for key, share in mixture["shares"].items():
+            plan = mixture["plan"][key]
+            lines.append(f"  {key}: {share['tokens']:,} tokens ({100 * share['share']:.4f}%; target {plan['tokens']:,}"
+                         f", {plan['copies']} whole cop{'y' if plan['copies'] == 1 else 'ies'} + "
+                         f"{plan['extra_documents']:,} documents)")
+        column, value = "key", lambda m: f"{str(m['key']) if m['key'] is not None else '-':>8s}"
+    lines.append(f"  {'member':24s} {column:>8s} {'documents':>12s} {'tokens':>14s} {'proportion':>10s}")
     for m in mixture["members"]:
         share = mixture["proportions"].get(m["name"], 0.0)
-        lines.append(f"  {m['name']:24s} {m['weight']:>8g} {m['documents']:>12,} {m['tokens']:>14,} "
-                     f"{100 * share:>9.2f}%")
+        lines.append(f"  {m['name']:24s} {value(m)} {m['documents']:>12,} {m['tokens']:>14,} {100 * share:>9.2f}%")
     return lines
 
 
@@ -99,5 +113,5 @@ def format_collection(s: dict) -> str:
         if "mixture" in ix:
             lines += ["  " + line for line in format_mixture(ix["mixture"])]
     if not s["pack_indexes"]:
-        lines.append("pack indexes: none (add one with `packfmt pack PATH --capacity N [--weights NAME=W,...]`)")
+        lines.append("pack indexes: none (add one with `packfmt pack PATH --capacity N [--weights NAME=W,... | --proportions NAME=P,... --tokens N]`)")
     return "\n".join(lines)

@@ -17,8 +17,8 @@ import numpy as np
 from .. import format as F
 from ..errors import WriteError
 
-__all__ = ["MAX_WEIGHT", "parse_weights", "member_weights", "extra_copy_draws", "document_copies", "pack_rounds",
-           "RepeatedSegmentation", "mixture_record", "check_weights"]
+__all__ = ["MAX_WEIGHT", "parse_weights", "member_keys", "member_weights", "extra_copy_draws", "document_copies",
+           "kept_tokens", "pack_rounds", "RepeatedSegmentation", "mixture_record", "check_weights"]
 
 #: Largest weight a member may have (spec/COLLECTION.md §5): bounds the number of rounds.
 MAX_WEIGHT = 1000
@@ -27,8 +27,9 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def parse_weights(text: str) -> dict[str, float]:
-    """``"web=1,code=2.5"`` -> ``{"web": 1.0, "code": 2.5}`` (the ``--weights`` syntax)."""
+def parse_weights(text: str, flag: str = "--weights", kind: str = "WEIGHT", example: str = "web=1,code=2.5"
+                  ) -> dict[str, float]:
+    """``"web=1,code=2.5"`` -> ``{"web": 1.0, "code": 2.5}`` (the ``--weights`` and ``--proportions`` syntax)."""
     out: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",")):
         key, sep, value = part.partition("=")
@@ -38,10 +39,10 @@ def parse_weights(text: str) -> dict[str, float]:
         except ValueError:
             weight = None
         if weight is None:
-            raise WriteError(f"--weights: {part!r} is not NAME=WEIGHT (e.g. --weights web=1,code=2.5)",
-                             field="--weights", expected="NAME=WEIGHT[,NAME=WEIGHT...]", found=repr(text))
+            raise WriteError(f"{flag}: {part!r} is not NAME={kind} (e.g. {flag} {example})",
+                             field=flag, expected=f"NAME={kind}[,NAME={kind}...]", found=repr(text))
         if key in out:
-            raise WriteError(f"--weights: {key!r} is given twice", field="--weights", expected="each key once",
+            raise WriteError(f"{flag}: {key!r} is given twice", field=flag, expected="each key once",
                              found=repr(text))
         out[key] = weight
     return out
@@ -68,23 +69,33 @@ def _groups(names: list[str]) -> list[str]:
     return sorted(groups)
 
 
-def member_weights(names: list[str], weights: dict[str, float]) -> np.ndarray:
-    """float64 ``(members,)``: each member's weight by its longest matching key (1 when none matches)."""
-    out = np.ones(len(names), dtype=np.float64)
+def member_keys(names: list[str], keys, what: str = "weights") -> np.ndarray:
+    """int64 ``(members,)``: the position in ``keys`` of each member's longest matching key, -1 when none
+    matches (spec/COLLECTION.md §5: key ``k`` matches member ``n`` when ``n == k`` or ``n`` starts with ``k.``).
+
+    Raises WriteError naming the members and groups there are when a key matches no member.
+    """
+    out = np.full(len(names), -1, dtype=np.int64)
     best = np.full(len(names), -1)
-    for key, w in weights.items():
+    for j, key in enumerate(keys):
         hit = [i for i, n in enumerate(names) if n == key or n.startswith(key + ".")]
         if not hit:
             groups = _groups(names)
-            raise WriteError(
-                f"weights: {key!r} names no member; the members are {names}"
-                + (f" and the groups {groups}" if groups else ""),
-                field=f"weights[{key!r}]", expected=f"one of {names + groups}", found=repr(key),
-                cli=f"--weights: {key!r} names no member; the members are {names}"
-                    + (f" and the groups {groups}" if groups else ""))
+            there = f"the members are {names}" + (f" and the groups {groups}" if groups else "")
+            raise WriteError(f"{what}: {key!r} names no member; {there}", field=f"{what}[{key!r}]",
+                             expected=f"one of {names + groups}", found=repr(key),
+                             cli=f"--{what}: {key!r} names no member; {there}")
         for i in hit:
             if len(key) > best[i]:
-                best[i], out[i] = len(key), w
+                best[i], out[i] = len(key), j
+    return out
+
+
+def member_weights(names: list[str], weights: dict[str, float]) -> np.ndarray:
+    """float64 ``(members,)``: each member's weight by its longest matching key (1 when none matches)."""
+    key = member_keys(names, list(weights))
+    values = np.array(list(weights.values()) + [1.0], dtype=np.float64)
+    out = values[key]  # -1: the trailing 1.0
     if not np.any(out > 0):
         raise WriteError("weights: every member has weight 0: nothing to pack", field="weights=",
                          expected="at least one member with a weight > 0", found=repr(weights),
@@ -120,6 +131,17 @@ def document_copies(doc_start: np.ndarray, weights: np.ndarray, seed: int) -> np
     return out
 
 
+def kept_tokens(seg, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``(documents,)`` twice: each document's segments and the tokens they hold (what the
+    oversize policy keeps of it: 0 for a dropped or empty document)."""
+    n = doc_lengths.shape[0]
+    if seg.is_whole_documents:
+        return np.ones(n, dtype=np.int64), np.asarray(doc_lengths, dtype=np.int64)
+    docs = seg.segments[:, 0]
+    return (np.bincount(docs, minlength=n).astype(np.int64),
+            np.bincount(docs, weights=seg.lengths, minlength=n).astype(np.int64))
+
+
 class RepeatedSegmentation:
     """The items of a mixture: segment ``item_seg[i]`` of ``seg`` once per round it is in.
 
@@ -132,12 +154,7 @@ class RepeatedSegmentation:
         self.seg, self.item_seg = seg, item_seg
         self.lengths = np.ascontiguousarray(seg.lengths[item_seg])
         n = doc_lengths.shape[0]
-        if seg.is_whole_documents:
-            pieces, kept = np.ones(n, dtype=np.int64), doc_lengths
-        else:
-            docs = seg.segments[:, 0]
-            pieces = np.bincount(docs, minlength=n)
-            kept = np.bincount(docs, weights=seg.lengths, minlength=n).astype(np.int64)
+        pieces, kept = kept_tokens(seg, doc_lengths)
         dropped = pieces == 0
         self.dropped_docs = int(copies[dropped].sum())
         self.dropped_tokens = int((copies * doc_lengths)[dropped].sum())
@@ -198,26 +215,32 @@ def pack_rounds(seg, doc_lengths: np.ndarray, copies: np.ndarray, capacity: int,
     return Rounds(items, result, per_round)
 
 
-def mixture_record(weights: dict[str, float], seed: int, names: list[str], resolved: np.ndarray,
-                   doc_start: np.ndarray, copies: np.ndarray, seg_docs: np.ndarray, seg_len: np.ndarray,
-                   per_round: list[int]) -> dict:
+def mixture_record(head: dict, seed: int, names: list[str], member_fields: list[dict], doc_start: np.ndarray,
+                   copies: np.ndarray, seg_docs: np.ndarray, seg_len: np.ndarray, per_round: list[int]) -> dict:
     """``index.json``'s ``mixture`` (spec/COLLECTION.md §5) from the segments of the index.
 
     Args:
+        head: what the mixture was asked for: ``{"weights": ...}`` or a proportions record's keys.
+        member_fields: per member, the keys that say how its copies were set (``{"weight": w}``).
         seg_docs, seg_len: collection document and length of every segment of the index.
     """
+    tokens = member_tokens(doc_start, seg_docs, seg_len, len(names))
     n = copies.shape[0]
-    member = np.searchsorted(doc_start, seg_docs, side="right") - 1
-    tokens = np.bincount(member, weights=seg_len, minlength=len(names)).astype(np.int64)
     packed_doc = np.bincount(seg_docs, minlength=n) > 0
     doc_member = np.repeat(np.arange(len(names), dtype=np.int64), np.diff(doc_start))
     documents = np.bincount(doc_member[packed_doc], weights=copies[packed_doc], minlength=len(names)).astype(np.int64)
     total = int(tokens.sum())
     return {
-        "weights": dict(weights),
+        **head,
         "seed": int(seed),
         "rounds": [int(p) for p in per_round],
-        "members": [{"name": name, "weight": float(resolved[m]), "documents": int(documents[m]),
-                     "tokens": int(tokens[m])} for m, name in enumerate(names)],
+        "members": [{"name": name, **member_fields[m], "documents": int(documents[m]), "tokens": int(tokens[m])}
+                    for m, name in enumerate(names)],
         "proportions": {name: (int(tokens[m]) / total if total else 0.0) for m, name in enumerate(names)},
     }
+
+
+def member_tokens(doc_start: np.ndarray, seg_docs: np.ndarray, seg_len: np.ndarray, members: int) -> np.ndarray:
+    """int64 ``(members,)``: the tokens of each member's segments (after oversize losses)."""
+    member = np.searchsorted(doc_start, seg_docs, side="right") - 1
+    return np.bincount(member, weights=seg_len, minlength=members).astype(np.int64)

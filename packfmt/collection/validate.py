@@ -135,47 +135,57 @@ class _CollectionIndexChecks(_IndexChecks):
         self._record(mixture, copies, segs, seg_len)
 
     def _copies(self, mixture, po) -> np.ndarray | None:
-        """copies(d) from the recorded weights and seed; None (and a problem) when the record is unusable."""
-        from .mixture import check_weights, document_copies, member_weights
+        """copies(d) from what the record asked for (weights, or proportions and tokens) and its seed;
+        None (and a problem) when the record is unusable."""
+        from .proportions import copies_of_record
 
-        label, coll = self.file(F.PACK_INDEX_JSON), self.ds.coll
-        names = [m.name for m in coll.members]
-        rounds, seed = mixture.get("rounds"), mixture.get("seed")
+        label = self.file(F.PACK_INDEX_JSON)
+        rounds = mixture.get("rounds")
         if not (isinstance(rounds, list) and all(isinstance(x, int) and x >= 0 for x in rounds)
                 and sum(rounds) == po.shape[0] - 1):
             self.out.add(label, "mixture.rounds", f"a list of pack counts summing to counts.packs={po.shape[0] - 1}",
                          repr(rounds))
             return None
-        if not (isinstance(seed, int) and 0 <= seed < F.SEED_LIMIT):
-            self.out.add(label, "mixture.seed", "an integer in [0, 2**63)", repr(seed))
-            return None
         try:
-            weights = check_weights(mixture.get("weights"))
-            resolved = member_weights(names, weights)
+            copies, self._head, self._member_fields = copies_of_record(self.ds.coll, mixture, self.pm.capacity,
+                                                                       self.pm.oversize)
         except PackfmtError as exc:
-            self.out.add(label, "mixture.weights", exc.expected, exc.found, detail=str(exc))
+            composed = str(exc).startswith(f"{exc.field}: expected")
+            self.out.add(label, exc.field, exc.expected, exc.found, detail=None if composed else str(exc))
             return None
-        copies = document_copies(coll.doc_start, resolved, seed)
         if len(rounds) != int(copies.max()):
             self.out.add(label, "mixture.rounds", f"{int(copies.max())} rounds (the most copies of a document)",
                          len(rounds))
             return None
-        self._resolved = resolved
         return copies
 
     def _record(self, mixture, copies, segs, seg_len) -> None:
-        """``mixture.members`` and ``proportions`` agree with the segments (spec/COLLECTION.md §5)."""
+        """The rest of ``mixture`` agrees with what it asked for and with the segments (spec/COLLECTION.md §5)."""
         from .mixture import mixture_record
+        from .proportions import key_shares
 
         coll = self.ds.coll
-        names = [m.name for m in coll.members]
-        want = mixture_record(mixture["weights"], mixture["seed"], names, self._resolved, coll.doc_start, copies,
-                              segs[:, 0], seg_len, mixture["rounds"])
+        want = mixture_record(self._head, mixture["seed"], [m.name for m in coll.members], self._member_fields,
+                              coll.doc_start, copies, segs[:, 0], seg_len, mixture["rounds"])
         label = self.file(F.PACK_INDEX_JSON)
-        if mixture.get("members") != want["members"]:
-            self.out.add(label, "mixture.members", want["members"], mixture.get("members"))
-        have = mixture.get("proportions")
-        if not (isinstance(have, dict) and set(have) == set(want["proportions"])
-                and all(isinstance(have[k], (int, float)) and abs(have[k] - v) <= 1e-9
-                        for k, v in want["proportions"].items())):
-            self.out.add(label, "mixture.proportions", want["proportions"], have)
+        for key in ("target", "plan", "members"):
+            if key in want and mixture.get(key) != want[key]:
+                self.out.add(label, f"mixture.{key}", want[key], mixture.get(key))
+        _shares_agree(self.out, label, "mixture.proportions", want["proportions"], mixture.get("proportions"))
+        if "target" in want:
+            shares = key_shares(want)
+            have = mixture.get("shares")
+            if not (isinstance(have, dict) and set(have) == set(shares)
+                    and all(isinstance(have[k], dict) and have[k].get("tokens") == v["tokens"] for k, v in shares.items())):
+                self.out.add(label, "mixture.shares", shares, have)
+            else:
+                _shares_agree(self.out, label, "mixture.shares", {k: v["share"] for k, v in shares.items()},
+                              {k: v.get("share") for k, v in have.items()})
+
+
+def _shares_agree(out, label: str, field: str, want: dict, have) -> None:
+    """``have`` maps the same names as ``want`` to numbers within 1e-9 of its shares."""
+    if not (isinstance(have, dict) and set(have) == set(want)
+            and all(isinstance(have[k], (int, float)) and not isinstance(have[k], bool) and abs(have[k] - v) <= 1e-9
+                    for k, v in want.items())):
+        out.add(label, field, want, have)
