@@ -267,3 +267,23 @@ def test_collection_export_has_collection_wide_image_ids_and_cut_labels(shards, 
             doc = coll.document(d["document"])
             if d["end"] < len(doc) and coll.document_loss_mask(d["document"])[d["end"]]:
                 assert s["last_labels.npy"][j] == doc[d["end"]]
+
+
+def test_sample_to_batch_needs_no_megatron(tmp_path):
+    """``packfmt.energon`` imports megatron-core only for ``packed_seq_params=True`` (a fresh process)."""
+    import subprocess
+    import sys
+
+    from limits import time_limit
+
+    code = ("import sys, numpy as np\n"
+            "from packfmt.energon import sample_to_batch\n"
+            "s = {'input_ids.npy': np.array([5, 6, 7, 8], np.uint16), 'cu_seqlens.npy': np.array([0, 3, 4], np.int32),\n"
+            "     'last_labels.npy': np.array([9, -100]), 'json': {'pack': 0, 'documents': [], 'images': []}}\n"
+            "b = sample_to_batch(s)\n"
+            "assert b['labels'].tolist() == [[6, 7, 9, -100]] and b['position_ids'].tolist() == [[0, 1, 2, 0]]\n"
+            "assert not any(m.split('.')[0] == 'megatron' for m in sys.modules), 'megatron imported'\n")
+    with time_limit(120, "python -c sample_to_batch"):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(packfmt.__file__).parent.parent)})
+    assert run.returncode == 0, run.stderr
