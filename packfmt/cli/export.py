@@ -1,4 +1,4 @@
-"""``packfmt export megatron DATASET PREFIX``: write Megatron-Core ``PREFIX.bin/.idx``."""
+"""``packfmt export megatron|webdataset``: Megatron-Core ``PREFIX.bin/.idx``, or WebDataset shards of packs."""
 
 from __future__ import annotations
 
@@ -55,5 +55,6 @@ def run_webdataset(args: argparse.Namespace) -> int:
     print(f"wrote {result.packs:,} packs in {len(result.shards)} shard(s), {result.bytes:,} bytes, to {result.path}")
     urls = str(result.path / f"shard-{{000000..{len(result.shards) - 1:06d}}}.tar")
     print(f"  read them with webdataset.WebDataset({urls!r}); for Megatron-Energon run `energon prepare "
-          f"{result.path} --non-interactive --split-ratio 1,0,0 --sample-type CrudeWebdataset` (spec/WEBDATASET.md §3)")
+          f"{result.path} --non-interactive --split-ratio 1,0,0 --sample-type CrudeWebdataset` and cook each sample "
+          f"with packfmt.energon.sample_to_batch (spec/WEBDATASET.md §3)")
     return 0
