@@ -240,6 +240,12 @@ def test_export_text_materialized_deterministic_and_cli(tmp_path):
     with pytest.raises(DatasetExistsError):
         export_webdataset(store, tmp_path / "o1", index=idx)
     assert cli.main(["export", "webdataset", str(store), str(tmp_path / "o1"), "--index", idx, "--overwrite"]) == 0
+    # a truncated document's cut label is its next token, in no pack at all (READER.md §2)
+    trunc = build_pack_index(store, capacity=64, algorithm="ffd", oversize="truncate", max_lost_fraction=1.0).name
+    export_webdataset(store, tmp_path / "t1", index=trunc)
+    got = read_back(tmp_path / "t1")
+    assert check_samples(store, trunc, got) == 0
+    assert any(c != -100 for c in cut_labels(packfmt.open(store), got))
 
 
 def vlm_collection(tmp: Path, tars: list[Path]) -> Path:
