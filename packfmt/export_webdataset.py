@@ -5,10 +5,14 @@ Each pack ``p`` of the index becomes the sample with key ``%09d % p`` and member
 - ``input_ids.npy``: the pack's tokens in order, the store's own dtype (uint16 / uint32), ``np.save`` format;
 - ``loss_mask.npy``: uint8 0/1, one per token (stores with a loss mask only);
 - ``cu_seqlens.npy``: int32 ``(k + 1,)``, the segment boundaries (``[0, len0, len0 + len1, ...]``);
+- ``last_labels.npy``: int64 ``(k,)``, the label of each segment's last token (spec/READER.md §2): the
+  document's true next token at a cut (a segment ending before its document), unless its mask bit is 0;
+  -100 at a document's end. Every other label follows from the members above (``packfmt.energon``);
 - ``img{j}.{ext}``: the original stored bytes of the pack's j-th image (``png``, ``jpg``, ``webp``,
   ``bmp``, ``gif``, ``tiff``, or ``rgb8`` / ``rgb8.zst`` for raw pixels), in token order;
 - ``json``: the pack's documents ``(document, begin, end)``, ``seq_lens``, and each image's member,
-  id, codec, size and token span ``[begin, end)`` inside the pack.
+  id (collection-wide for a collection, as ``PackedDataset``'s ``image_ids``), codec name, size and
+  token span ``[begin, end)`` inside the pack.
 
 Shards ``shard-000000.tar``, ... hold whole samples and stay within ``shard_bytes``, end-of-archive
 blocks included (a sample larger than that gets a shard of its own); ``export.json`` lists them with their sample counts. Tar headers
@@ -60,16 +64,19 @@ def _tar_size(members: list[tuple[str, bytes]]) -> int:
 
 
 class _Gather:
-    """A pack's tokens, mask and images from a store's arrays (plain ndarray views: no memmap per-call
-    overhead), or through the document API of a collection."""
+    """A pack's tokens, mask, cut labels and images, from a store's arrays (plain ndarray views: no memmap
+    per-call overhead) or through a collection's public interface (``document``, ``document_loss_mask``,
+    ``token_sources``, ``member``), so every member reads as the collection says it does."""
 
     def __init__(self, store) -> None:
+        from .collection.arrays import token_sources
+
         self.store = store
         self.flat = not hasattr(store, "locate")
-        if self.flat:
-            self.tokens = np.asarray(store.tokens)
-            self.offsets = np.asarray(store.doc_offsets)
-            self.mask = None if store.loss_mask is None else np.asarray(store.loss_mask)
+        self.offsets = np.asarray(store.doc_offsets)  # a collection's is computed once: 8 bytes per document
+        tokens, mask = token_sources(store)  # indexable by (collection-wide) token offset
+        self.tokens = np.asarray(tokens) if self.flat else tokens
+        self.mask = None if not store.has_loss_mask else (np.asarray(mask) if self.flat else mask)
 
     def runs(self, segs: np.ndarray, mask: bool) -> np.ndarray:
         """The tokens (or mask) of the segments ``(doc, begin, end)``, end to end."""
@@ -81,19 +88,34 @@ class _Gather:
         return np.concatenate([src[s + b:s + e] for s, b, e in zip(starts.tolist(), segs[:, 1].tolist(),
                                                                      segs[:, 2].tolist())])
 
+    def last_labels(self, segs: np.ndarray) -> np.ndarray:
+        """int64 ``(k,)``: the label of each segment's last token (spec/READER.md §2): at a cut
+        (``end < len(doc)``) the document's next token unless its mask bit is 0, else -100."""
+        out = np.full(segs.shape[0], -100, dtype=np.int64)
+        start = self.offsets[segs[:, 0]]
+        cut = segs[:, 2] < self.offsets[segs[:, 0] + 1] - start
+        if cut.any():
+            at = (start + segs[:, 2])[cut]
+            target = np.asarray(self.tokens[at]).astype(np.int64)
+            if self.mask is not None:
+                target[np.asarray(self.mask[at]) == 0] = -100
+            out[cut] = target
+        return out
+
     def images(self, d: int):
-        """``(image_store, ids, spans relative to document d)`` of document ``d``."""
-        store = self.store
+        """``(image_store, local ids, spans relative to document d, first collection-wide id of the member)``."""
+        store, base = self.store, 0
         if not self.flat:  # a collection: the member store holds the document and its images
             m, d = store.locate(d)
+            base = int(store.image_start[m])
             store = store.member(m)
         images = store.images
         if images is None:
-            return None, range(0), None
+            return None, range(0), None, base
         ids = images.of_document(d)
         if not len(ids):
-            return images, ids, None
-        return images, ids, np.asarray(images.token_spans[ids.start:ids.stop]) - int(store.doc_offsets[d])
+            return images, ids, None, base
+        return images, ids, np.asarray(images.token_spans[ids.start:ids.stop]) - int(store.doc_offsets[d]), base
 
 
 def pack_sample(gather: _Gather, index, p: int) -> list[tuple[str, bytes]]:
@@ -108,10 +130,11 @@ def pack_sample(gather: _Gather, index, p: int) -> list[tuple[str, bytes]]:
     if store.has_loss_mask:
         members.append(("loss_mask.npy", _npy(gather.runs(segs, mask=True))))
     members.append(("cu_seqlens.npy", _npy(cu)))
+    members.append(("last_labels.npy", _npy(gather.last_labels(segs))))
     image_meta = []
     if store.num_images:
         for (d, b, e), start in zip(segs, cu[:-1]):
-            images, ids, rel = gather.images(int(d))
+            images, ids, rel, base = gather.images(int(d))
             for i, (rb, re) in zip(ids, rel if rel is not None else ()):
                 if rb < b or re > e:
                     continue  # the packer never cuts an image; an image outside the segment is another pack's
@@ -119,7 +142,7 @@ def pack_sample(gather: _Gather, index, p: int) -> list[tuple[str, bytes]]:
                 name = f"img{len(image_meta)}.{CODEC_EXTENSIONS[codec]}"
                 w, h = images.size(i)
                 members.append((name, bytes(images.data(i))))
-                image_meta.append({"member": name, "image": int(i), "codec": codec, "width": w, "height": h,
+                image_meta.append({"member": name, "image": base + int(i), "codec": codec, "width": w, "height": h,
                                    "span": [int(rb - b + start), int(re - b + start)]})
     meta = {"pack": p, "index": index.name, "token_dtype": np.dtype(tokens.dtype).name, "capacity": index.capacity,
             "num_tokens": int(cu[-1]), "seq_lens": lens.tolist(),

@@ -15,7 +15,8 @@ int64[D]              document indices: sequence index where each document ends,
 
 A Megatron *document* may consist of several *sequences* (e.g. sentences); on import, the
 sequences of one Megatron document become one packfmt document. On export, every packfmt
-document is one sequence and one document, as ``tools/preprocess_data.py`` writes them.
+document is one sequence and one document, as ``tools/preprocess_data.py`` writes them; a
+collection exports its documents in collection order.
 
 Megatron's token files carry no loss mask. A store's loss mask is exported beside them as a
 second indexed dataset, ``PREFIX_loss_mask.bin/.idx`` (uint8 0/1, the same sequence lengths and
@@ -148,14 +149,23 @@ def loss_mask_prefix(prefix: str | os.PathLike) -> Path:
     return Path(str(prefix) + "_loss_mask")
 
 
-def _write_indexed(prefix: Path, values: np.ndarray, out_dtype: np.dtype, lengths: np.ndarray, doc_offsets: np.ndarray,
+def _write_indexed(prefix: Path, values, out_dtype: np.dtype, lengths: np.ndarray, doc_offsets: np.ndarray,
                    chunk: int) -> tuple[Path, Path]:
-    """``prefix.bin`` (``values`` as ``out_dtype``) + ``prefix.idx`` (one sequence per document), atomically renamed."""
+    """``prefix.bin`` (``values`` as ``out_dtype``) + ``prefix.idx`` (one sequence per document), atomically renamed.
+
+    ``values`` is a store's array (sliced) or a collection's ``token_sources`` gather (indexed by
+    collection-wide offsets, in chunks of at most 2^20 so the index array stays small).
+    """
     bin_path, idx_path = Path(str(prefix) + ".bin"), Path(str(prefix) + ".idx")
     tmp_bin, tmp_idx = Path(str(bin_path) + ".tmp"), Path(str(idx_path) + ".tmp")
+    total = int(doc_offsets[-1]) if len(doc_offsets) else 0
+    sliced = isinstance(values, np.ndarray)
+    step = chunk if sliced else min(chunk, 1 << 20)
     with open(tmp_bin, "wb") as f:
-        for i in range(0, values.shape[0], chunk):
-            f.write(np.ascontiguousarray(values[i:i + chunk], dtype=out_dtype).tobytes())
+        for i in range(0, total, step):
+            j = min(i + step, total)
+            part = values[i:j] if sliced else values[np.arange(i, j, dtype=np.int64)]
+            f.write(np.ascontiguousarray(part, dtype=out_dtype).tobytes())
         f.flush()
         os.fsync(f.fileno())
     n = lengths.shape[0]
@@ -173,28 +183,33 @@ def _write_indexed(prefix: Path, values: np.ndarray, out_dtype: np.dtype, length
 
 def export_megatron(dataset: Store | str | os.PathLike, prefix: str | os.PathLike, *, chunk_tokens: int = 1 << 24,
                     loss_mask: bool = True) -> tuple[Path, Path]:
-    """Write a packfmt dataset as ``PREFIX.bin`` + ``PREFIX.idx`` readable by Megatron-Core's IndexedDataset.
+    """Write a packfmt dataset or collection as ``PREFIX.bin`` + ``PREFIX.idx`` readable by Megatron-Core's IndexedDataset.
 
     Token dtype: uint16 when the store holds uint16, else int32 (Megatron has no uint32;
-    ids must then be < 2^31). Each document becomes one sequence and one document.
+    ids must then be < 2^31). Each document becomes one sequence and one document; a collection's
+    documents come in collection order (member after member), read through its public interface.
     Files are written under temporary names and renamed when complete.
 
-    Megatron's format has no loss mask: with ``loss_mask=True`` (default) a store's mask is written
+    Megatron's format has no loss mask: with ``loss_mask=True`` (default) a dataset's mask is written
     beside the tokens as the indexed dataset ``loss_mask_prefix(prefix)`` (``PREFIX_loss_mask.bin``
     + ``.idx``, uint8, same documents); ``loss_mask=False`` leaves it out. Returns the token files.
     """
-    store = dataset if isinstance(dataset, Store) else open_dataset(dataset)
-    if store.manifest.token_dtype == "uint16":
+    from .collection.arrays import token_sources
+
+    store = dataset if hasattr(dataset, "pack_index") else open_dataset(dataset)
+    if np.dtype(store.np_token_dtype) == np.uint16:
         out_dtype = np.dtype("<u2")
     else:
         if store.vocab_size > 2**31:
             raise WriteError(field="vocab_size", expected="<= 2^31 for Megatron's int32 tokens", found=store.vocab_size)
         out_dtype = np.dtype("<i4")
-    lengths = store.doc_lengths
+    offsets = np.asarray(store.doc_offsets, dtype=np.int64)  # a collection's is computed: read it once
+    lengths = np.diff(offsets)
     if lengths.size and lengths.max() >= 2**31:
         raise WriteError(field="document length", expected="< 2^31 tokens (Megatron int32 lengths)", found=int(lengths.max()))
+    tokens, mask = token_sources(store)
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    if loss_mask and store.loss_mask is not None:
-        _write_indexed(loss_mask_prefix(prefix), store.loss_mask, np.dtype("u1"), lengths, store.doc_offsets, chunk_tokens)
-    return _write_indexed(prefix, store.tokens, out_dtype, lengths, store.doc_offsets, chunk_tokens)
+    if loss_mask and store.has_loss_mask:
+        _write_indexed(loss_mask_prefix(prefix), mask, np.dtype("u1"), lengths, offsets, chunk_tokens)
+    return _write_indexed(prefix, tokens, out_dtype, lengths, offsets, chunk_tokens)

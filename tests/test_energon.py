@@ -1,7 +1,9 @@
 """The WebDataset export read by Megatron-Energon (spec/WEBDATASET.md §3): ``energon prepare`` with the
 crude dataset type, then Energon's own training loader (``get_train_dataset`` + ``get_loader``, its
-packing off) yields every pack once, equal to ``PackedDataset``: tokens, ``cu_seqlens``, labels from the
-loss mask, documents, and image bytes (or pixels, through Energon's default image decoder)."""
+packing off) yields every pack once, equal to ``PackedDataset``: tokens, ``cu_seqlens``, labels at every
+position (cuts included), documents, and image bytes (or pixels, through Energon's default image
+decoder); and the task encoder of spec/WEBDATASET.md §3 (``packfmt.energon.sample_to_batch``) cooks a
+collection's split packs into Megatron's ``thd`` inputs equal to ``PackedDataset``'s."""
 
 from __future__ import annotations
 
@@ -11,14 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import packfmt
 from packfmt.build import build_multimodal, build_text
+from packfmt.energon import sample_to_batch
 from packfmt.export_webdataset import export_webdataset
 from packfmt.packindex import build_pack_index
+from packfmt.torch import PackedDataset
 
-from test_webdataset import SAMPLE, TOK, check_samples, raw_members, samples, write_tar
+from test_webdataset import SAMPLE, TOK, check_samples, cut_labels, raw_members, samples, stored_image, vlm_collection, write_tar
 
 energon = pytest.importorskip("megatron.energon")
 from megatron.energon import (  # noqa: E402
@@ -48,6 +53,36 @@ class PackEncoder(DefaultTaskEncoder):
         self.decoder = decoder
 
 
+@dataclass
+class PackedSample(Sample):
+    """spec/WEBDATASET.md §3's worked example, as written there."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    packed_seq_params: object
+    image_ids: torch.Tensor
+    image_spans: torch.Tensor
+    images: list
+
+
+@stateless
+def cook_batch(crude: dict) -> PackedSample:
+    b = sample_to_batch(crude, packed_seq_params=True)
+    images = [crude[m["member"]] for m in crude["json"]["images"]]
+    return PackedSample(**basic_sample_keys(crude), images=images,
+                        **{k: b[k] for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                                             "max_seqlen", "packed_seq_params", "image_ids", "image_spans")})
+
+
+class PackTaskEncoder(DefaultTaskEncoder):
+    cookers = [Cooker(cook_batch)]
+    decoder = SampleDecoder()
+
+
 def export_and_prepare(store: Path, index: str, out: Path, **kw) -> Path:
     export_webdataset(store, out, index=index, **kw)
     energon_prepare.main([str(out), "--non-interactive", "--split-ratio", "1,0,0", "--sample-type", "CrudeWebdataset",
@@ -57,16 +92,21 @@ def export_and_prepare(store: Path, index: str, out: Path, **kw) -> Path:
     return out
 
 
-def energon_read(out: Path, decoder: SampleDecoder | None) -> list[dict]:
-    """One epoch through Energon's training loader; the samples as ``{__key__, member: value}``, in pack order."""
+def energon_epoch(out: Path, task_encoder) -> list:
+    """One epoch through Energon's training loader, in pack order (the key names the pack)."""
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     ds = get_train_dataset(out, worker_config=wc, batch_size=None, shuffle_buffer_size=None,
                            max_samples_per_sequence=None, packing_buffer_size=None, repeat=False,
-                           task_encoder=PackEncoder(decoder))
-    got = [{"__key__": s.__key__, **s.parts} for s in get_loader(ds)]
-    keys = [g["__key__"] for g in got]
+                           task_encoder=task_encoder)
+    got = list(get_loader(ds))
+    keys = [s.__key__ for s in got]
     assert len(set(keys)) == len(keys)  # each pack exactly once in the epoch
-    return sorted(got, key=lambda g: g["__key__"])
+    return sorted(got, key=lambda s: s.__key__)
+
+
+def energon_read(out: Path, decoder: SampleDecoder | None) -> list[dict]:
+    """The samples as ``{__key__, member: value}``, in pack order."""
+    return [{"__key__": s.__key__, **s.parts} for s in energon_epoch(out, PackEncoder(decoder))]
 
 
 def same_pixels(member, stored: bytes) -> bool:
@@ -112,3 +152,56 @@ def test_text_packs_through_energon(tmp_path):
     idx = build_pack_index(store, capacity=256, algorithm="ffd", materialize=True).name
     got = energon_read(export_and_prepare(store, idx, tmp_path / "out"), SampleDecoder())
     assert check_samples(store, idx, got) == 0
+
+
+def test_task_encoder_cooks_a_collections_split_packs_like_packed_dataset(vlm):
+    """spec/WEBDATASET.md §3's task encoder on a collection of two image stores, packed with
+    ``oversize: split`` at a capacity that cuts documents: every label (cuts included), position,
+    boundary and image id equals ``PackedDataset``'s."""
+    tars, tmp = vlm
+    coll_path = vlm_collection(tmp / "coll_src", tars)
+    coll = packfmt.open(coll_path)
+    idx = build_pack_index(coll_path, capacity=40, algorithm="ffd", oversize="split").name
+    out = export_and_prepare(coll_path, idx, tmp / "coll_out", shard_bytes=8192)
+    crude = energon_read(out, SampleDecoder())
+    cuts = cut_labels(coll, crude)
+    assert cuts and any(c != -100 for c in cuts)  # documents are cut, and some cut has a real target
+    got = energon_epoch(out, PackTaskEncoder())
+    ds = PackedDataset(coll_path, idx)
+    assert len(got) == len(ds)
+    images = 0
+    for p, s in enumerate(got):
+        item = ds[p]
+        assert s.__key__ == f"{p:09d}"
+        assert torch.equal(s.input_ids[0], item["input_ids"])
+        assert torch.equal(s.labels[0], item["labels"])  # every position, the cuts' true next tokens included
+        assert torch.equal(s.loss_mask[0], (item["labels"] != -100).float())
+        assert torch.equal(s.position_ids[0], item["position_ids"])
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(item["seq_lens"], 0).int()])
+        assert torch.equal(s.cu_seqlens, cu) and s.cu_seqlens.dtype == torch.int32
+        assert s.max_seqlen == int(item["seq_lens"].max())
+        params = s.packed_seq_params
+        assert type(params).__name__ == "PackedSeqParams" and params.qkv_format == "thd"
+        assert params.cu_seqlens_q is params.cu_seqlens_kv is s.cu_seqlens
+        assert params.max_seqlen_q == params.max_seqlen_kv == s.max_seqlen
+        assert torch.equal(s.image_ids, item["image_ids"])  # collection-wide ids, as the reader numbers them
+        assert torch.equal(s.image_spans, item["image_spans"])
+        for g, pixels in zip(s.image_ids.tolist(), s.images):
+            assert same_pixels(pixels, stored_image(coll, g))
+        images += len(s.images)
+    assert images == coll.num_images == 12
+    assert sorted(i for s in got for i in s.image_ids.tolist()) == list(range(12))
+
+
+def test_sample_to_batch_takes_raw_member_bytes(vlm):
+    """With ``decoder = None`` the members are the tar's bytes; the batch is the same."""
+    tars, tmp = vlm
+    coll_path = vlm_collection(tmp / "raw_src", tars)
+    idx = build_pack_index(coll_path, capacity=48, algorithm="ffd", oversize="split").name
+    out = export_and_prepare(coll_path, idx, tmp / "raw_bytes_out")
+    raw, decoded = energon_read(out, None), energon_read(out, SampleDecoder())
+    assert isinstance(raw[0]["input_ids.npy"], bytes)
+    for r, d in zip(raw, decoded):
+        a, b = sample_to_batch(r), sample_to_batch(d)
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)

@@ -1,5 +1,6 @@
 """WebDataset in (tar shards of image + JSON samples -> a store) and out (one sample per pack, read back
-with the ``webdataset`` library and compared with ``PackedDataset``)."""
+with the ``webdataset`` library and compared with ``PackedDataset``: tokens, boundaries, labels at every
+position including cuts, documents, and image ids, collection-wide for a collection)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from PIL import Image
 import packfmt
 from packfmt import cli
 from packfmt.build import build_chat, build_multimodal, build_text
+from packfmt.collection import write_collection
+from packfmt.energon import pack_labels
 from packfmt.errors import DatasetExistsError, InputError
 from packfmt.export_webdataset import export_webdataset
 from packfmt.packindex import build_pack_index
@@ -153,6 +156,21 @@ def same_bytes(member, stored: bytes) -> bool:
     return member == stored
 
 
+def stored_image(source, g: int) -> bytes:
+    """The stored bytes of image ``g``: a store's image id, or a collection-wide id (members in order)."""
+    if not hasattr(source, "members"):
+        return bytes(source.images.data(g))
+    m = int(np.searchsorted(source.image_start, g, side="right")) - 1
+    return bytes(source.member(m).images.data(g - int(source.image_start[m])))
+
+
+def cut_labels(store, got: list[dict]) -> list[int]:
+    """The labels at the cuts (segments that end before their document) of the decoded samples."""
+    lengths = store.doc_lengths
+    return [int(s["last_labels.npy"][j]) for s in got for j, d in enumerate(s["json"]["documents"])
+            if d["end"] < lengths[d["document"]]]
+
+
 def check_samples(store_path: Path, index: str, got: list[dict], same_image=same_bytes) -> int:
     """Decoded samples (pack order) against ``PackedDataset``; ``same_image(member, stored bytes)``
     compares an image member as the reader decoded it. Returns the number of images checked."""
@@ -170,19 +188,18 @@ def check_samples(store_path: Path, index: str, got: list[dict], same_image=same
         cu = sample["cu_seqlens.npy"]
         assert np.array_equal(np.diff(cu), item["seq_lens"].numpy()) and meta["seq_lens"] == item["seq_lens"].tolist()
         assert [d["document"] for d in meta["documents"]] == item["document_ids"].tolist()
-        if store.has_loss_mask:  # the reader's labels follow from the exported mask and boundaries
-            mask = sample["loss_mask.npy"]
-            want = np.full(len(ids), -100, dtype=np.int64)
-            for b, e in zip(cu[:-1], cu[1:]):
-                nxt = np.arange(b + 1, e)
-                keep = mask[nxt] == 1
-                want[nxt[keep] - 1] = ids[nxt[keep]]
-            assert np.array_equal(want, item["labels"].numpy())
+        assert ("loss_mask.npy" in sample) == store.has_loss_mask
+        last = sample["last_labels.npy"]
+        assert last.dtype == np.int64 and last.shape == (len(cu) - 1,)
+        # every label, cuts included, follows from the exported members (spec/WEBDATASET.md §2)
+        labels = pack_labels(ids, sample.get("loss_mask.npy"), cu, last)
+        assert np.array_equal(labels, item["labels"].numpy())
         if "image_ids" in item:
             assert [m["image"] for m in meta["images"]] == item["image_ids"].tolist()
             assert [m["span"] for m in meta["images"]] == item["image_spans"].tolist()
             for m in meta["images"]:  # decode() without an image handler leaves image members as bytes
-                assert same_image(sample[m["member"]], bytes(store.images.data(m["image"])))
+                assert isinstance(m["codec"], str)  # the codec's name (FORMAT.md §3.4), never its id
+                assert same_image(sample[m["member"]], stored_image(store, m["image"]))
             images_seen += len(meta["images"])
     return images_seen
 
@@ -223,3 +240,56 @@ def test_export_text_materialized_deterministic_and_cli(tmp_path):
     with pytest.raises(DatasetExistsError):
         export_webdataset(store, tmp_path / "o1", index=idx)
     assert cli.main(["export", "webdataset", str(store), str(tmp_path / "o1"), "--index", idx, "--overwrite"]) == 0
+    # a truncated document's cut label is its next token, in no pack at all (READER.md §2)
+    trunc = build_pack_index(store, capacity=64, algorithm="ffd", oversize="truncate", max_lost_fraction=1.0).name
+    export_webdataset(store, tmp_path / "t1", index=trunc)
+    got = read_back(tmp_path / "t1")
+    assert check_samples(store, trunc, got) == 0
+    assert any(c != -100 for c in cut_labels(packfmt.open(store), got))
+
+
+def vlm_collection(tmp: Path, tars: list[Path]) -> Path:
+    """Two image stores (samples 0-6 and 7-11, images numbered from 0 in each) as one collection."""
+    a = build_multimodal(tars[:1], tmp / "a", TOK, image_tokens="dynamic", patch_size=4, merge=2).path
+    b = build_multimodal(tars[1:], tmp / "b", TOK, image_tokens="dynamic", patch_size=4, merge=2).path
+    return write_collection(tmp / "coll", [("a", a), ("b", b)]).path
+
+
+def test_collection_export_has_collection_wide_image_ids_and_cut_labels(shards, tmp_path):
+    tars, _ = shards
+    coll_path = vlm_collection(tmp_path, tars)
+    coll = packfmt.open(coll_path)
+    assert [m.images for m in coll.members] == [6, 6]  # member-local ids 0..5 twice: they would collide
+    idx = build_pack_index(coll_path, capacity=40, algorithm="ffd", oversize="split").name
+    export_webdataset(coll_path, tmp_path / "out", index=idx)
+    got = read_back(tmp_path / "out")
+    assert check_samples(coll_path, idx, got) == 12
+    image_ids = sorted(m["image"] for s in got for m in s["json"]["images"])
+    assert image_ids == list(range(12))  # every image once, under its collection-wide id
+    cuts = cut_labels(coll, got)
+    assert cuts and any(c != -100 for c in cuts)  # documents really were cut, and cut labels really carried
+    for s in got:  # and each is the document's true next token, from the collection's own documents
+        for j, d in enumerate(s["json"]["documents"]):
+            doc = coll.document(d["document"])
+            if d["end"] < len(doc) and coll.document_loss_mask(d["document"])[d["end"]]:
+                assert s["last_labels.npy"][j] == doc[d["end"]]
+
+
+def test_sample_to_batch_needs_no_megatron(tmp_path):
+    """``packfmt.energon`` imports megatron-core only for ``packed_seq_params=True`` (a fresh process)."""
+    import subprocess
+    import sys
+
+    from limits import time_limit
+
+    code = ("import sys, numpy as np\n"
+            "from packfmt.energon import sample_to_batch\n"
+            "s = {'input_ids.npy': np.array([5, 6, 7, 8], np.uint16), 'cu_seqlens.npy': np.array([0, 3, 4], np.int32),\n"
+            "     'last_labels.npy': np.array([9, -100]), 'json': {'pack': 0, 'documents': [], 'images': []}}\n"
+            "b = sample_to_batch(s)\n"
+            "assert b['labels'].tolist() == [[6, 7, 9, -100]] and b['position_ids'].tolist() == [[0, 1, 2, 0]]\n"
+            "assert not any(m.split('.')[0] == 'megatron' for m in sys.modules), 'megatron imported'\n")
+    with time_limit(120, "python -c sample_to_batch"):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(packfmt.__file__).parent.parent)})
+    assert run.returncode == 0, run.stderr

@@ -1,4 +1,4 @@
-"""``packfmt export megatron DATASET PREFIX``: write Megatron-Core ``PREFIX.bin/.idx``."""
+"""``packfmt export megatron|webdataset``: Megatron-Core ``PREFIX.bin/.idx``, or WebDataset shards of packs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def add_parser(sub) -> None:
     fmt = p.add_subparsers(dest="export_format", metavar="FORMAT")
     fmt.required = True
     m = fmt.add_parser("megatron", help="Megatron-Core IndexedDataset PREFIX.bin + PREFIX.idx")
-    m.add_argument("dataset", help="packfmt dataset directory")
+    m.add_argument("dataset", help="packfmt dataset (or collection) directory")
     m.add_argument("prefix", help="output prefix (writes PREFIX.bin and PREFIX.idx, and PREFIX_loss_mask.bin/.idx "
                                   "for a dataset with a loss mask)")
     m.add_argument("--no-loss-mask", dest="loss_mask", action="store_false",
@@ -35,7 +35,7 @@ def run_megatron(args: argparse.Namespace) -> int:
     store = open_dataset(args.dataset)
     bin_path, idx_path = export_megatron(store, args.prefix, loss_mask=args.loss_mask)
     print(f"wrote {bin_path} ({bin_path.stat().st_size:,} bytes) and {idx_path} ({idx_path.stat().st_size:,} bytes)")
-    if store.manifest.has_loss_mask:
+    if store.has_loss_mask:
         mask = loss_mask_prefix(args.prefix)
         if args.loss_mask:
             print(f"note: Megatron's .bin/.idx do not carry the loss mask; wrote it beside them as {mask}.bin + "
@@ -55,5 +55,6 @@ def run_webdataset(args: argparse.Namespace) -> int:
     print(f"wrote {result.packs:,} packs in {len(result.shards)} shard(s), {result.bytes:,} bytes, to {result.path}")
     urls = str(result.path / f"shard-{{000000..{len(result.shards) - 1:06d}}}.tar")
     print(f"  read them with webdataset.WebDataset({urls!r}); for Megatron-Energon run `energon prepare "
-          f"{result.path} --non-interactive --split-ratio 1,0,0 --sample-type CrudeWebdataset` (spec/WEBDATASET.md §3)")
+          f"{result.path} --non-interactive --split-ratio 1,0,0 --sample-type CrudeWebdataset` and cook each sample "
+          f"with packfmt.energon.sample_to_batch (spec/WEBDATASET.md §3)")
     return 0
