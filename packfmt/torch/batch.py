@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,8 +12,6 @@ import torch
 from ._arena import _Arena
 from ._kernels import ROW_DIDS, ROW_POS, fill_item_doc_ids
 
-if TYPE_CHECKING:
-    from .dataset import PackedDataset
 
 class PackBatch(Sequence):
     """The items of ``PackedDataset.__getitems__``: a sequence of item dicts over one shared layout.
@@ -42,7 +40,7 @@ class PackBatch(Sequence):
     built here (``intact()``), so replacing an item's tensor falls back to copying.
     """
 
-    def __init__(self, ds: PackedDataset, ar: _Arena, packs, lengths, widths, seq_bounds, cols, max_seqlen: int,
+    def __init__(self, ds: Any, ar: _Arena, packs, lengths, widths, seq_bounds, cols, max_seqlen: int,
                  num_segments: int, *, padded: bool) -> None:
         self.arena, self.widths, self.lengths, self.pack_ids = ar, widths, lengths, packs
         self.max_seqlen, self.num_segments, self.fields = max_seqlen, num_segments, ds.fields
@@ -50,7 +48,7 @@ class PackBatch(Sequence):
         self.padded = padded
         self._items: list[dict[str, Any] | None] = [None] * len(packs)
         self._built: list[tuple | None] = [None] * len(packs)
-        self._ds = ds  # for images (pickles small; a batch pickles as its one buffer, e.g. collate_fn=lambda b: b)
+        self._ds = ds  # the PackedDataset that made it (batch.py sits below dataset.py): for images (pickles small; a batch pickles as its one buffer, e.g. collate_fn=lambda b: b)
 
     @property
     def seq_lens(self) -> np.ndarray:
