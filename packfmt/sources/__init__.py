@@ -29,11 +29,11 @@ is adding one module and one ``SOURCES`` entry. Formats (``detect_format`` picks
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import InputError
+from .record import Raw, ReadOptions, is_path, missing_columns
 
 __all__ = ["Raw", "ReadOptions", "FORMATS", "SOURCES", "detect_format", "iter_records", "count_records",
            "describe_sources", "missing_columns"]
@@ -42,26 +42,6 @@ __all__ = ["Raw", "ReadOptions", "FORMATS", "SOURCES", "detect_format", "iter_re
 SOURCES = {"jsonl": "jsonl", "json": "jsonarray", "parquet": "parquet", "hf_disk": "hf_disk",
            "text_dir": "textdir", "webdataset": "wds", "hf": "hf"}
 FORMATS = tuple(SOURCES)
-
-
-class Raw(NamedTuple):
-    """One source record: where it came from and what it holds."""
-
-    file: str
-    line: int
-    obj: dict | InputError
-
-
-class ReadOptions(NamedTuple):
-    """What a build asks of every source: the columns it needs, the split, the text-folder glob."""
-
-    columns: Sequence[str] | None = None
-    split: str | None = None
-    glob: str = "*.txt"
-
-
-def is_path(inp: Any) -> bool:
-    return isinstance(inp, (str, os.PathLike))
 
 
 def detect_format(path: Any) -> str:
@@ -96,21 +76,6 @@ def detect_format(path: Any) -> str:
     raise InputError(f"{p}: cannot tell the format from the name (pass fmt= one of {list(FORMATS)})",
                      reason="unknown_format", file=str(p), expected=f"one of {list(FORMATS)}", found=p.suffix or "no suffix",
                      cli=f"{p}: cannot tell the format from the name (pass --format {{{','.join(FORMATS)}}})")
-
-
-def missing_columns(file: str, columns: Sequence[str] | None, names: Sequence[str]) -> InputError | None:
-    """The ``missing_field`` error of every row of a table lacking requested ``columns`` (None if it has them all).
-
-    A column absent from a table's schema is absent from every row, so the error lists the
-    table's columns (a per-row "record keys" list would only show the columns that were read).
-    """
-    missing = [c for c in columns or () if c not in names]
-    if not missing:
-        return None
-    what = f"{file}: no column {', '.join(map(repr, missing))}; the columns are {list(names)}"
-    return InputError(f"{what}: pick one with field= or template=", reason="missing_field", file=file,
-                      field=missing[0], expected=f"one of {list(names)}", found=missing[0],
-                      cli=f"{what}: pick one with --field or --template")
 
 
 def source_module(kind: str, inp: Any = None):

@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from ..errors import InputError
-from . import Raw, is_path, missing_columns
+from .record import Raw, is_path, missing_columns
 from .hf_disk import choose_split
 
 BATCH_ROWS = 1024

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import InputError
-from . import Raw, missing_columns
+from .record import Raw, missing_columns
 
 
 #: The split read from a DatasetDict when none is named.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from . import Raw
+from .record import Raw
 from .jsonl import open_binary
 
 

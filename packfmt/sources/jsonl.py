@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from . import Raw
+from .record import Raw
 
 
 def open_binary(path: Path):

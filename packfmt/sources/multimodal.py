@@ -217,7 +217,7 @@ def easy_vqa_records(split: str = "train", marker: str = "<image>"):
     """
     import easy_vqa
 
-    from . import Raw
+    from .record import Raw
 
     base = Path(easy_vqa.__file__).parent / "data" / split
     questions_file = base / "questions.json"

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from . import Raw, missing_columns
+from .record import Raw, missing_columns
 
 BATCH_ROWS = 1024
 

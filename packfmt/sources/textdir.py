@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from . import Raw
+from .record import Raw
 
 #: Largest text taken from one file (bytes, after decompression).
 MAX_TEXT_BYTES = 256 * 1024 * 1024

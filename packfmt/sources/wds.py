@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import InputError
-from . import Raw
+from .record import Raw
 
 #: Member extensions (last dot-part, lower case) that are images.
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
