@@ -269,7 +269,8 @@ def lockstep_state(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _state_int(state: dict[str, Any], key: str, low: int, high: int | None) -> int:
     """``state[key]`` as an int in ``[low, high]`` (no upper bound when ``high`` is None)."""
     value = state[key]
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low or (high is not None and value > high):
+    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not is_int or value < low or (high is not None and value > high):
         raise SamplerStateError(field=key, expected=f"an integer in [{low}, {'inf' if high is None else high}]",
                                 found=repr(value))
     return int(value)
