@@ -117,9 +117,11 @@ class DistributedPackSampler(Sampler[int]):
         ``start``: the global position the deal begins at (0: the whole epoch; a resume on
         another number of ranks deals from the position the saved run had reached).
         """
-        epoch = self.epoch if epoch is None else int(epoch)
+        epoch, start = (self.epoch if epoch is None else int(epoch)), int(start)
+        if not 0 <= start <= self.num_packs:
+            raise ValueError(f"start: expected in [0, {self.num_packs}] (a position of the epoch's order), found {start}")
         order = epoch_order(self.num_packs, self.seed, epoch, self.shuffle)
-        rounds = deal_rounds(order, int(start), self.num_replicas, self.drop_last)
+        rounds = deal_rounds(order, start, self.num_replicas, self.drop_last)
         if self._weights is None or self.num_replicas == 1:
             return rounds
         if self._cache is not None and self._cache[0] == (epoch, start):
