@@ -127,15 +127,16 @@ def test_resume_through_dataloader_with_consumed_count(ds):
 def test_state_refuses_mismatch(ds, tmp_path):
     s = DistributedPackSampler(ds, RANKS, 0, seed=1)
     state = s.state_dict()
-    with pytest.raises(SamplerStateError, match="seed"):
+    with pytest.raises(SamplerStateError, match="seed.*construct the sampler with seed=1"):
         DistributedPackSampler(ds, RANKS, 0, seed=2).load_state_dict(state)
-    with pytest.raises(SamplerStateError, match="num_replicas"):
-        DistributedPackSampler(ds, 2, 0, seed=1).load_state_dict(state)
+    with pytest.raises(SamplerStateError, match="balance.*construct the sampler with balance='tokens'"):
+        DistributedPackSampler(ds, 2, 0, seed=1, balance="none").load_state_dict(state)  # another world size too
     other_segs, other_po = next_fit_segments(ds.store.doc_lengths, 32)
     write_pack_index(ds.store, other_segs, other_po, capacity=32, name="other")
     other = PackedDataset(ds.store, "other")
-    with pytest.raises(SamplerStateError, match="fingerprint"):
-        DistributedPackSampler(other, RANKS, 0, seed=1).load_state_dict(state)
+    for replicas in (RANKS, 3):  # a different dataset is refused on any number of ranks, naming the fix
+        with pytest.raises(SamplerStateError, match="fingerprint.*build the sampler on the dataset and index the checkpoint"):
+            DistributedPackSampler(other, replicas, 0, seed=1).load_state_dict(state)
     with pytest.raises(SamplerStateError):
         s.load_state_dict({k: v for k, v in state.items() if k != "fingerprint"})
 

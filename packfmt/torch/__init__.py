@@ -20,7 +20,7 @@ from .attention import (
 from .collate import collate_hf, collate_padded, collate_varlen
 from .dataset import FIELDS, IGNORE_INDEX, PAD_DOC_ID, PackBatch, PackedDataset
 from .images import ImageProcessorTransform
-from .sampler import BALANCE_MODES, DistributedPackSampler, PackSampler, SamplerStateError
+from .sampler import BALANCE_MODES, DistributedPackSampler, PackSampler, SamplerStateError, lockstep_state
 
 __all__ = [
     "PackedDataset",
@@ -44,5 +44,6 @@ __all__ = [
     "DistributedPackSampler",
     "PackSampler",
     "SamplerStateError",
+    "lockstep_state",
     "BALANCE_MODES",
 ]

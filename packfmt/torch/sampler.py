@@ -1,27 +1,35 @@
-"""Pack samplers: deterministic per (seed, epoch), rank-balanced, resumable (spec/READER.md §6).
+"""Pack samplers: deterministic per (seed, epoch), rank-balanced, resumable, elastic (spec/READER.md §6).
 
-``DistributedPackSampler`` splits an epoch's permutation of packs across ranks like
+``DistributedPackSampler`` splits an epoch's global order of packs across ranks like
 ``torch.utils.data.DistributedSampler`` (every rank gets exactly ``len(sampler)`` packs, so every
 rank runs the same number of batches and no rank hangs at the end of an epoch) and optionally
 balances the tokens (or images) each rank receives. It implements torchdata's ``Stateful``
 protocol: ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly, through a plain
 DataLoader (``state_dict(num_consumed=...)``) or torchdata's ``StatefulDataLoader`` with or without
-workers (tests/test_torch_stateful.py).
+workers (tests/test_torch_stateful.py), on the same or on another number of ranks: a state saved
+on W ranks, loaded on W' ranks, re-deals the rest of the epoch's global order over the W' ranks
+(tests/test_torch_elastic.py). The order and the deal are the pure functions of ``_deal.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from ..errors import PackfmtError
+from ._deal import deal_balanced, deal_rounds, deal_size, done_positions, epoch_order
 
-__all__ = ["DistributedPackSampler", "PackSampler", "SamplerStateError", "BALANCE_MODES"]
+__all__ = ["DistributedPackSampler", "PackSampler", "SamplerStateError", "BALANCE_MODES", "lockstep_state"]
 
 BALANCE_MODES = ("tokens", "images", "none")
+# keys a state must hold; "start" and "consumed" (READER.md 1.4) may both be absent: start 0
+STATE_KEYS = ("epoch", "yielded", "seed", "shuffle", "drop_last", "balance", "num_replicas", "rank",
+              "num_packs", "fingerprint")
+_DATA_KEYS = ("fingerprint", "num_packs")                    # which dataset and pack index
+_CONFIG_KEYS = ("seed", "shuffle", "drop_last", "balance")   # which order and deal
 
 
 class SamplerStateError(PackfmtError, ValueError):
@@ -31,12 +39,14 @@ class SamplerStateError(PackfmtError, ValueError):
 class DistributedPackSampler(Sampler[int]):
     """Pack indices for one rank.
 
-    Per epoch: permute the packs with ``default_rng([seed, epoch])`` (or keep index order when
-    ``shuffle=False``), pad by wrapping around to a multiple of ``num_replicas`` (or drop the
-    tail when ``drop_last``), then deal round by round: each round of ``num_replicas``
-    consecutive packs gives one pack to every rank. With ``balance="tokens"`` (or ``"images"``)
-    the packs of a round are dealt largest first to the ranks with the smallest running totals,
-    so after every round the per-rank sums differ by at most the largest pack's weight.
+    Per epoch: the global order permutes the packs with ``default_rng([seed, epoch])`` (or keeps
+    index order when ``shuffle=False``); it is padded by wrapping around to a multiple of
+    ``num_replicas`` (or its tail is dropped when ``drop_last``), then dealt round by round: each
+    round of ``num_replicas`` consecutive packs gives one pack to every rank. With
+    ``balance="tokens"`` (or ``"images"``) the packs of a round are dealt largest first to the
+    ranks with the smallest running totals, so after every round the per-rank sums differ by at
+    most the largest pack's weight. An epoch resumed from a state saved on another number of
+    ranks deals only what that run had not consumed (``start`` > 0; spec/READER.md §6).
 
     Args:
         dataset: a ``PackedDataset`` (for its size, pack weights and fingerprint).
@@ -45,8 +55,7 @@ class DistributedPackSampler(Sampler[int]):
         balance: ``"tokens"``, ``"images"`` or ``"none"`` (plain strided split).
     """
 
-    STATE_KEYS = ("epoch", "yielded", "seed", "shuffle", "drop_last", "balance", "num_replicas", "rank",
-                  "num_packs", "fingerprint")
+    STATE_KEYS = STATE_KEYS
 
     def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None, *, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, balance: str = "tokens") -> None:
@@ -65,10 +74,11 @@ class DistributedPackSampler(Sampler[int]):
         self._weights = self._pack_weights(dataset, balance)
         self.epoch = 0
         self._epoch_set = False  # set_epoch was called on this sampler
-        self._resume: tuple[int, int] | None = None  # (epoch, position) for the next __iter__ of that epoch
+        self._resume: tuple[int, int, int] | None = None  # (epoch, start, position) for the next __iter__ of that epoch
         self._iter_epoch = 0     # epoch of the newest iterator
-        self._yielded = 0        # indices that iterator handed out (its position in the epoch)
-        self._cache: tuple[int, np.ndarray] | None = None  # (epoch, assignment): one int64 array
+        self._iter_start = 0     # global position its deal begins at
+        self._yielded = 0        # indices that iterator handed out (its position in the deal)
+        self._cache: tuple[tuple[int, int], np.ndarray] | None = None  # ((epoch, start), balanced assignment)
 
     @staticmethod
     def _pack_weights(dataset, balance: str) -> np.ndarray | None:
@@ -81,9 +91,8 @@ class DistributedPackSampler(Sampler[int]):
     # ------------------------------------------------------------------ sizes
     @property
     def total_size(self) -> int:
-        """Indices dealt over all ranks in one epoch."""
-        R, N = self.num_replicas, self.num_packs
-        return (N // R) * R if self.drop_last else -(-N // R) * R
+        """Indices dealt over all ranks in the current epoch's deal (the whole epoch unless resumed elsewhere)."""
+        return deal_size(self.num_packs, self._position()[0], self.num_replicas, self.drop_last)
 
     def __len__(self) -> int:
         return self.total_size // self.num_replicas
@@ -98,23 +107,27 @@ class DistributedPackSampler(Sampler[int]):
         self._epoch_set = True
 
     # ------------------------------------------------------------------ order
-    def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
-        """int64 ``(total_size / num_replicas,)``: this rank's packs for ``epoch``, in order."""
-        return self.assignment(epoch)[:, self.rank]
+    def epoch_indices(self, epoch: int | None = None, start: int = 0) -> np.ndarray:
+        """int64 ``(len,)``: this rank's packs for ``epoch``, in order, dealt from global position ``start``."""
+        return self.assignment(epoch, start)[:, self.rank]
 
-    def assignment(self, epoch: int | None = None) -> np.ndarray:
-        """int64 ``(rounds, num_replicas)``: column r holds rank r's packs for ``epoch``."""
-        epoch = self.epoch if epoch is None else int(epoch)
-        N, R = self.num_packs, self.num_replicas
-        order = np.random.default_rng([self.seed, epoch]).permutation(N) if self.shuffle else np.arange(N, dtype=np.int64)
-        order = np.resize(order, self.total_size) if self.total_size > N else order[: self.total_size]
-        rounds = order.reshape(-1, R)
-        if self._weights is None or R == 1:
+    def assignment(self, epoch: int | None = None, start: int = 0) -> np.ndarray:
+        """int64 ``(rounds, num_replicas)``: column r holds rank r's packs for ``epoch``.
+
+        ``start``: the global position the deal begins at (0: the whole epoch; a resume on
+        another number of ranks deals from the position the saved run had reached).
+        """
+        epoch, start = (self.epoch if epoch is None else int(epoch)), int(start)
+        if not 0 <= start <= self.num_packs:
+            raise ValueError(f"start: expected in [0, {self.num_packs}] (a position of the epoch's order), found {start}")
+        order = epoch_order(self.num_packs, self.seed, epoch, self.shuffle)
+        rounds = deal_rounds(order, start, self.num_replicas, self.drop_last)
+        if self._weights is None or self.num_replicas == 1:
             return rounds
-        if self._cache is not None and self._cache[0] == epoch:
+        if self._cache is not None and self._cache[0] == (epoch, start):
             return self._cache[1]
-        out = _deal_balanced(rounds, self._weights[rounds])
-        self._cache = (epoch, out)
+        out = deal_balanced(rounds, self._weights[rounds])
+        self._cache = ((epoch, start), out)
         return out
 
     def __iter__(self) -> Iterator[int]:
@@ -123,13 +136,13 @@ class DistributedPackSampler(Sampler[int]):
         The start is fixed when ``iter()`` is called (not at the first ``next()``), and a
         loaded position serves one iterator only: after a finished epoch the next one starts at 0.
         """
-        indices = self.epoch_indices()
-        start = 0
+        start, position = 0, 0
         if self._resume is not None and self._resume[0] == self.epoch:
-            start = self._resume[1]
+            _, start, position = self._resume
         self._resume = None
-        self._iter_epoch, self._yielded = self.epoch, start
-        return self._iterate(indices, start)
+        indices = self.epoch_indices(start=start)
+        self._iter_epoch, self._iter_start, self._yielded = self.epoch, start, position
+        return self._iterate(indices, position)
 
     def _iterate(self, indices: np.ndarray, start: int) -> Iterator[int]:
         for j in range(start, indices.shape[0]):
@@ -141,76 +154,128 @@ class DistributedPackSampler(Sampler[int]):
         """Position in the current epoch.
 
         Args:
-            num_consumed: indices actually consumed in this epoch. A plain DataLoader pulls
-                indices ahead of the training loop (prefetch), so pass the number of samples the
-                loop has consumed. torchdata's StatefulDataLoader needs no argument: it calls
-                ``state_dict()`` right after drawing each batch's indices and keeps the snapshot
-                that matches the batch the loop last received.
+            num_consumed: indices actually consumed in this epoch's deal. A plain DataLoader
+                pulls indices ahead of the training loop (prefetch), so pass the number of
+                samples the loop has consumed. torchdata's StatefulDataLoader needs no argument:
+                it calls ``state_dict()`` right after drawing each batch's indices and keeps the
+                snapshot that matches the batch the loop last received.
         Returns:
-            ``{epoch, yielded, ...}`` (spec/READER.md §6): ``yielded`` indices of ``epoch`` are done.
+            ``{epoch, start, yielded, consumed, ...}`` (spec/READER.md §6): the deal of ``epoch``
+            began at global position ``start``, every rank took ``yielded`` of its packs, so
+            ``consumed`` positions of the epoch's global order are done.
         """
-        yielded = self._position() if num_consumed is None else int(num_consumed)
+        start, yielded = self._position()
+        if num_consumed is not None:
+            yielded = int(num_consumed)
         if not 0 <= yielded <= len(self):
             raise ValueError(f"num_consumed: expected in [0, {len(self)}], found {yielded}")
-        return {"epoch": self.epoch, "yielded": yielded, "seed": self.seed, "shuffle": self.shuffle,
-                "drop_last": self.drop_last, "balance": self.balance, "num_replicas": self.num_replicas,
-                "rank": self.rank, "num_packs": self.num_packs, "fingerprint": self.fingerprint}
+        return {"epoch": self.epoch, "start": start, "yielded": yielded,
+                "consumed": done_positions(self.num_packs, start, yielded, self.num_replicas, self.drop_last),
+                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last, "balance": self.balance,
+                "num_replicas": self.num_replicas, "rank": self.rank, "num_packs": self.num_packs,
+                "fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next ``__iter__`` of the saved epoch yields the packs after the saved position.
+        """Resume: the next ``__iter__`` of the saved epoch yields this rank's share of what is left.
+
+        Saved on as many ranks as this sampler has: the same deal continues after ``yielded``
+        (exactly the packs the uninterrupted run would have yielded). Saved on another number
+        of ranks (any rank's state; ranks consume in lockstep): the positions of the global
+        order not yet consumed (``consumed`` onwards) are dealt anew over this sampler's ranks.
 
         Strict: raises ``SamplerStateError`` if the state belongs to another dataset, pack index
-        or sampler configuration. A mid-epoch state also selects its epoch (no ``set_epoch``
-        needed). A state saved at the end of its epoch (``yielded == len(self)``) leaves an epoch
+        or sampler configuration, or its positions do not add up. A mid-epoch state also selects
+        its epoch (no ``set_epoch`` needed). A state saved at the end of its epoch leaves an epoch
         chosen by an earlier ``set_epoch`` in place, so a training loop that calls
         ``set_epoch(e + 1)`` and then restores a StatefulDataLoader checkpoint taken after epoch
         ``e`` runs epoch ``e + 1`` in full; if that is still epoch ``e``, it yields nothing more.
         """
-        missing = [k for k in self.STATE_KEYS if k not in state]
-        if missing:
-            raise SamplerStateError(field=f"state[{missing[0]!r}]", expected="present", found="missing")
-        for key in ("fingerprint", "num_packs", "seed", "shuffle", "drop_last", "balance", "num_replicas", "rank"):
-            if state[key] != getattr(self, key):
-                raise SamplerStateError(
-                    f"sampler state: {key}: expected {getattr(self, key)!r} (this sampler), found {state[key]!r} "
-                    f"(saved); the state belongs to another "
-                    f"{'pack index or dataset' if key in ('fingerprint', 'num_packs') else 'sampler configuration'}",
-                    field=key, expected=getattr(self, key), found=state[key])
-        yielded = int(state["yielded"])
-        if not 0 <= yielded <= len(self):
-            raise SamplerStateError(field="yielded", expected=f"in [0, {len(self)}]", found=yielded)
-        epoch = int(state["epoch"])
-        self._resume = (epoch, yielded)
-        if yielded < len(self) or not self._epoch_set:
+        epoch, start, yielded, saved_replicas, done = self._check_state(state)
+        if saved_replicas == self.num_replicas:
+            self._resume = (epoch, start, yielded)      # continue the saved deal
+        else:
+            self._resume = (epoch, done, 0)             # deal the rest of the epoch anew
+        if done < self.num_packs or not self._epoch_set:
             self.epoch = epoch
         # else: the saved epoch is complete, and set_epoch already chose the epoch that comes next
         # (StatefulDataLoader loads the state inside iter(loader), after the loop's set_epoch).
 
-    def _position(self) -> int:
-        """Indices of ``self.epoch`` already handed out (or loaded as done)."""
+    def _check_state(self, state: dict[str, Any]) -> tuple[int, int, int, int, int]:
+        """(epoch, start, yielded, num_replicas, consumed) of a state that belongs to this sampler."""
+        missing = [k for k in STATE_KEYS if k not in state]
+        if ("start" in state) != ("consumed" in state):
+            missing.append("consumed" if "start" in state else "start")
+        if missing:
+            raise SamplerStateError(field=f"state[{missing[0]!r}]", expected="present", found="missing")
+        for key in _DATA_KEYS + _CONFIG_KEYS:
+            if state[key] != getattr(self, key):
+                fix = ("the state belongs to another pack index or dataset: build the sampler on the dataset and "
+                       "index the checkpoint was saved with, or start this run without loading the state"
+                       if key in _DATA_KEYS else
+                       f"the state belongs to another sampler configuration: construct the sampler with "
+                       f"{key}={state[key]!r}")
+                raise SamplerStateError(
+                    f"sampler state: {key}: expected {getattr(self, key)!r} (this sampler), found {state[key]!r} "
+                    f"(saved); {fix}", field=key, expected=getattr(self, key), found=state[key])
+        n = self.num_packs
+        replicas = _state_int(state, "num_replicas", 1, None)
+        _state_int(state, "rank", 0, replicas - 1)
+        epoch = _state_int(state, "epoch", 0, None)
+        start = _state_int(state, "start", 0, n) if "start" in state else 0
+        length = deal_size(n, start, replicas, self.drop_last) // replicas
+        yielded = _state_int(state, "yielded", 0, length)
+        done = done_positions(n, start, yielded, replicas, self.drop_last)
+        if "consumed" in state and state["consumed"] != done:
+            raise SamplerStateError(
+                f"sampler state: consumed: expected {done} (start {start} + yielded {yielded} x num_replicas "
+                f"{replicas}, or num_packs once the deal is done), found {state['consumed']!r}; the state was "
+                f"edited or written by another program: load a state that state_dict() wrote",
+                field="consumed", expected=done, found=state["consumed"])
+        return epoch, start, yielded, replicas, done
+
+    def _position(self) -> tuple[int, int]:
+        """(start, yielded): where ``self.epoch``'s deal begins and how many of its indices are handed out."""
         if self._resume is not None and self._resume[0] == self.epoch:
-            return self._resume[1]
-        return self._yielded if self._iter_epoch == self.epoch else 0
+            return self._resume[1], self._resume[2]
+        if self._iter_epoch == self.epoch:
+            return self._iter_start, self._yielded
+        return 0, 0
 
 
-def _deal_balanced(rounds: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Deal each round's packs, heaviest first, to the ranks with the lightest running totals.
+def lockstep_state(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The one position that the sampler states of every rank of a run, saved at one step, describe.
 
-    Args:
-        rounds, weights: int64 ``(num_rounds, R)``: pack ids and their weights.
-    Returns:
-        int64 ``(num_rounds, R)``: column r = rank r's packs, one per round, in round order.
+    Ranks consume in lockstep, so any rank's state lets a run on any number of ranks resume;
+    this checks that assumption on a checkpoint that kept every rank's state (ranks
+    ``0 .. num_replicas-1``, each once, at one epoch and one position) and returns one of them
+    to load. Raises ``SamplerStateError`` naming the first disagreement.
     """
-    by_weight = np.argsort(-weights, axis=1, kind="stable")
-    packs = np.take_along_axis(rounds, by_weight, axis=1)
-    w = np.take_along_axis(weights, by_weight, axis=1)
-    out = np.empty_like(rounds)
-    totals = np.zeros(rounds.shape[1], dtype=np.int64)
-    for j in range(rounds.shape[0]):  # one small argsort per round; done once per epoch
-        lightest = np.argsort(totals, kind="stable")
-        out[j, lightest] = packs[j]
-        totals[lightest] += w[j]
-    return out
+    states = list(states)
+    if not states:
+        raise SamplerStateError(field="states", expected="the sampler state of every rank", found="none")
+    first = states[0]
+    for s in states:
+        for k in STATE_KEYS + ("start", "consumed"):
+            if k != "rank" and s.get(k) != first.get(k):
+                raise SamplerStateError(
+                    f"sampler states: {k}: rank {first.get('rank')!r} saved {first.get(k)!r}, rank {s.get('rank')!r} "
+                    f"saved {s.get(k)!r}; ranks consume in lockstep, so these states come from different steps or "
+                    f"runs: load the states that one checkpoint step saved",
+                    field=k, expected=first.get(k), found=s.get(k))
+    ranks = sorted(s.get("rank") for s in states)
+    if ranks != list(range(first["num_replicas"])):
+        raise SamplerStateError(field="rank", expected=f"each of 0..{first['num_replicas'] - 1} once", found=ranks)
+    return dict(first)
+
+
+def _state_int(state: dict[str, Any], key: str, low: int, high: int | None) -> int:
+    """``state[key]`` as an int in ``[low, high]`` (no upper bound when ``high`` is None)."""
+    value = state[key]
+    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not is_int or value < low or (high is not None and value > high):
+        raise SamplerStateError(field=key, expected=f"an integer in [{low}, {'inf' if high is None else high}]",
+                                found=repr(value))
+    return int(value)
 
 
 class PackSampler(DistributedPackSampler):
