@@ -245,6 +245,8 @@ def test_another_tokenizer_is_refused_naming_the_fix(stores, tmp_path, capsys):
     shutil.copytree(SAMPLE_TOK, tok2)
     other = _build("text", SAMPLE / "text.jsonl", tmp_path / "other", "--limit", "5", tok=tok2)
     capsys.readouterr()
+    assert main(["merge", str(stores["text"]), str(stores["chat"]), "-o", str(tmp_path / "ok")]) == 0
+    assert "unified loss_mask: text (no loss mask of their own: read as all-trained)" in capsys.readouterr().out
     assert main(["merge", str(stores["chat"]), str(other), "-o", str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
     assert "differ in tokenizer" in err and "rebuild 'other' with 'chat''s tokenizer 'tokenizer'" in err
@@ -260,7 +262,7 @@ def test_two_different_image_ids_are_refused(tmp_path):
                                    special_tokens={"image": image}) as w:
             w.add_document([1, 2, 3])
         paths.append((None, tmp_path / name))
-    with pytest.raises(WriteError, match=r"'a' .* and 'b' .* different image placeholder ids .* 5 vs 7.*--image-token"):
+    with pytest.raises(WriteError, match=r"'a' .* and 'b' .* different image placeholder ids .* 5 vs 7.*image marker .a. was built with.*--image-token MARKER"):
         write_collection(tmp_path / "x", paths)
     coll = write_collection(tmp_path / "y", [paths[0], paths[2]])  # a null id beside an id is fine
     assert coll.special_tokens["image"] == 5 and coll.manifest.unified == {"special_tokens.image": ("c",)}

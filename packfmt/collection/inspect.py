@@ -96,9 +96,10 @@ def format_collection(s: dict) -> str:
     ]
     for m in s["members"]:
         lines.append(f"  {m['name']:24s} {m['documents']:>12,} {m['tokens']:>14,} {_pct(m['share']):>8s}  {m['path']}")
+    from .unify import MEANING
+
     for key, names in s.get("unified", {}).items():
-        what = "have no loss mask: read as all-trained" if key == "loss_mask" else "have no image id"
-        lines.append(f"unified   {key}: {', '.join(names)} ({what})")
+        lines.append(f"unified   {key}: {', '.join(names)} ({MEANING[key]})")
     lines += length_and_mask_lines(s)
     for name, ix in s["pack_indexes"].items():
         lines += _format_index(name, ix)

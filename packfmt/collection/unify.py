@@ -16,12 +16,15 @@ from typing import Any
 
 from ..errors import FormatError, WriteError
 
-__all__ = ["SHARED_KEYS", "UNIFIABLE", "unify", "parse_unified", "member_differences", "same_identity", "ones_needed"]
+__all__ = ["SHARED_KEYS", "UNIFIABLE", "unify", "parse_unified", "member_differences", "same_identity", "ones_needed", "MEANING"]
 
 #: Manifest keys every member shares with the collection (C2), some of them up to ``UNIFIABLE``.
 SHARED_KEYS = ("vocab_size", "token_dtype", "tokenizer", "special_tokens", "loss_mask")
 #: The keys of ``unified``: what a member may lack that the collection has.
 UNIFIABLE = ("loss_mask", "special_tokens.image")
+#: What being listed under each key means, in the words the CLI prints.
+MEANING = {"loss_mask": "no loss mask of their own: read as all-trained",
+           "special_tokens.image": "no image id of their own"}
 
 
 def _value(shared: dict, key: str) -> Any:
@@ -66,7 +69,7 @@ def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
     another tokenizer, vocabulary or token dtype, other special tokens (image aside), or two
     different image ids.
     """
-    (first, first_path, ref), out = members[0], {}
+    first, first_path, ref = members[0]
     for name, path, shared in members:
         for key in SHARED_KEYS:
             if key == "loss_mask" or same_identity(key, shared[key], ref[key]):
@@ -76,8 +79,9 @@ def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
                        f"(bos, eos, pad) are {first!r}'s")
             else:
                 fix = _fix(repr(name), repr(first), ref)
+            shown = (f"{_tok(ref)} vs {_tok(shared)}" if key == "tokenizer" else f"{ref[key]!r} vs {shared[key]!r}")
             raise WriteError(f"merge: members {first!r} ({first_path}) and {name!r} ({path}) differ in {key}: "
-                             f"{ref[key]!r} vs {shared[key]!r}; a collection's members share it: {fix}",
+                             f"{shown}; a collection's members share it: {fix}",
                              field=key, expected=repr(ref[key]), found=repr(shared[key]))
     image = None
     for name, path, shared in members:
@@ -87,11 +91,11 @@ def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
         if image is not None and value != image[0]:
             raise WriteError(f"merge: members {image[1]!r} ({image[2]}) and {name!r} ({path}) use different image "
                              f"placeholder ids (special_tokens.image {image[0]} vs {value}); a collection has one: "
-                             f"rebuild {name!r} with the --image-token that gives id {image[0]} (the same marker as "
-                             f"{image[1]!r}), e.g. `packfmt build llava SRC -o OUT --tokenizer "
-                             f"{(shared.get('tokenizer') or {}).get('name')} --image-token <image>`",
+                             f"rebuild {name!r} with the image marker {image[1]!r} was built with (the token of id "
+                             f"{image[0]}): `packfmt build llava SRC -o OUT --tokenizer "
+                             f"{(shared.get('tokenizer') or {}).get('name')} --image-token MARKER`",
                              field="special_tokens.image", expected=image[0], found=value)
-        image = (value, name, path)
+        image = image or (value, name, path)
     out = {key: ref[key] for key in SHARED_KEYS}
     out["loss_mask"] = any(bool(shared["loss_mask"]) for _, _, shared in members)
     out["special_tokens"] = {**ref["special_tokens"], "image": None if image is None else image[0]}
