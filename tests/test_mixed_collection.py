@@ -308,3 +308,18 @@ def test_a_malformed_unified_record_is_refused_at_open(mix, tmp_path, edit, fiel
     with pytest.raises(FormatError) as info:
         packfmt.open(lie)
     assert info.value.field == field
+
+
+def test_member_paths_resolve_through_the_file_system(stores, tmp_path):
+    """spec/COLLECTION.md §2.2: a path is opened as given, so '..' after a symbolic link leaves the link's target."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    shutil.copytree(stores["chat"], tmp_path / "real" / "chat")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "link").symlink_to(tmp_path / "real" / "sub")
+    coll = write_collection(tmp_path / "a" / "coll", [(None, tmp_path / "real" / "chat")])
+    raw = dict(coll.manifest.raw)
+    raw["members"] = [dict(raw["members"][0], path="../link/../chat")]  # lexically a/chat (absent); really real/chat
+    (tmp_path / "a" / "coll" / F.MANIFEST).write_bytes(F.canonical_json(raw))
+    again = packfmt.open(tmp_path / "a" / "coll")
+    assert again.document(2).tolist() == packfmt.open(stores["chat"]).document(2).tolist()
+    assert validate(tmp_path / "a" / "coll").ok
