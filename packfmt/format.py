@@ -21,7 +21,8 @@ FORMAT_NAME = "packfmt"
 FORMAT_VERSION = (1, 0)
 FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
 #: The newest version this reader knows: 1.1 added collections (spec/COLLECTION.md). Stores and
-#: their pack indexes are still written as 1.0; a collection and its pack indexes as 1.1.
+#: their pack indexes are still written as 1.0; a collection's pack indexes as 1.1; a collection
+#: itself as 1.2 (``collection.manifest.COLLECTION_VERSION``: 1.2 added ``unified``).
 KNOWN_VERSION = (1, 1)
 PACK_INDEX_FORMAT_NAME = "packfmt-pack-index"
 

@@ -49,7 +49,7 @@ def test_collection_reads_members_in_order_without_copying(tmp_path, three):
 
 def test_a_store_reader_refuses_a_collection_naming_its_version(tmp_path, three):
     write_collection(tmp_path / "mix", [(None, p) for p in three])
-    with pytest.raises(UnsupportedVersionError, match=r"collection \(format 1\.1.*packfmt\.open"):
+    with pytest.raises(UnsupportedVersionError, match=r"collection \(format 1\.2.*packfmt\.open"):
         packfmt.Store(tmp_path / "mix")
 
 

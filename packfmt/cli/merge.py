@@ -36,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {m.name}: {m.documents:,} documents, {m.tokens:,} tokens ({m.path})")
     if len(coll.members) > 10:
         print(f"  ... and {len(coll.members) - 10:,} more")
+    for key, names in coll.manifest.unified.items():  # spec/COLLECTION.md §2.3
+        from ..collection.unify import MEANING
+
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10:,} more" if len(names) > 10 else "")
+        print(f"  unified {key}: {shown} ({MEANING[key]})")
     return 0
 
 

@@ -16,11 +16,14 @@ class MemberGather:
     """``gather[idx]``: elements at collection-wide offsets ``idx`` of each member's ``attr`` array.
 
     Members are opened through the collection (its LRU bounds the maps held at once); each gather
-    reads each member it touches once.
+    reads each member it touches once. ``fill``: the value of every element of a member flagged in
+    ``filled`` (a member without a loss mask reads as ones, spec/COLLECTION.md §6); such a member is
+    not opened.
     """
 
-    def __init__(self, coll, attr: str, starts: np.ndarray, dtype) -> None:
+    def __init__(self, coll, attr: str, starts: np.ndarray, dtype, *, filled=(), fill=0) -> None:
         self.coll, self.attr, self.starts, self.dtype = coll, attr, np.asarray(starts, dtype=np.int64), np.dtype(dtype)
+        self.filled, self.fill = tuple(filled), fill
 
     def __getitem__(self, idx) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
@@ -33,19 +36,26 @@ class MemberGather:
         cuts = np.flatnonzero(np.diff(sorted_members)) + 1
         for part in np.split(order, cuts):
             m = int(member[part[0]])
+            if m < len(self.filled) and self.filled[m]:
+                out[part] = self.fill
+                continue
             src = getattr(self.coll.member(m), self.attr)
             out[part] = src[idx[part] - self.starts[m]]
         return out
 
 
 def token_sources(source) -> tuple[object, object | None]:
-    """``(tokens, loss_mask)`` indexable by collection-wide (or store) token offsets; mask None if absent."""
+    """``(tokens, loss_mask)`` indexable by collection-wide (or store) token offsets; mask None if absent.
+
+    In a collection with a loss mask, a member without one gives ones (spec/COLLECTION.md §6)."""
     if not hasattr(source, "members"):
         return source.tokens, source.loss_mask
     from .. import format as F
 
     tokens = MemberGather(source, "tokens", source.token_start, source.np_token_dtype)
-    mask = MemberGather(source, "loss_mask", source.token_start, F.MASK_DTYPE) if source.has_loss_mask else None
+    mask = None
+    if source.has_loss_mask:
+        mask = MemberGather(source, "loss_mask", source.token_start, F.MASK_DTYPE, filled=source.all_trained, fill=1)
     return tokens, mask
 
 

@@ -39,12 +39,15 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
         "tokenizer": dict(coll.manifest.shared["tokenizer"]),
         "special_tokens": dict(coll.special_tokens),
         "members": members,
+        "unified": {key: list(names) for key, names in coll.manifest.unified.items()},
         "document_lengths": length_stats(lengths),
         "loss_mask": None,
         "pack_indexes": {},
     }
     if coll.has_loss_mask:
-        trained = sum(_mask_fraction(coll.member(m).loss_mask, progress) * e.tokens for m, e in enumerate(coll.members))
+        # a member without a mask of its own reads as all-trained (spec/COLLECTION.md §6)
+        trained = sum((1.0 if coll.all_trained[m] else _mask_fraction(coll.member(m).loss_mask, progress)) * e.tokens
+                      for m, e in enumerate(coll.members))
         out["loss_mask"] = {"trained_fraction": trained / total if total else 0.0, "trained_tokens": int(round(trained))}
     for name in coll.pack_index_names():
         index = coll.pack_index(name)
@@ -107,6 +110,10 @@ def format_collection(s: dict) -> str:
     ]
     for m in s["members"]:
         lines.append(f"  {m['name']:24s} {m['documents']:>12,} {m['tokens']:>14,} {_pct(m['share']):>8s}  {m['path']}")
+    from .unify import MEANING
+
+    for key, names in s.get("unified", {}).items():
+        lines.append(f"unified   {key}: {', '.join(names)} ({MEANING[key]})")
     lines += length_and_mask_lines(s)
     for name, ix in s["pack_indexes"].items():
         lines += _format_index(name, ix)

@@ -13,16 +13,18 @@ import xxhash
 
 from .. import format as F
 from ..errors import FormatError, UnsupportedVersionError
+from .unify import SHARED_KEYS, parse_unified
 
 __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
            "parse_collection_manifest", "member_list_checksum", "check_member_name", "check_member_path",
-           "SHARED_KEYS", "is_collection"]
+           "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION"]
 
 COLLECTION_FORMAT_NAME = "packfmt-collection"
-COLLECTION_VERSION = (1, 1)
-COLLECTION_VERSION_STR = "1.1"
-#: Manifest keys every member shares with the collection (C2).
-SHARED_KEYS = ("vocab_size", "token_dtype", "tokenizer", "special_tokens", "loss_mask")
+#: What this writer writes: 1.2 added ``unified`` (members with and without loss masks / image ids).
+COLLECTION_VERSION = (1, 2)
+COLLECTION_VERSION_STR = "1.2"
+#: Collections were added in 1.1; 1.1 collections are still read.
+OLDEST_COLLECTION_VERSION = (1, 1)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -46,6 +48,7 @@ class Member:
 class CollectionManifest:
     version: tuple[int, int]
     shared: dict  # the SHARED_KEYS values
+    unified: dict  # {key of unify.UNIFIABLE: tuple of member names} (spec/COLLECTION.md §2.3); {} when none
     members: tuple[Member, ...]
     num_documents: int
     num_tokens: int
@@ -92,9 +95,9 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
     if fmt != COLLECTION_FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(COLLECTION_FORMAT_NAME), found=repr(fmt))
     version = F.parse_version(F._req(obj, "format_version", str, file=file), file=file)
-    if version < COLLECTION_VERSION:
-        raise FormatError(file=file, field="format_version", expected=f">= {COLLECTION_VERSION_STR} (collections "
-                          "were added in 1.1)", found=obj["format_version"])
+    if version < OLDEST_COLLECTION_VERSION:
+        raise FormatError(file=file, field="format_version", expected=">= 1.1 (collections were added in 1.1)",
+                          found=obj["format_version"])
     producer = F._req(obj, "producer", dict, file=file)
     F._req(producer, "name", str, file=file, prefix="producer.")
     F._req(producer, "version", str, file=file, prefix="producer.")
@@ -108,6 +111,7 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
     F._req(tokenizer, "name", str, file=file, prefix="tokenizer.")
     F._req(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")
     special = F._req(obj, "special_tokens", dict, file=file)
+    F._req(special, "image", (int, type(None)), file=file, prefix="special_tokens.")
     loss_mask = F._req(obj, "loss_mask", bool, file=file)
     counts = F._req(obj, "counts", dict, file=file)
     totals = {k: _count(counts, k, file=file, prefix="counts.") for k in ("members", "documents", "tokens", "images")}
@@ -136,4 +140,5 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
                               found=totals[key])
     shared = {"vocab_size": vocab, "token_dtype": dtype, "tokenizer": tokenizer, "special_tokens": special,
               "loss_mask": loss_mask}
-    return CollectionManifest(version, shared, tuple(members), sums["documents"], sums["tokens"], sums["images"], obj)
+    unified = parse_unified(obj, [m.name for m in members], shared, version, file=file)
+    return CollectionManifest(version, shared, unified, tuple(members), sums["documents"], sums["tokens"], sums["images"], obj)

@@ -149,7 +149,10 @@ class _Merger:
         m = head.manifest
         self._copy(head, F.TOKENS)
         if F.LOSS_MASK in self.out:
-            self._copy(head, F.LOSS_MASK)
+            if m.has_loss_mask:
+                self._copy(head, F.LOSS_MASK)
+            else:
+                self._ones(m.num_tokens)
         if m.num_images:
             self._copy(head, F.IMAGE_BLOBS)
             self._copy(head, F.IMAGE_META)
@@ -159,6 +162,15 @@ class _Merger:
         if m.num_images:
             self.blob_bytes += m.files[F.IMAGE_BLOBS].bytes
             self.num_images += m.num_images
+
+    def _ones(self, n: int) -> None:
+        """A member without a loss mask, in a merge with one: ``n`` ones, written a chunk at a time (§7.1)."""
+        ones = np.ones(min(n, CHUNK_BYTES), dtype=F.MASK_DTYPE)
+        while n:
+            k = min(n, ones.shape[0])
+            self.out[F.LOSS_MASK].write_array(ones[:k], F.MASK_DTYPE)
+            n -= k
+            self.tick(k)
 
     def _image_offsets(self, head: _Head) -> None:
         """V14, chunk by chunk: 0, strictly increasing, ending at the blob size; shifted by the bytes before."""
@@ -278,11 +290,11 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     dst = Path(dst)
     pairs = _normalize(sources)
     members = resolve_members(pairs, opener=_head)
-    check_members_agree(members, unique_names=False)
+    shared, _ = check_members_agree(members, unique_names=False)
     prepare_destination(dst, overwrite)
     first = _head(members[0][1]).manifest
     tmp = temp_sibling(dst)
-    merger = _Merger(tmp, first.has_loss_mask, any(m.images for m, _, _ in members), on_bytes)
+    merger = _Merger(tmp, shared["loss_mask"], any(m.images for m, _, _ in members), on_bytes)
     try:
         extra, same_extra = first.raw.get("extra"), True
         for _, path, _ in members:  # one member's manifest in memory at a time
@@ -296,10 +308,10 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
             "format": F.FORMAT_NAME, "format_version": F.FORMAT_VERSION_STR,
             "producer": {"name": "packfmt", "version": __version__},
             "tokenizer": first.tokenizer, "vocab_size": first.vocab_size, "token_dtype": first.token_dtype,
-            "special_tokens": first.special_tokens,
+            "special_tokens": shared["special_tokens"],
             "counts": {"documents": sum(m.documents for m, _, _ in members), "tokens": merger.tokens,
                        "images": merger.num_images},
-            "loss_mask": first.has_loss_mask, "checksum_algorithm": F.CHECKSUM_ALGORITHM, "files": files,
+            "loss_mask": shared["loss_mask"], "checksum_algorithm": F.CHECKSUM_ALGORITHM, "files": files,
             "build_report": {
                 "source": "merge --physical",
                 "members": [m.to_json() for m, _, _ in members],

@@ -19,7 +19,8 @@ from .. import format as F
 from .._io import checksum_file
 from ..errors import FormatError
 from ..reader import Store
-from .manifest import SHARED_KEYS, CollectionManifest, Member, member_list_checksum, parse_collection_manifest
+from .manifest import CollectionManifest, Member, member_list_checksum, parse_collection_manifest
+from .unify import member_differences, ones_needed
 
 __all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]
 
@@ -47,6 +48,9 @@ class Collection:
         self.image_start = _running_sum([x.images for x in m])
         self.max_open_members = max(1, int(max_open_members))
         self._open: OrderedDict[int, Store] = OrderedDict()
+        #: Per member: True when it has no loss mask of its own and reads as all ones (§2.3, §6).
+        self.all_trained = tuple(ones_needed(self.manifest.shared, self.manifest.unified, [x.name for x in m]))
+        self._ones = np.ones(0, dtype=F.MASK_DTYPE)
 
     def __getstate__(self) -> dict:
         return {"path": str(self.path), "max_open_members": self.max_open_members}
@@ -144,8 +148,19 @@ class Collection:
         return self.member(m).document(d)
 
     def document_loss_mask(self, g: int) -> np.ndarray | None:
+        """The loss mask of collection document ``g``: a view of its member's, or read-only ones for a member
+        without a mask in a collection with one (spec/COLLECTION.md §6); None when the collection has none."""
         m, d = self.locate(g)
+        if self.all_trained[m]:
+            return self.ones(len(self.member(m).document(d)))
         return self.member(m).document_loss_mask(d)
+
+    def ones(self, n: int) -> np.ndarray:
+        """A read-only uint8 array of ``n`` ones (a view of one buffer grown by doubling, never copied per call)."""
+        if self._ones.shape[0] < n:
+            self._ones = np.ones(max(n, 2 * self._ones.shape[0]), dtype=F.MASK_DTYPE)
+            self._ones.flags.writeable = False
+        return self._ones[:n]
 
     @property
     def doc_lengths(self) -> np.ndarray:
@@ -191,10 +206,11 @@ def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F
         if getattr(entry, key) != value:
             out.append(FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value,
                                    found=getattr(entry, key)))
-    for key in SHARED_KEYS:
-        if not _same(key, sm.raw.get(key), coll.shared[key]):
-            out.append(FormatError(file=F.MANIFEST, field=f"members[{m}]: {key}",
-                                   expected=f"{coll.shared[key]!r} (the collection's)", found=repr(sm.raw.get(key))))
+    for field, expected, found, why in member_differences(coll.shared, coll.unified, entry.name, sm.raw):
+        name = field if field.startswith("unified.") else f"members[{m}].{field}"
+        out.append(FormatError(f"{label}: {name}: expected {expected}, found {found} in {where}"
+                               + (f" ({why})" if why else ""), file=F.MANIFEST, field=name, expected=expected,
+                               found=found))
     return out
 
 
@@ -203,9 +219,3 @@ def _running_sum(values: list[int]) -> np.ndarray:
     np.cumsum(np.asarray(values, dtype=np.int64), out=out[1:])
     return out
 
-
-def _same(key: str, a, b) -> bool:
-    if key == "tokenizer":  # identity: name and hash; other keys (revision, class, ...) may differ
-        a, b = a or {}, b or {}
-        return a.get("name") == b.get("name") and a.get("hash") == b.get("hash")
-    return a == b

@@ -97,11 +97,14 @@ def map_end_to_end(files: list[tuple[Path | None, int]], dtype: np.dtype) -> tup
 
 @dataclass(frozen=True)
 class Concatenated:
-    """What the torch kernels read: ``tokens``, ``loss_mask`` (or None) and ``docs`` (see ``_kernels.doc_span``)."""
+    """What the torch kernels read: ``tokens``, ``loss_mask`` (or None) and ``docs`` (see ``_kernels.doc_span``).
+
+    ``docs[4]`` is uint8 per member: 1 when the member's own mask is mapped into ``loss_mask``, 0 when
+    its tokens are all trained (no mask, or none mapped: a member without one in a mixed collection)."""
 
     tokens: np.ndarray
     loss_mask: np.ndarray | None
-    docs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    docs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def concatenate_members(coll) -> Concatenated:
@@ -115,9 +118,12 @@ def concatenate_members(coll) -> Concatenated:
         counts.append((member.tokens, member.documents + 1))
     tokens, token_base = map_end_to_end([(p / F.TOKENS, t) for p, (t, _) in zip(paths, counts)], coll.np_token_dtype)
     mask = None
-    if coll.has_loss_mask:
-        mask, mask_base = map_end_to_end([(p / F.LOSS_MASK, t) for p, (t, _) in zip(paths, counts)], F.MASK_DTYPE)
+    member_mask = np.array([coll.has_loss_mask and not ones for ones in coll.all_trained], dtype=np.uint8)
+    if coll.has_loss_mask:  # a member without a mask is not mapped: the kernels read its tokens as mask 1
+        mask, mask_base = map_end_to_end([(p / F.LOSS_MASK if has else None, t) for p, (t, _), has
+                                          in zip(paths, counts, member_mask)], F.MASK_DTYPE)
         assert (mask_base == token_base).all()  # same element counts, same page-multiple bases
     doc_offsets, doc_base = map_end_to_end([(p / F.DOC_OFFSETS, d) for p, (_, d) in zip(paths, counts)],
                                            F.OFFSET_DTYPE)
-    return Concatenated(tokens, mask, (doc_offsets, np.asarray(coll.doc_start, dtype=np.int64), doc_base, token_base))
+    return Concatenated(tokens, mask, (doc_offsets, np.asarray(coll.doc_start, dtype=np.int64), doc_base, token_base,
+                                       member_mask))

@@ -10,9 +10,9 @@ from .._io import checksum_file, publish_dir, remove_stale_temps, staging, write
 from ..errors import DatasetExistsError, WriteError
 from ..reader import Store
 from ..version import __version__
-from .manifest import (COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, SHARED_KEYS, Member, check_member_name,
-                       is_collection)
-from .reader import Collection, _same
+from .manifest import COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, Member, check_member_name, is_collection
+from .reader import Collection
+from .unify import SHARED_KEYS, unify
 
 __all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree"]
 
@@ -54,26 +54,23 @@ def resolve_members(sources: list[tuple[str | None, str | os.PathLike]], *,
     return out
 
 
-def check_members_agree(members: list[tuple[Member, Path, dict]], *, unique_names: bool = True) -> None:
-    """Members share token dtype, vocabulary, tokenizer identity, special tokens and loss mask (C2);
-    with ``unique_names``, no two have one name."""
+def check_members_agree(members: list[tuple[Member, Path, dict]], *,
+                        unique_names: bool = True) -> tuple[dict, dict]:
+    """Members share token dtype, vocabulary, tokenizer identity and special tokens but ``image`` (C2);
+    with ``unique_names``, no two have one name. Returns the collection's shared keys and its
+    ``unified`` record (spec/COLLECTION.md §2.3: members without a loss mask or an image id)."""
     if not members:
         raise WriteError("merge: no sources given", field="sources", expected="at least one store or collection",
                          found="none")
-    first, first_shared = members[0][0], members[0][2]
+    shared, unified = unify([(m.name, m.path, sh) for m, _, sh in members])
     seen: dict[str, Member] = {}
-    for member, _, shared in members:
-        for key in SHARED_KEYS:
-            if not _same(key, shared[key], first_shared[key]):
-                raise WriteError(f"merge: members {first.name!r} ({first.path}) and {member.name!r} ({member.path}) "
-                                 f"differ in {key}: {first_shared[key]!r} vs {shared[key]!r}; a collection's members "
-                                 "must share it (rebuild one of them with the other's tokenizer)", field=key,
-                                 expected=repr(first_shared[key]), found=repr(shared[key]))
+    for member, _, _ in members:
         if unique_names and member.name in seen:
             raise WriteError(f"merge: two members are named {member.name!r} ({seen[member.name].path} and "
                              f"{member.path}); name them with NAME=PATH", field="name", expected="unique member names",
                              found=member.name, cli=None)
         seen[member.name] = member
+    return shared, unified
 
 
 def prepare_destination(dst: Path, overwrite: bool) -> None:
@@ -92,15 +89,17 @@ def _shared(store: Store) -> dict:
 
 def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path) -> dict:
     """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``)."""
+    shared, unified = unify([(m.name, m.path, sh) for m, _, sh in members])
     entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
                       m.manifest).to_json() for m, _, _ in members]
     return {
         "format": COLLECTION_FORMAT_NAME, "format_version": COLLECTION_VERSION_STR,
         "producer": {"name": "packfmt", "version": __version__},
-        **{key: members[0][2][key] for key in SHARED_KEYS},
+        **shared,
         "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
                    "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
         "members": entries,
+        **({"unified": {key: list(names) for key, names in unified.items()}} if unified else {}),
     }
 
 
@@ -108,8 +107,9 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
                      overwrite: bool = False, storage_options: dict | None = None) -> Collection:
     """Write a collection at ``dst`` listing the stores of ``sources`` in order; return it opened.
 
-    Members must agree on token dtype, vocabulary, tokenizer identity (name and hash), special
-    tokens and loss mask (spec/COLLECTION.md C2); names must be unique (give ``NAME=PATH``).
+    Members must agree on token dtype, vocabulary, tokenizer identity (name and hash) and special
+    tokens but ``image`` (spec/COLLECTION.md C2); members with and without a loss mask or an image
+    id mix, recorded in ``unified`` (§2.3); names must be unique (give ``NAME=PATH``).
     The manifest is written last, in a temporary sibling renamed into place: a killed merge
     leaves nothing that opens as a collection.
     """

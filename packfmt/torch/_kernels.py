@@ -35,8 +35,8 @@ def fill_item(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, 
         tokens: the store's token array (any unsigned int dtype), ``(num_tokens,)``.
         loss_mask: the store's uint8 loss mask, ``(num_tokens,)`` (ignored unless ``has_mask``).
         has_mask: whether the store has a loss mask.
-        doc_table: where documents are, ``(doc_offsets, doc_start, doc_base, token_base)`` (see ``doc_span``):
-            for a store ``(its doc_offsets, [0, D], [0], [0])``.
+        doc_table: where documents are, ``(doc_offsets, doc_start, doc_base, token_base, member_mask)`` (see
+            ``doc_span``): for a store ``(its doc_offsets, [0, D], [0], [0], [has_mask])``.
         segments: int64 ``(S, 3)`` rows ``(doc, begin, end)``, document-relative half-open ranges.
         seg_lo, seg_hi: the pack's segment range ``[seg_lo, seg_hi)``.
         src, src_mask: where the pack's tokens / mask are read: the materialized pack tokens
@@ -196,14 +196,15 @@ def fill_packs(tokens, loss_mask, has_mask, doc_table, segments, pack_offsets, p
 
 @njit(cache=True, nogil=True, inline="always")
 def doc_span(doc_table, d):
-    """``(first token, end)`` of document ``d`` in ``tokens``.
+    """``(first token, end, has mask)`` of document ``d`` in ``tokens``.
 
-    ``doc_table = (doc_offsets, doc_start, doc_base, token_base)``: document ``d`` belongs to member
-    ``m`` (``doc_start[m] <= d < doc_start[m + 1]``), whose ``doc_offsets`` start at element
-    ``doc_base[m]`` of ``doc_offsets`` and whose tokens at element ``token_base[m]`` of ``tokens``
-    (a collection's members mapped end to end, spec/COLLECTION.md §6). A store is one member.
+    ``doc_table = (doc_offsets, doc_start, doc_base, token_base, member_mask)``: document ``d``
+    belongs to member ``m`` (``doc_start[m] <= d < doc_start[m + 1]``), whose ``doc_offsets`` start
+    at element ``doc_base[m]`` of ``doc_offsets`` and whose tokens at element ``token_base[m]`` of
+    ``tokens`` (a collection's members mapped end to end, spec/COLLECTION.md §6); ``member_mask[m]``
+    is 0 when the member's mask is not mapped (its tokens are all trained). A store is one member.
     """
-    doc_offsets, doc_start, doc_base, token_base = doc_table
+    doc_offsets, doc_start, doc_base, token_base, member_mask = doc_table
     lo, hi = 0, doc_start.shape[0] - 1  # the member m with doc_start[m] <= d < doc_start[m + 1]
     while hi - lo > 1:  # (np.searchsorted here costs a third of a collection's read throughput)
         mid = (lo + hi) >> 1
@@ -213,7 +214,7 @@ def doc_span(doc_table, d):
             hi = mid
     m = lo
     i = doc_base[m] + d - doc_start[m]
-    return token_base[m] + doc_offsets[i], token_base[m] + doc_offsets[i + 1]
+    return token_base[m] + doc_offsets[i], token_base[m] + doc_offsets[i + 1], member_mask[m] != 0
 
 
 @njit(cache=True, nogil=True)
@@ -231,7 +232,8 @@ def _fill_one(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, 
         b = segments[s, 1]
         e = segments[s, 2]
         ln = e - b
-        doc_first, doc_end = doc_span(doc_table, d)
+        doc_first, doc_end, member_mask = doc_span(doc_table, d)
+        masked = has_mask and member_mask  # a member without a mask in a mixed collection: all trained
         g = doc_first + b  # index of the segment's first token in ``tokens``
         doc_len = doc_end - doc_first
         r = src_start + (p - p0) if src_start >= 0 else g  # where the segment starts in src
@@ -268,7 +270,7 @@ def _fill_one(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, 
                 pv[j] = j
             for j in range(dv.shape[0]):
                 dv[j] = k
-        if has_mask:
+        if masked:
             mv = src_mask[r:r + ln]
             for j in range(ln - 1):
                 keep = mv[j + 1] != 0
@@ -280,7 +282,7 @@ def _fill_one(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, 
             nlab += ln - 1
         # Last token of the segment: the document's true next token at a cut, else nothing.
         nxt = g + ln
-        if e < doc_len and nxt < ntok and not (has_mask and loss_mask[nxt] == 0):
+        if e < doc_len and nxt < ntok and not (masked and loss_mask[nxt] == 0):
             lv[ln - 1] = tokens[nxt]
             nlab += 1
         else:

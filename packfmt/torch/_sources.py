@@ -21,7 +21,8 @@ def _token_source(source):
         from ..collection.vmap import Concatenated
 
         one = np.zeros(1, dtype=np.int64)
-        docs = (np.asarray(source.doc_offsets), np.array([0, source.num_documents], dtype=np.int64), one, one)
+        docs = (np.asarray(source.doc_offsets), np.array([0, source.num_documents], dtype=np.int64), one, one,
+                np.array([source.loss_mask is not None], dtype=np.uint8))
         return Concatenated(np.asarray(source.tokens), None if source.loss_mask is None else np.asarray(source.loss_mask),
                             docs)
     from ..collection.vmap import concatenate_members

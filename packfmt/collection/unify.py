@@ -1,0 +1,179 @@
+"""What members of a collection share, and what a collection unifies (spec/COLLECTION.md §2.3).
+
+Members share ``vocab_size``, ``token_dtype``, the tokenizer identity (name and hash) and every
+special token but ``image``, exactly. Two keys may differ, and the collection records which
+members differ in its ``unified`` object: ``loss_mask`` (a member without a mask, in a collection
+with one, reads as all-trained) and ``special_tokens.image`` (a member with a null image id, in a
+collection whose image id is set). This module is the one place that rule is written: the writer
+computes the collection's values and the record (``unify``), the manifest parser checks the
+record's shape (``parse_unified``, C1), and the reader and ``validate`` check each member against
+both (``member_differences``, C2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import FormatError, WriteError
+
+__all__ = ["SHARED_KEYS", "UNIFIABLE", "unify", "parse_unified", "member_differences", "same_identity", "ones_needed", "MEANING"]
+
+#: Manifest keys every member shares with the collection (C2), some of them up to ``UNIFIABLE``.
+SHARED_KEYS = ("vocab_size", "token_dtype", "tokenizer", "special_tokens", "loss_mask")
+#: The keys of ``unified``: what a member may lack that the collection has.
+UNIFIABLE = ("loss_mask", "special_tokens.image")
+#: What being listed under each key means, in the words the CLI prints.
+MEANING = {"loss_mask": "no loss mask of their own: read as all-trained",
+           "special_tokens.image": "no image id of their own"}
+
+
+def _value(shared: dict, key: str) -> Any:
+    """The member's (or collection's) value of a ``UNIFIABLE`` key."""
+    if key == "loss_mask":
+        return shared.get("loss_mask")
+    special = shared.get("special_tokens")
+    return special.get("image") if isinstance(special, dict) else None
+
+
+def _absent(value) -> bool:
+    """The value a member lacking the thing has: no loss mask, no image id."""
+    return value is False or value is None
+
+
+def same_identity(key: str, a, b) -> bool:
+    """Equality of a key that members share exactly (the tokenizer by identity: name and hash)."""
+    if key == "tokenizer":  # identity: name and hash; other keys (revision, class, ...) may differ
+        a, b = a or {}, b or {}
+        return a.get("name") == b.get("name") and a.get("hash") == b.get("hash")
+    if key == "special_tokens":  # every special token but image, which is unified
+        a, b = a or {}, b or {}
+        return {k: v for k, v in a.items() if k != "image"} == {k: v for k, v in b.items() if k != "image"}
+    return a == b
+
+
+def _tok(shared: dict) -> str:
+    t = shared.get("tokenizer") or {}
+    return f"{t.get('name')!r} ({t.get('hash') or 'no hash'})"
+
+
+def _fix(label: str, ref: str, shared: dict) -> str:
+    name = (shared.get("tokenizer") or {}).get("name")
+    return (f"rebuild {label} with {ref}'s tokenizer {_tok(shared)}: `packfmt build text|chat|llava SRC -o OUT "
+            f"--tokenizer {name}`")
+
+
+def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
+    """The collection's shared keys and its ``unified`` record over ``(name, path, shared keys)`` of each member.
+
+    Raises ``WriteError`` naming both members and the fix when two members cannot share a collection:
+    another tokenizer, vocabulary or token dtype, other special tokens (image aside), or two
+    different image ids.
+    """
+    first, first_path, ref = members[0]
+    for name, path, shared in members:
+        for key in SHARED_KEYS:
+            if key == "loss_mask" or same_identity(key, shared[key], ref[key]):
+                continue
+            if key == "special_tokens":
+                fix = (f"rebuild {name!r} with {first!r}'s tokenizer and options so that its special tokens "
+                       f"(bos, eos, pad) are {first!r}'s")
+            else:
+                fix = _fix(repr(name), repr(first), ref)
+            shown = (f"{_tok(ref)} vs {_tok(shared)}" if key == "tokenizer" else f"{ref[key]!r} vs {shared[key]!r}")
+            raise WriteError(f"merge: members {first!r} ({first_path}) and {name!r} ({path}) differ in {key}: "
+                             f"{shown}; a collection's members share it: {fix}",
+                             field=key, expected=repr(ref[key]), found=repr(shared[key]))
+    image = None
+    for name, path, shared in members:
+        value = _value(shared, "special_tokens.image")
+        if value is None:
+            continue
+        if image is not None and value != image[0]:
+            raise WriteError(f"merge: members {image[1]!r} ({image[2]}) and {name!r} ({path}) use different image "
+                             f"placeholder ids (special_tokens.image {image[0]} vs {value}); a collection has one: "
+                             f"rebuild {name!r} with the image marker {image[1]!r} was built with (the token of id "
+                             f"{image[0]}): `packfmt build llava SRC -o OUT --tokenizer "
+                             f"{(shared.get('tokenizer') or {}).get('name')} --image-token MARKER`",
+                             field="special_tokens.image", expected=image[0], found=value)
+        image = image or (value, name, path)
+    out = {key: ref[key] for key in SHARED_KEYS}
+    out["loss_mask"] = any(bool(shared["loss_mask"]) for _, _, shared in members)
+    out["special_tokens"] = {**ref["special_tokens"], "image": None if image is None else image[0]}
+    unified = {}
+    for key in UNIFIABLE:
+        differ = [name for name, _, shared in members if _value(shared, key) != _value(out, key)]
+        if differ:
+            unified[key] = differ
+    return out, unified
+
+
+def parse_unified(obj: dict, names: list[str], shared: dict, version: tuple[int, int], *, file: str) -> dict:
+    """C1 of ``unified``: ``{key of UNIFIABLE: [member names, in member order, not all of them]}``.
+
+    Absent means empty. Each key needs the collection's own value set (``loss_mask`` true, an image
+    id); a list names members, in their order, without repeats, and not every member (the
+    collection's value comes from a member that has it). Another key is refused in a collection of
+    this version and ignored in a newer minor one (its members are then compared exactly, C2).
+    """
+    if "unified" not in obj:
+        return {}
+    raw = obj["unified"]
+    if version < (1, 2):
+        raise FormatError(file=file, field="unified", expected="absent in a collection of format 1.1 (added in 1.2)",
+                          found=repr(raw))
+    if not isinstance(raw, dict) or not raw:
+        raise FormatError(file=file, field="unified", expected="a non-empty object (absent when nothing is unified)",
+                          found=repr(raw))
+    order = {n: i for i, n in enumerate(names)}
+    out = {}
+    for key, listed in raw.items():
+        if key not in UNIFIABLE:
+            if version > (1, 2):
+                continue
+            raise FormatError(file=file, field=f"unified.{key}", expected=f"one of {list(UNIFIABLE)}", found=repr(key))
+        field = f"unified.{key}"
+        if _absent(_value(shared, key)):
+            raise FormatError(file=file, field=field, expected=f"absent: the collection's {key} is "
+                              f"{_value(shared, key)!r}, so no member lacks it", found=repr(listed))
+        if not (isinstance(listed, list) and listed and all(isinstance(n, str) and n in order for n in listed)):
+            raise FormatError(file=file, field=field, expected="a non-empty list of member names", found=repr(listed))
+        pos = [order[n] for n in listed]
+        if pos != sorted(set(pos)):
+            raise FormatError(file=file, field=field, expected="member names in member order, each once",
+                              found=repr(listed))
+        if len(pos) == len(names):
+            raise FormatError(file=file, field=field, expected=f"not every member (some member has the "
+                              f"collection's {key})", found=repr(listed))
+        out[key] = tuple(listed)
+    return out
+
+
+def member_differences(shared: dict, unified: dict, name: str, member: dict) -> list[tuple[str, Any, Any, str]]:
+    """C2 of one member: ``(field, expected, found, why)`` for each shared key it breaks.
+
+    ``shared`` and ``unified`` are the collection's; ``member`` is the member's own manifest
+    (``loss_mask``, ``special_tokens``, ...). A member may lack what the collection has only when
+    ``unified`` lists it, and ``unified`` may list it only when it lacks it.
+    """
+    out = []
+    for key in SHARED_KEYS:
+        if key != "loss_mask" and not same_identity(key, member.get(key), shared[key]):
+            out.append((key, f"{shared[key]!r} (the collection's)", repr(member.get(key)), ""))
+    for key in UNIFIABLE:
+        mine, theirs, listed = _value(member, key), _value(shared, key), name in unified.get(key, ())
+        if mine == theirs and listed:
+            out.append((f"unified.{key}", f"not {name!r}: the member's {key} is the collection's ({theirs!r})",
+                        f"{name!r} listed", "the collection's unified record lies"))
+        elif mine != theirs and not (listed and _absent(mine)):
+            why = "" if _absent(mine) else "only a member without it may sit in a collection with it"
+            out.append((key, f"{theirs!r} (the collection's" + (", or absent when listed in unified)" if
+                                                                    not _absent(theirs) else ")"), repr(mine), why))
+    return out
+
+
+def ones_needed(shared: dict, unified: dict, names: list[str]) -> list[bool]:
+    """Per member: whether it reads as all-ones in the collection's loss mask (listed in ``unified.loss_mask``)."""
+    listed = set(unified.get("loss_mask", ()))
+    return [bool(shared["loss_mask"]) and n in listed for n in names]
+
+
