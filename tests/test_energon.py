@@ -115,6 +115,34 @@ def same_pixels(member, stored: bytes) -> bool:
     return tuple(member.shape) == want.shape and np.array_equal((member.numpy() * 255).round().astype(np.uint8), want)
 
 
+def check_cooked(got: list, ds: PackedDataset, source) -> int:
+    """Task-encoder samples (``PackTaskEncoder``, pack order) equal ``ds`` at every position: tokens, labels
+    (cuts included), Megatron's loss mask, positions, ``cu_seqlens``, ``PackedSeqParams``, image ids and
+    spans, and each image's pixels those of the stored image its id names. Returns the images seen."""
+    assert len(got) == len(ds)
+    images = 0
+    for p, s in enumerate(got):
+        item = ds[p]
+        assert s.__key__ == f"{p:09d}"
+        assert torch.equal(s.input_ids[0], item["input_ids"])
+        assert torch.equal(s.labels[0], item["labels"])  # every position, the cuts' true next tokens included
+        assert torch.equal(s.loss_mask[0], (item["labels"] != -100).float())
+        assert torch.equal(s.position_ids[0], item["position_ids"])
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(item["seq_lens"], 0).int()])
+        assert torch.equal(s.cu_seqlens, cu) and s.cu_seqlens.dtype == torch.int32
+        assert s.max_seqlen == int(item["seq_lens"].max())
+        params = s.packed_seq_params
+        assert type(params).__name__ == "PackedSeqParams" and params.qkv_format == "thd"
+        assert params.cu_seqlens_q is params.cu_seqlens_kv is s.cu_seqlens
+        assert params.max_seqlen_q == params.max_seqlen_kv == s.max_seqlen
+        assert torch.equal(s.image_ids, item["image_ids"])  # collection-wide ids, as the reader numbers them
+        assert torch.equal(s.image_spans, item["image_spans"])
+        for g, pixels in zip(s.image_ids.tolist(), s.images):
+            assert same_pixels(pixels, stored_image(source, g))
+        images += len(s.images)
+    return images
+
+
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory) -> tuple[list[Path], Path]:
     tmp = tmp_path_factory.mktemp("energon")
@@ -167,29 +195,7 @@ def test_task_encoder_cooks_a_collections_split_packs_like_packed_dataset(vlm):
     cuts = cut_labels(coll, crude)
     assert cuts and any(c != -100 for c in cuts)  # documents are cut, and some cut has a real target
     got = energon_epoch(out, PackTaskEncoder())
-    ds = PackedDataset(coll_path, idx)
-    assert len(got) == len(ds)
-    images = 0
-    for p, s in enumerate(got):
-        item = ds[p]
-        assert s.__key__ == f"{p:09d}"
-        assert torch.equal(s.input_ids[0], item["input_ids"])
-        assert torch.equal(s.labels[0], item["labels"])  # every position, the cuts' true next tokens included
-        assert torch.equal(s.loss_mask[0], (item["labels"] != -100).float())
-        assert torch.equal(s.position_ids[0], item["position_ids"])
-        cu = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(item["seq_lens"], 0).int()])
-        assert torch.equal(s.cu_seqlens, cu) and s.cu_seqlens.dtype == torch.int32
-        assert s.max_seqlen == int(item["seq_lens"].max())
-        params = s.packed_seq_params
-        assert type(params).__name__ == "PackedSeqParams" and params.qkv_format == "thd"
-        assert params.cu_seqlens_q is params.cu_seqlens_kv is s.cu_seqlens
-        assert params.max_seqlen_q == params.max_seqlen_kv == s.max_seqlen
-        assert torch.equal(s.image_ids, item["image_ids"])  # collection-wide ids, as the reader numbers them
-        assert torch.equal(s.image_spans, item["image_spans"])
-        for g, pixels in zip(s.image_ids.tolist(), s.images):
-            assert same_pixels(pixels, stored_image(coll, g))
-        images += len(s.images)
-    assert images == coll.num_images == 12
+    assert check_cooked(got, PackedDataset(coll_path, idx), coll) == coll.num_images == 12
     assert sorted(i for s in got for i in s.image_ids.tolist()) == list(range(12))
 
 

@@ -30,37 +30,15 @@ from packfmt.torch import PackedDataset, collate_varlen
 from packfmt.validate import validate
 from packfmt.writer import ImageRecord
 
-from images import png
+from mixed_stores import SAMPLE, SAMPLE_TOK, build_mixed_stores, build_store
 from test_merge import STORE_FILES, assert_reads_like
 
-SAMPLE = Path(packfmt.__file__).parent / "sample_data"
-SAMPLE_TOK = SAMPLE / "tokenizer"
 IGNORE = -100
-
-
-def _build(kind: str, src: Path, out: Path, *extra: str, tok: Path = SAMPLE_TOK) -> Path:
-    assert main(["build", kind, str(src), "-o", str(out), "--tokenizer", str(tok), "--no-progress", *extra]) == 0
-    return out
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("mixed")
-    images = root / "images"
-    images.mkdir()
-    for k, (w, h) in enumerate([(64, 48), (30, 100), (57, 29)]):
-        (images / f"img{k}.png").write_bytes(png(w, h, (40 * k, 200 - 50 * k, 90)))
-    recs = []
-    for k in range(9):
-        turn = {"from": "human", "value": ("<image>\n" if k % 3 != 2 else "") + f"What colour is picture {k}?"}
-        recs.append({"id": str(k), **({"image": f"img{k % 3}.png"} if k % 3 != 2 else {}),
-                     "conversations": [turn, {"from": "gpt", "value": f"Colour number {k}, clearly."}]})
-    (root / "vqa.json").write_text(json.dumps(recs), encoding="utf-8")
-    return {
-        "text": _build("text", SAMPLE / "text.jsonl", root / "text"),
-        "chat": _build("chat", SAMPLE / "chat.jsonl", root / "chat"),
-        "vqa": _build("llava", root / "vqa.json", root / "vqa", "--image-root", str(images), "--image-tokens", "16"),
-    }
+    return build_mixed_stores(tmp_path_factory.mktemp("mixed"))
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +221,7 @@ def test_validate_and_inspect_count_the_text_member_as_all_trained(mix, merged, 
 def test_another_tokenizer_is_refused_naming_the_fix(stores, tmp_path, capsys):
     tok2 = tmp_path / "tok2"
     shutil.copytree(SAMPLE_TOK, tok2)
-    other = _build("text", SAMPLE / "text.jsonl", tmp_path / "other", "--limit", "5", tok=tok2)
+    other = build_store("text", SAMPLE / "text.jsonl", tmp_path / "other", "--limit", "5", tok=tok2)
     capsys.readouterr()
     assert main(["merge", str(stores["text"]), str(stores["chat"]), "-o", str(tmp_path / "ok")]) == 0
     assert "unified loss_mask: text (no loss mask of their own: read as all-trained)" in capsys.readouterr().out
