@@ -28,7 +28,7 @@ SLOW_TESTS = {
     "test_torch_fields.py::test_variants_equal_default_everywhere": "every field/dtype variant, ~30 s",
     "test_sources_hf.py::test_cli_format_hf_reads_the_local_cache_and_never_downloads": "HF datasets CLI, ~25 s",
     "test_mixed_exports.py::test_webdataset_export_through_energon_equals_packed_dataset":
-        "Megatron-Energon's prepare and loader over a mixed collection's ~370 packs, ~15 s",
+        "Megatron-Energon's prepare and loader over a mixed collection's 362 packs, ~15 s",
 }
 
 
