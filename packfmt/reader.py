@@ -394,6 +394,9 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
 
         return open_url(path, storage_options, cache_dir, cache_limit, cache_verify)
     path = Path(local_file(path))
+    from .storage.verify import check_mirror
+
+    check_mirror(path, cache_verify)  # a mirror in the remote cache: changed files hashed again (packfmt.storage)
     if (path / F.MANIFEST).is_file():
         from .collection.manifest import is_collection
 

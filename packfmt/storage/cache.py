@@ -4,7 +4,7 @@ Layout: ``<cache>/<root key>/<bucket>/<path>/...`` mirrors the remote tree (``ur
 ``packfmt.open`` memory-maps the mirror as it would a local dataset and a collection's relative
 member paths resolve there as in the bucket. ``<cache>`` is ``cache_dir=``, else ``$PACKFMT_CACHE``,
 else ``~/.cache/packfmt``. The cache's own bookkeeping (verified markers, locks, pins, temp files)
-lives under ``<cache>/.state/`` (``verify``), never inside a mirrored dataset.
+lives under ``<cache>/.packfmt-state/`` (``verify``), never inside a mirrored dataset.
 
 Rules (docs: README "Remote data"; spec/SECURITY.md A16):
 

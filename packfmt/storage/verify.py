@@ -1,7 +1,7 @@
 """What the cache knows about each mirrored file, kept outside the mirror: verified markers, locks, pins.
 
 A file mirrored at ``<cache>/<key>/<bucket>/<path>/NAME`` has its bookkeeping at
-``<cache>/.state/<key>/<bucket>/<path>/``: ``NAME.verified`` (its marker), ``NAME.lock`` (the file
+``<cache>/.packfmt-state/<key>/<bucket>/<path>/``: ``NAME.verified`` (its marker), ``NAME.lock`` (the file
 lock of its download), download temp files, and the dataset's ``.packfmt-pin``. The mirror holds
 dataset files only, so ``packfmt validate`` of a URL sees exactly what the bucket holds.
 
@@ -15,17 +15,21 @@ seen without hashing; ``verify="full"`` (``$PACKFMT_CACHE_VERIFY=full``) hashes 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import uuid
 from pathlib import Path
 
 from .. import format as F
 from .._io import checksum_file
+from ..errors import ChecksumError
 
 __all__ = ["STATE", "PIN", "OK", "CHANGED", "ABSENT", "state_dir", "marker", "status", "write_marker", "rehash",
-           "forget", "temp_path", "lock_path", "verify_mode"]
+           "forget", "temp_path", "lock_path", "verify_mode", "check_mirror"]
 
-STATE, PIN = ".state", ".packfmt-pin"
+STATE, PIN = ".packfmt-state", ".packfmt-pin"
+_KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}$")  # uri.root_key
 OK, CHANGED, ABSENT = "ok", "changed", "absent"
 MODES = ("stat", "full")
 
@@ -39,7 +43,7 @@ def verify_mode(value=None) -> str:
 
 
 def state_dir(root: Path, local_dir: Path) -> Path:
-    """The bookkeeping folder of mirror folder ``local_dir`` (``root / .state / <same relative path>``)."""
+    """The bookkeeping folder of mirror folder ``local_dir`` (``root / .packfmt-state / <same relative path>``)."""
     return root / STATE / Path(local_dir).relative_to(root)
 
 
@@ -104,3 +108,50 @@ def forget(root: Path, local: Path) -> None:
     """Remove a mirrored file and its marker (marker first: a file without one is never served)."""
     marker(root, local).unlink(missing_ok=True)
     local.unlink(missing_ok=True)
+
+
+def cache_of(path: Path) -> Path | None:
+    """The cache folder whose mirror holds ``path`` (``<cache>/<key>/...`` beside ``<cache>/.packfmt-state/<key>``)."""
+    path = Path(path).absolute()
+    for a in path.parents:
+        rel = path.relative_to(a).parts
+        if _KEY.match(rel[0]) and (a / STATE / rel[0]).is_dir():
+            return a
+    return None
+
+
+def check_mirror(path: Path, mode: str | None = None) -> None:
+    """A local open of a mirrored dataset (a DataLoader worker re-opening what its parent fetched): every file
+    verified there whose stat changed since is hashed again; one that no longer matches is removed and refused.
+    Paths outside a cache: nothing to do (a few ``stat`` calls)."""
+    root = cache_of(path)
+    if root is None:
+        return
+    mode = verify_mode(mode)
+    dirs = [Path(path).absolute()]
+    try:
+        obj = json.loads((dirs[0] / F.MANIFEST).read_bytes())
+        if isinstance(obj, dict) and obj.get("format") == "packfmt-collection":
+            dirs += [dirs[0] / m["path"] for m in obj.get("members", []) if isinstance(m, dict) and
+                     isinstance(m.get("path"), str)]
+    except (OSError, ValueError):
+        return  # the reader reports an unreadable manifest
+    from filelock import FileLock
+
+    for d in dirs:
+        sd = state_dir(root, Path(os.path.normpath(d)))
+        for rec in [*sd.glob("*.verified"), *sd.glob(f"{F.PACKS_DIR}/*/*.verified")]:
+            local = root / rec.relative_to(root / STATE).with_name(rec.name[:-len(".verified")])
+            try:
+                size, checksum = rec.read_text().split(" ")[:2]
+                entry = F.FileEntry(local.name, int(size), checksum)
+            except (OSError, ValueError):
+                continue
+            if status(root, local, entry, mode) != CHANGED:
+                continue
+            with FileLock(str(lock_path(root, local))):
+                if status(root, local, entry, mode) == CHANGED and not rehash(root, local, entry):
+                    raise ChecksumError(f"{local}: changed in the cache after it was verified (checksum no longer "
+                                        f"{checksum}); removed, nothing served. Open the dataset's URL again to fetch "
+                                        "it anew", file=str(local), field="checksum", expected=checksum,
+                                        found="another checksum")
