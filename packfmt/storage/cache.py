@@ -121,18 +121,18 @@ def _download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEnt
                 dst.write(chunk)
             dst.flush()
             os.fsync(dst.fileno())
-        if n != entry.bytes:
-            raise FormatError(f"{url}: size: expected {entry.bytes} bytes ({label}), found {'more than ' if n > entry.bytes else ''}"
-                              f"{n}; refused by the cache (nothing served). The object is not the one the manifest "
-                              "lists: write the dataset again", file=url, field="size", expected=entry.bytes, found=n)
-        found = "xxh3_64:" + h.hexdigest()
-        if found != entry.checksum:
-            raise ChecksumError(f"{url}: checksum: expected {entry.checksum} ({label}), found {found}; refused by the "
-                                "cache (nothing served). The object is not the one the manifest lists: write the "
-                                "dataset again", file=url, field="checksum", expected=entry.checksum, found=found)
-        st = os.stat(tmp)
-        os.replace(tmp, local)
-        return st
+            if n != entry.bytes:
+                raise FormatError(f"{url}: size: expected {entry.bytes} bytes ({label}), found "
+                                  f"{'more than ' if n > entry.bytes else ''}{n}; refused by the cache (nothing served). "
+                                  "The object is not the one the manifest lists: write the dataset again", file=url,
+                                  field="size", expected=entry.bytes, found=n)
+            found = "xxh3_64:" + h.hexdigest()
+            if found != entry.checksum:
+                raise ChecksumError(f"{url}: checksum: expected {entry.checksum} ({label}), found {found}; refused by "
+                                    "the cache (nothing served). The object is not the one the manifest lists: write "
+                                    "the dataset again", file=url, field="checksum", expected=entry.checksum, found=found)
+            os.replace(tmp, local)
+            return os.fstat(dst.fileno())  # after the rename (which sets ctime): what the marker records
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -5,12 +5,14 @@ A file mirrored at ``<cache>/<key>/<bucket>/<path>/NAME`` has its bookkeeping at
 lock of its download), download temp files, and the dataset's ``.packfmt-pin``. The mirror holds
 dataset files only, so ``packfmt validate`` of a URL sees exactly what the bucket holds.
 
-A marker is one line ``<bytes> <checksum> <dev> <ino> <mtime_ns> <size>``: the manifest entry the
-file was hashed against and the file's ``stat`` right after that hash. A file is served without
-hashing only while its marker names the current manifest entry and its stat still matches (any
-ordinary write changes mtime, a replaced file has another inode). Otherwise it is hashed again.
-The honest limit: a write that keeps size and restores mtime (``touch -d``, ``os.utime``) is not
-seen without hashing; ``verify="full"`` (``$PACKFMT_CACHE_VERIFY=full``) hashes on every open.
+A marker is one line ``<bytes> <checksum> <dev> <ino> <mtime_ns> <ctime_ns> <size>``: the manifest
+entry the file was hashed against and the file's ``stat`` right after that hash. A file is served
+without hashing only while its marker names the current manifest entry and its stat still matches:
+any write through the file system changes mtime and ctime, a replaced file has another inode, and
+ctime cannot be set back (``touch -d`` / ``os.utime`` restore mtime, and set ctime to now).
+Otherwise it is hashed again. The honest limit: bytes that change without the file system knowing
+(bit rot on the disk, a raw write to the block device, a file system that does not keep ctime) are
+not seen without hashing; ``verify="full"`` (``$PACKFMT_CACHE_VERIFY=full``) hashes on every open.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def lock_path(root: Path, local: Path) -> Path:
 
 
 def _stat_key(st: os.stat_result) -> str:
-    return f"{st.st_dev} {st.st_ino} {st.st_mtime_ns} {st.st_size}"
+    return f"{st.st_dev} {st.st_ino} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_size}"
 
 
 def status(root: Path, local: Path, entry: F.FileEntry, mode: str = "stat") -> str:
