@@ -48,7 +48,7 @@ from .. import format as F
 from .._io import CHUNK_BYTES, fsync_dir
 from ..errors import ChecksumError, FormatError
 from . import uri, verify as V
-from .errors import StorageError, storage_errors
+from .errors import require_bucket, storage_errors
 
 __all__ = ["cache_root", "parse_limit", "fetch_dataset", "Fetched", "Pin", "mark_verified", "evict"]
 
@@ -175,12 +175,7 @@ class _Fetcher:
         try:
             return fs.cat_file(rpath)
         except FileNotFoundError:
-            bucket = rpath.lstrip("/").split("/", 1)[0]
-            if url.startswith(("s3://", "gs://", "gcs://")) and not fs.exists(bucket):
-                raise StorageError(f"{url}: the bucket {bucket!r} does not exist on {uri.endpoint(self.so) or 'the default endpoint'}; check the "
-                                   "URL (and AWS_ENDPOINT_URL / storage_options={'endpoint_url': ...}), or create the "
-                                   "bucket", file=url, field="bucket", expected="an existing bucket",
-                                   found="missing") from None
+            require_bucket(fs, url, self.so)
             raise FormatError(f"{url}: not a packfmt dataset (no {posixpath.basename(rpath)} there); check the URL, "
                               "or write one with packfmt build / merge", file=url, expected="a manifest",
                               found="missing") from None
@@ -254,10 +249,15 @@ def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None,
     url = url.rstrip("/")
     f = _Fetcher(storage_options, cache_dir, cache_limit, verify)
     f.result = Fetched(path=Path(), root=f.root)
-    with storage_errors(url, storage_options, f.root):
-        f.result.path = f.dataset(url)
-        if f.limit is not None and not f.result.downloaded:  # (after a download, ``file`` evicted already)
-            evict(f.root, f.limit)
+    try:
+        with storage_errors(url, storage_options, f.root):
+            f.result.path = f.dataset(url)
+            if f.limit is not None and not f.result.downloaded:  # (after a download, ``file`` evicted already)
+                evict(f.root, f.limit)
+    except BaseException:
+        for pin in f.result.pins:  # nothing was opened: hold nothing (an error's traceback may live long)
+            pin.close()
+        raise
     return f.result
 
 

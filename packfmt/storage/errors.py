@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import PackfmtError
 from .uri import endpoint
 
-__all__ = ["StorageError", "storage_errors", "describe"]
+__all__ = ["StorageError", "storage_errors", "describe", "missing_bucket", "require_bucket"]
 
 #: errnos of a cache folder that cannot hold the files (not of the network).
 _CACHE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EFBIG}
@@ -31,6 +31,23 @@ class StorageError(PackfmtError):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _bucket(url: str) -> str:
+    return url.partition("://")[2].split("/", 1)[0]
+
+
+def missing_bucket(url: str, storage_options: dict | None = None) -> StorageError:
+    ep = endpoint(storage_options) or "the default endpoint"
+    return StorageError(f"{url}: the bucket {_bucket(url)!r} does not exist on {ep}; check the URL (and AWS_ENDPOINT_URL "
+                        "/ storage_options={'endpoint_url': ...}), or create the bucket", file=url, field="bucket",
+                        expected="an existing bucket", found="missing")
+
+
+def require_bucket(fs, url: str, storage_options: dict | None = None) -> None:
+    """Raise ``missing_bucket`` when the bucket of ``url`` (an object store URL) is not there."""
+    if url.startswith(("s3://", "s3a://", "gs://", "gcs://")) and not fs.exists(_bucket(url)):
+        raise missing_bucket(url, storage_options)
 
 
 def _is_cache_error(exc: BaseException, cache: Path | None) -> bool:
@@ -59,6 +76,8 @@ def describe(exc: BaseException, url: str, storage_options: dict | None = None, 
         return StorageError(f"{url}: cannot connect to {ep} ({_first_line(exc)}); check AWS_ENDPOINT_URL (or "
                             "storage_options={'endpoint_url': ...}) and that the server is up", file=url,
                             field="endpoint", expected="a reachable endpoint", found=ep)
+    if isinstance(exc, FileNotFoundError) and "bucket" in str(exc).lower():
+        return missing_bucket(url, storage_options)
     if isinstance(exc, PermissionError):
         return StorageError(f"{url}: access denied ({_first_line(exc)}); check that these credentials may read "
                             "(and, to write, put) objects in this bucket", file=url, field="credentials",

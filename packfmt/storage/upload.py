@@ -19,7 +19,7 @@ from .. import format as F
 from ..errors import DatasetExistsError
 from . import uri
 from .cache import cache_root, mark_verified, mirror_path
-from .errors import storage_errors
+from .errors import require_bucket, storage_errors
 
 __all__ = ["remote_output", "upload_tree", "exists"]
 
@@ -68,6 +68,8 @@ def remote_output(url: str, storage_options: dict | None = None, *, overwrite: b
     url = url.rstrip("/")
     with storage_errors(url, storage_options):
         taken = exists(url, storage_options)
+        if not taken:  # fail before the work, not at the upload
+            require_bucket(uri.filesystem(url, storage_options)[0], url, storage_options)
     if taken and not overwrite:
         raise DatasetExistsError(f"{url}: already exists (pass overwrite=True to replace it)", file=url,
                                  expected="no existing dataset", found="exists",
@@ -78,9 +80,14 @@ def remote_output(url: str, storage_options: dict | None = None, *, overwrite: b
         if local.exists():
             shutil.rmtree(local)  # a stale mirror; processes that mapped its files keep valid mappings
         local.parent.mkdir(parents=True, exist_ok=True)
-    yield local
+    try:
+        yield local
+        with storage_errors(url, storage_options, root):
+            upload_tree(local, url, storage_options)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)  # never uploaded (nor marked verified): leave nothing behind
+        raise
     with storage_errors(url, storage_options, root):
-        upload_tree(local, url, storage_options)
         mark_verified(local, root)
 
 

@@ -106,7 +106,7 @@ def download_inputs(paths, storage_options: dict | None = None):
 
     if not any(is_remote(p) for p in paths):
         return [str(local_file(p)) for p in paths], None
-    from .errors import storage_errors
+    from .errors import StorageError, require_bucket, storage_errors
 
     tmp = Path(tempfile.mkdtemp(prefix="packfmt-inputs-"))
     out, folders = [], {}
@@ -126,8 +126,9 @@ def download_inputs(paths, storage_options: dict | None = None):
                     else:
                         fs.get_file(rpath, str(dst))
                 except FileNotFoundError:
-                    raise PackfmtError(f"{p}: no such object or folder; check the URL (list it with "
-                                       "`aws s3 ls` or fsspec)", file=p, expected="an input file",
+                    require_bucket(fs, p, storage_options)
+                    raise StorageError(f"{p}: no such object or folder; check the URL (list it with "
+                                       "`aws s3 ls` or fsspec)", file=p, field="key", expected="an input file",
                                        found="missing") from None
             out.append(str(dst))
     except BaseException:
