@@ -35,7 +35,9 @@ def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify
     from ..reader import open_dataset
 
     fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit, verify)
-    ds = open_dataset(fetched.path, cache_verify="stat", **kw)  # (its files were just checked as `verify` says)
+    from .verify import FETCHED
+
+    ds = open_dataset(fetched.path, cache_verify=FETCHED, **kw)  # its files were just checked as `verify` says
     ds._storage_pins = fetched.pins
     ds._storage_options = storage_options
     ds._storage_cache = fetched.root

@@ -34,10 +34,13 @@ STATE, PIN = ".packfmt-state", ".packfmt-pin"
 _KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}$")  # uri.root_key
 OK, CHANGED, ABSENT = "ok", "changed", "absent"
 MODES = ("stat", "full")
+FETCHED = "fetched"  # internal: the mirror open that follows a fetch (its files were just checked)
 
 
 def verify_mode(value=None) -> str:
     """``"stat"`` (default: hash when the stat changed) or ``"full"`` (hash on every open); from ``$PACKFMT_CACHE_VERIFY``."""
+    if value == FETCHED:
+        return value
     mode = (value or os.environ.get("PACKFMT_CACHE_VERIFY") or "stat").strip().lower()
     if mode not in MODES:
         raise ValueError(f"cache_verify: expected one of {MODES} (or $PACKFMT_CACHE_VERIFY), found {value or mode!r}")
@@ -126,10 +129,10 @@ def check_mirror(path: Path, mode: str | None = None) -> None:
     """A local open of a mirrored dataset (a DataLoader worker re-opening what its parent fetched): every file
     verified there whose stat changed since is hashed again; one that no longer matches is removed and refused.
     Paths outside a cache: nothing to do (a few ``stat`` calls)."""
-    root = cache_of(path)
+    mode = verify_mode(mode)
+    root = None if mode == FETCHED else cache_of(path)
     if root is None:
         return
-    mode = verify_mode(mode)
     dirs = [Path(path).absolute()]
     try:
         obj = json.loads((dirs[0] / F.MANIFEST).read_bytes())
