@@ -17,7 +17,6 @@ import pytest
 
 import packfmt
 from packfmt.build import build_text
-from packfmt.cli import main
 from packfmt.collection import write_collection
 from packfmt.errors import ChecksumError, FormatError, PackfmtError, WriteError
 from packfmt.packindex import build_pack_index
@@ -128,7 +127,7 @@ def test_changed_cached_byte_is_hashed_again_and_refetched_never_served(s3_serve
     _flip(local)
     os.utime(local, ns=(st.st_atime_ns, st.st_mtime_ns))  # a write that restores mtime: ctime still moved
     assert np.array_equal(np.asarray(packfmt.open(STORE).tokens), want)
-    tokens = lambda: [d["why"] for d in _downloads(cache) if d["url"] == f"{STORE}/tokens.bin"]  # noqa: E731
+    tokens = lambda: [d["why"] for d in _downloads(cache) if d["url"] == f"{STORE}/tokens.bin"]
     assert tokens() == ["absent", "changed in the cache", "changed in the cache"]
     # touched but not changed (stat moved, bytes the same): hashed, kept, not downloaded again
     os.utime(local)

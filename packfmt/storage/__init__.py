@@ -4,6 +4,8 @@ Only this package imports fsspec, and only when a URL is given (``pip install 'p
 
 * ``uri``: local path or URL; the fsspec file system of a URL; input files fetched to a temp dir.
 * ``cache``: remote datasets mirrored whole-file into a verified, locked, bounded node-local cache.
+* ``verify``: what the cache knows of each mirrored file (markers bound to its stat), kept outside the mirror.
+* ``errors``: back-end and cache failures as one-line ``StorageError``s naming the URL and the fix.
 * ``upload``: outputs written locally and uploaded with the manifest last.
 """
 

@@ -47,7 +47,8 @@ import xxhash
 from .. import format as F
 from .._io import CHUNK_BYTES, fsync_dir
 from ..errors import ChecksumError, FormatError
-from . import uri, verify as V
+from . import uri
+from . import verify as V
 from .errors import require_bucket, storage_errors
 
 __all__ = ["cache_root", "parse_limit", "fetch_dataset", "Fetched", "Pin", "mark_verified", "evict"]

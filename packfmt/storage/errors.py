@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import PackfmtError
-from .uri import endpoint
+from .uri import bucket_of, endpoint
 
 __all__ = ["StorageError", "storage_errors", "describe", "missing_bucket", "require_bucket"]
 
@@ -33,28 +33,26 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _bucket(url: str) -> str:
-    return url.partition("://")[2].split("/", 1)[0]
-
-
 def missing_bucket(url: str, storage_options: dict | None = None) -> StorageError:
     ep = endpoint(storage_options) or "the default endpoint"
-    return StorageError(f"{url}: the bucket {_bucket(url)!r} does not exist on {ep}; check the URL (and AWS_ENDPOINT_URL "
+    return StorageError(f"{url}: the bucket {bucket_of(url)!r} does not exist on {ep}; check the URL (and AWS_ENDPOINT_URL "
                         "/ storage_options={'endpoint_url': ...}), or create the bucket", file=url, field="bucket",
                         expected="an existing bucket", found="missing")
 
 
 def require_bucket(fs, url: str, storage_options: dict | None = None) -> None:
     """Raise ``missing_bucket`` when the bucket of ``url`` (an object store URL) is not there."""
-    if url.startswith(("s3://", "s3a://", "gs://", "gcs://")) and not fs.exists(_bucket(url)):
+    if url.startswith(("s3://", "s3a://", "gs://", "gcs://")) and not fs.exists(bucket_of(url)):
         raise missing_bucket(url, storage_options)
 
 
 def _is_cache_error(exc: BaseException, cache: Path | None) -> bool:
     if cache is None or not isinstance(exc, OSError) or exc.errno not in _CACHE_ERRNOS:
         return False
-    name = exc.filename
-    return name is None or str(os.path.abspath(name)).startswith(str(os.path.abspath(cache)))
+    if exc.filename is None:  # a write to an open file (ENOSPC), or mkdir's own failure
+        return True
+    name, cache = os.path.abspath(exc.filename), os.path.abspath(cache)
+    return os.path.commonpath([name, cache]) == cache
 
 
 def describe(exc: BaseException, url: str, storage_options: dict | None = None, cache: Path | None = None):

@@ -100,11 +100,6 @@ def upload_index(dataset, name: str) -> None:
         mark_verified(Path(dataset.path), root)
 
 
-def _bucket(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.split('/', 1)[0]}"
-
-
 def merge_remote(write, sources, dst, *, overwrite: bool, physical: bool, storage_options: dict | None = None, **kw):
     """``write_collection`` / ``merge_physical`` where a source or ``dst`` is a URL.
 
@@ -126,11 +121,11 @@ def merge_remote(write, sources, dst, *, overwrite: bool, physical: bool, storag
                                  found="a URL", cli=f"{path}: a local collection cannot list a member in object storage; "
                                  "write it to object storage too (-o s3://...), or copy the members with --physical")
             if not physical and (uri.root_key(str(path), storage_options) != uri.root_key(str(dst), storage_options)
-                                 or _bucket(str(path)) != _bucket(str(dst))):
+                                 or uri.bucket_of(str(path)) != uri.bucket_of(str(dst))):
                 raise WriteError(f"{path}: not in the bucket of {dst} (another bucket, scheme or endpoint); a collection "
                                  "in object storage lists members in its own bucket (readers refuse others, "
                                  "spec/SECURITY.md A17): write it in the members' bucket, or copy them with "
-                                 "merge_physical", file=str(path), expected=f"a member in {_bucket(str(dst))}",
+                                 "merge_physical", file=str(path), expected=f"a member in bucket {uri.bucket_of(str(dst))}",
                                  found=str(path), cli=f"{path}: not in the bucket of {dst}; write the collection in "
                                  "the members' bucket, or copy the members with --physical")
             fetched = fetch_dataset(str(path), storage_options)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import FormatError, PackfmtError
 
-__all__ = ["is_url", "local_file", "filesystem", "member_url", "endpoint", "root_key", "MissingExtraError"]
+__all__ = ["is_url", "local_file", "filesystem", "bucket_of", "member_url", "endpoint", "root_key", "MissingExtraError"]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: The optional extra that installs fsspec and the S3 back end.
@@ -61,6 +61,11 @@ def filesystem(url: str, storage_options: dict | None = None):
     return fs, path.rstrip("/")
 
 
+def bucket_of(url: str) -> str:
+    """``s3://bkt/a/b`` -> ``bkt`` (the first component after the scheme)."""
+    return url.partition("://")[2].split("/", 1)[0]
+
+
 def member_url(url: str, rel: str, *, file: str | None = None, field: str = "path") -> str:
     """The URL of a collection member at relative path ``rel`` (may hold ``..``) from the collection at ``url``.
 
@@ -69,7 +74,7 @@ def member_url(url: str, rel: str, *, file: str | None = None, field: str = "pat
     (spec/SECURITY.md A17).
     """
     scheme, _, rest = url.partition("://")
-    bucket = rest.split("/", 1)[0]
+    bucket = bucket_of(url)
     joined = posixpath.normpath(posixpath.join(rest.rstrip("/"), rel))
     if joined.split("/", 1)[0] != bucket:
         where = file or f"{url}/manifest.json"

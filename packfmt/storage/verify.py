@@ -144,7 +144,10 @@ def check_mirror(path: Path, mode: str | None = None) -> None:
     from filelock import FileLock
 
     for d in dirs:
-        sd = state_dir(root, Path(os.path.normpath(d)))
+        try:
+            sd = state_dir(root, Path(os.path.normpath(d)))
+        except ValueError:  # a member outside this cache holds no marker of it
+            continue
         for rec in [*sd.glob("*.verified"), *sd.glob(f"{F.PACKS_DIR}/*/*.verified")]:
             local = root / rec.relative_to(root / STATE).with_name(rec.name[:-len(".verified")])
             try:
