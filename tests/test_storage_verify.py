@@ -176,6 +176,10 @@ def test_unchanged_stat_is_the_honest_limit_and_full_verify_closes_it(s3_server,
 
 
 def test_validate_sees_the_dataset_only(s3_server, data, cache):
+    legacy = [".tokens.bin.verified", ".tokens.bin.lock", V.PIN]  # what an older packfmt kept in the mirror
+    mirror_path(STORE).mkdir(parents=True)
+    for name in legacy:
+        (mirror_path(STORE) / name).write_text("")
     for url in (STORE, COLL):
         assert packfmt.open(url) is not None
         report = validate(url, deep=True)

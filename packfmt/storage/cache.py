@@ -186,6 +186,7 @@ class _Fetcher:
         local = self.mirror(url)
         raw = self.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
         self.result.pins.append(Pin(self.root, local))
+        _drop_legacy(local)
         obj = json.loads(raw)
         if obj.get("format") == "packfmt-collection":
             from ..collection.manifest import parse_collection_manifest
@@ -222,6 +223,7 @@ class _Fetcher:
             idx = F.parse_pack_index_manifest(json.loads(raw), file=label)
             ldir = local / F.PACKS_DIR / name
             ldir.mkdir(parents=True, exist_ok=True)
+            _drop_legacy(ldir)
             for fname, entry in idx.files.items():
                 self.file(fs, f"{remote}/{name}/{fname}", f"{url}/{F.PACKS_DIR}/{name}/{fname}", ldir / fname, entry, label)
             self.write_atomic(ldir / F.PACK_INDEX_JSON, raw)
@@ -238,6 +240,14 @@ class _Fetcher:
         tmp.write_bytes(data)
         os.replace(tmp, path)
         fsync_dir(path.parent)
+
+
+def _drop_legacy(d: Path) -> None:
+    """Remove the bookkeeping files packfmt <= 0.1 kept inside the mirror (``.NAME.verified``, ``.NAME.lock``,
+    ``.packfmt-pin``): dataset file names never start with a dot, and validate would report them."""
+    for p in d.glob(".*"):
+        if p.is_file() and (p.name == V.PIN or p.name.endswith((".verified", ".lock"))):
+            p.unlink(missing_ok=True)
 
 
 def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
