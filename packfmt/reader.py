@@ -377,21 +377,26 @@ class PackIndex:
         self.__init__(state["store"], state["name"])
 
 
-def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None, cache_dir=None, cache_limit=None):
+def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
+                 cache_verify: str | None = None):
     """Open a packfmt store (a ``Store``) or collection (a ``Collection``): manifest, sizes and offsets checked.
 
     ``path`` may be a URL (``s3://``, ``gs://``, ``file://`` ...; ``packfmt.storage``): its files are
     fetched whole into the node-local cache (``cache_dir=``, else ``$PACKFMT_CACHE``; at most
     ``cache_limit`` bytes), verified against the manifest's sizes and checksums, and mapped from there.
-    ``storage_options`` go to fsspec (credentials, ``endpoint_url`` ...).
+    ``storage_options`` go to fsspec (credentials, ``endpoint_url`` ...). A cached file is hashed again when its
+    stat changed since it was verified; ``cache_verify="full"`` (or ``$PACKFMT_CACHE_VERIFY=full``) on every open.
     """
     from .storage import is_remote, local_file
 
     if is_remote(path):
         from .storage import open_url
 
-        return open_url(path, storage_options, cache_dir, cache_limit)
+        return open_url(path, storage_options, cache_dir, cache_limit, cache_verify)
     path = Path(local_file(path))
+    from .storage.verify import check_mirror
+
+    check_mirror(path, cache_verify)  # a mirror in the remote cache: changed files hashed again (packfmt.storage)
     if (path / F.MANIFEST).is_file():
         from .collection.manifest import is_collection
 

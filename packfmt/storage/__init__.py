@@ -4,6 +4,8 @@ Only this package imports fsspec, and only when a URL is given (``pip install 'p
 
 * ``uri``: local path or URL; the fsspec file system of a URL; input files fetched to a temp dir.
 * ``cache``: remote datasets mirrored whole-file into a verified, locked, bounded node-local cache.
+* ``verify``: what the cache knows of each mirrored file (markers bound to its stat), kept outside the mirror.
+* ``errors``: back-end and cache failures as one-line ``StorageError``s naming the URL and the fix.
 * ``upload``: outputs written locally and uploaded with the manifest last.
 """
 
@@ -15,10 +17,10 @@ __all__ = ["is_url", "is_remote", "local_file", "MissingExtraError", "open_url",
            "download_inputs"]
 
 
-def fetch_dataset(url, storage_options=None, cache_dir=None, cache_limit=None):
+def fetch_dataset(url, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
     from .cache import fetch_dataset as fetch
 
-    return fetch(url, storage_options, cache_dir, cache_limit)
+    return fetch(url, storage_options, cache_dir, cache_limit, verify)
 
 
 def remote_output(url, storage_options=None, *, overwrite=False, cache_dir=None):
@@ -27,14 +29,20 @@ def remote_output(url, storage_options=None, *, overwrite=False, cache_dir=None)
     return out(url, storage_options, overwrite=overwrite, cache_dir=cache_dir)
 
 
-def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, **kw):
-    """``packfmt.open`` of a URL: mirror it into the cache, open the mirror, keep it pinned while the object lives."""
+def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify=None, **kw):
+    """``packfmt.open`` of a URL: mirror it into the cache, open the mirror, keep it pinned while the object lives.
+
+    ``verify``: ``"stat"`` (default) or ``"full"`` (hash every cached file on every open); ``$PACKFMT_CACHE_VERIFY``.
+    """
     from ..reader import open_dataset
 
-    fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit)
-    ds = open_dataset(fetched.path, **kw)
+    fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit, verify)
+    from .verify import FETCHED
+
+    ds = open_dataset(fetched.path, cache_verify=FETCHED, **kw)  # its files were just checked as `verify` says
     ds._storage_pins = fetched.pins
     ds._storage_options = storage_options
+    ds._storage_cache = fetched.root
     ds.url = url.rstrip("/")
     return ds
 
@@ -43,4 +51,4 @@ def download_inputs(paths, storage_options=None):
     """Build inputs: URLs downloaded (files or folders) into a fresh temp dir; ``(local paths, temp dir or None)``."""
     from .uri import download_inputs as dl
 
-    return dl(paths, storage_options)
+    return dl(paths, storage_options)  # (a failure removes the temp dir and is one line)

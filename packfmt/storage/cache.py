@@ -3,29 +3,32 @@
 Layout: ``<cache>/<root key>/<bucket>/<path>/...`` mirrors the remote tree (``uri.root_key``), so
 ``packfmt.open`` memory-maps the mirror as it would a local dataset and a collection's relative
 member paths resolve there as in the bucket. ``<cache>`` is ``cache_dir=``, else ``$PACKFMT_CACHE``,
-else ``~/.cache/packfmt``.
+else ``~/.cache/packfmt``. The cache's own bookkeeping (verified markers, locks, pins, temp files)
+lives under ``<cache>/.packfmt-state/`` (``verify``), never inside a mirrored dataset.
 
-Rules (docs: README "Remote data"):
+Rules (docs: README "Remote data"; spec/SECURITY.md A16):
 
-* Never served unverified. A file is downloaded to ``.NAME.part-PID-RAND``, hashed (xxh3_64) and
-  counted while it streams, compared with the ``bytes`` and ``checksum`` its manifest lists, and
-  only then renamed into place, followed by ``.NAME.verified`` (``"<bytes> <checksum>"``). A file
-  counts as cached only when its ``.verified`` record equals the current manifest's entry and its
-  size matches; a mismatch (a bad object, a truncated one) raises and leaves nothing behind.
-* Fetched once per node. Each file is fetched under a file lock (``.NAME.lock``, ``filelock``), and
-  the check is repeated inside the lock, so N processes opening the same URL download it once.
-  Every download is one JSON line in ``<cache>/downloads.log`` (url, bytes, pid).
+* Never served unverified. A file is downloaded to a temp name, hashed (xxh3_64) and counted while
+  it streams, compared with the ``bytes`` and ``checksum`` its manifest lists, and only then renamed
+  into place; then its marker records that entry and the file's stat. On every open each file is
+  served only if its marker names the current manifest entry and its stat (device, inode, mtime_ns,
+  size) is unchanged; a file whose stat moved is hashed again, and re-downloaded if that fails (an
+  error if the bucket's object is bad too). ``cache_verify="full"`` / ``$PACKFMT_CACHE_VERIFY=full``
+  hashes every file on every open (a write that restores mtime is otherwise not seen).
+* Fetched once per node. Each file is fetched under a file lock, and the check is repeated inside
+  the lock, so N processes opening the same URL download it once. Every download is one JSON line
+  in ``<cache>/downloads.log`` (url, bytes, pid, why).
 * Manifests (``manifest.json``, ``index.json``) are re-read from the bucket on every open: they are
   the commit points, and they decide which files are current. They are written into the mirror
   after the files they list.
 * Bounded. ``cache_limit=`` bytes (or ``$PACKFMT_CACHE_LIMIT``, e.g. ``200G``): after a download,
-  verified files are evicted least recently used first (use = the ``.verified`` record's mtime,
-  touched on every open) until the cache fits. Safe rule: every process that opened a dataset
-  holds a shared ``flock`` on the dataset's ``.packfmt-pin`` for as long as the opened object
-  lives; eviction takes that lock exclusively without waiting and skips any dataset it cannot
-  lock. So no file is evicted while any process on the node has its dataset open (and on Linux an
-  unlinked file that is still memory-mapped would stay valid anyway). When everything over the
-  limit is pinned, a warning says so and the cache stays over the limit.
+  verified files are evicted least recently used first (use = the marker's mtime, touched on every
+  open) until the cache fits. Safe rule: every process that opened a dataset holds a shared
+  ``flock`` on the dataset's pin for as long as the opened object lives; eviction takes that lock
+  exclusively without waiting and skips any dataset it cannot lock. So no file is evicted while any
+  process on the node has its dataset open (and on Linux an unlinked file that is still
+  memory-mapped would stay valid anyway). When everything over the limit is pinned, a warning says
+  so and the cache stays over the limit.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import json
 import os
 import posixpath
 import shutil
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,15 +48,17 @@ from .. import format as F
 from .._io import CHUNK_BYTES, fsync_dir
 from ..errors import ChecksumError, FormatError
 from . import uri
+from . import verify as V
+from .errors import require_bucket, storage_errors
 
 __all__ = ["cache_root", "parse_limit", "fetch_dataset", "Fetched", "Pin", "mark_verified", "evict"]
 
-PIN, LOG = ".packfmt-pin", "downloads.log"
+LOG = "downloads.log"
 
 
 def cache_root(cache_dir=None) -> Path:
     root = cache_dir or os.environ.get("PACKFMT_CACHE") or Path.home() / ".cache" / "packfmt"
-    return Path(root).expanduser()
+    return Path(root).expanduser().absolute()
 
 
 def parse_limit(value) -> int | None:
@@ -72,11 +76,13 @@ def parse_limit(value) -> int | None:
 
 
 class Pin:
-    """A shared lock on a mirrored dataset: eviction skips it while this object is alive."""
+    """A shared lock on a mirrored dataset (its file in the state folder): eviction skips it while this object lives."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, root: Path, directory: Path) -> None:
+        state = V.state_dir(root, directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(directory / PIN, os.O_RDWR | os.O_CREAT, 0o644)
+        state.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(state / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_SH)  # waits only while an eviction pass holds it
 
     def close(self, _close=os.close) -> None:  # _close: still bound at interpreter shutdown
@@ -93,33 +99,12 @@ class Fetched:
     path: Path  # the local mirror
     pins: list = field(default_factory=list)
     downloaded: int = 0  # files downloaded by this call
+    root: Path | None = None  # the cache folder
 
 
-def _verified_record(path: Path) -> Path:
-    return path.parent / f".{path.name}.verified"
-
-
-def _is_current(path: Path, entry: F.FileEntry) -> bool:
-    rec = _verified_record(path)
-    try:
-        ok = rec.read_text() == f"{entry.bytes} {entry.checksum}" and os.path.getsize(path) == entry.bytes
-    except OSError:
-        return False
-    if ok:
-        os.utime(rec)  # last use, for LRU eviction
-    return ok
-
-
-def _write_record(path: Path, entry: F.FileEntry) -> None:
-    rec = _verified_record(path)
-    tmp = rec.parent / f"{rec.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.write_text(f"{entry.bytes} {entry.checksum}")
-    os.replace(tmp, rec)
-
-
-def _download(fs, rpath: str, url: str, local: Path, entry: F.FileEntry, label: str) -> None:
-    """Stream ``rpath`` into ``local`` through a temp name, refusing any byte count or checksum but the manifest's."""
-    tmp = local.parent / f".{local.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def _download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntry, label: str) -> os.stat_result:
+    """Stream ``rpath`` into ``local`` through ``tmp``, refusing any byte count or checksum but the manifest's;
+    return the stat of the file it renamed into place (what its marker records)."""
     h, n = xxhash.xxh3_64(), 0
     try:
         try:
@@ -137,26 +122,28 @@ def _download(fs, rpath: str, url: str, local: Path, entry: F.FileEntry, label: 
                 dst.write(chunk)
             dst.flush()
             os.fsync(dst.fileno())
-        if n != entry.bytes:
-            raise FormatError(f"{url}: size: expected {entry.bytes} bytes ({label}), found {'more than ' if n > entry.bytes else ''}"
-                              f"{n}; refused by the cache (nothing served). The object is not the one the manifest "
-                              "lists: write the dataset again", file=url, field="size", expected=entry.bytes, found=n)
-        found = "xxh3_64:" + h.hexdigest()
-        if found != entry.checksum:
-            raise ChecksumError(f"{url}: checksum: expected {entry.checksum} ({label}), found {found}; refused by the "
-                                "cache (nothing served). The object is not the one the manifest lists: write the "
-                                "dataset again", file=url, field="checksum", expected=entry.checksum, found=found)
-        os.replace(tmp, local)
+            if n != entry.bytes:
+                raise FormatError(f"{url}: size: expected {entry.bytes} bytes ({label}), found "
+                                  f"{'more than ' if n > entry.bytes else ''}{n}; refused by the cache (nothing served). "
+                                  "The object is not the one the manifest lists: write the dataset again", file=url,
+                                  field="size", expected=entry.bytes, found=n)
+            found = "xxh3_64:" + h.hexdigest()
+            if found != entry.checksum:
+                raise ChecksumError(f"{url}: checksum: expected {entry.checksum} ({label}), found {found}; refused by "
+                                    "the cache (nothing served). The object is not the one the manifest lists: write "
+                                    "the dataset again", file=url, field="checksum", expected=entry.checksum, found=found)
+            os.replace(tmp, local)
+            return os.fstat(dst.fileno())  # after the rename (which sets ctime): what the marker records
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 class _Fetcher:
-    def __init__(self, storage_options, cache_dir, cache_limit) -> None:
+    def __init__(self, storage_options, cache_dir, cache_limit, verify=None) -> None:
         self.so = storage_options
         self.root = cache_root(cache_dir)
         self.limit = parse_limit(cache_limit if cache_limit is not None else os.environ.get("PACKFMT_CACHE_LIMIT"))
+        self.mode = V.verify_mode(verify)
         self.result: Fetched | None = None
 
     def mirror(self, url: str) -> Path:
@@ -166,17 +153,22 @@ class _Fetcher:
     def file(self, fs, rpath: str, url: str, local: Path, entry: F.FileEntry, label: str) -> None:
         from filelock import FileLock
 
-        local.parent.mkdir(parents=True, exist_ok=True)
-        if _is_current(local, entry):
+        if V.status(self.root, local, entry, self.mode) == V.OK:
             return
-        with FileLock(str(local.parent / f".{local.name}.lock")):
-            if _is_current(local, entry):  # another process fetched it while we waited
+        with FileLock(str(V.lock_path(self.root, local))):
+            why = V.status(self.root, local, entry, self.mode)
+            if why == V.OK:  # another process fetched it while we waited
                 return
-            _download(fs, rpath, url, local, entry, label)
-            _write_record(local, entry)
+            if why == V.CHANGED:  # verified once, changed since (or cache_verify="full"): hash it again
+                if V.rehash(self.root, local, entry):
+                    return
+                why = "changed in the cache"
+            V.forget(self.root, local)  # a file without a current marker is never served, even if the download fails
+            st = _download(fs, rpath, url, local, V.temp_path(self.root, local, "part"), entry, label)
+            V.write_marker(self.root, local, entry, st)
         self.result.downloaded += 1
         with open(self.root / LOG, "a") as log:
-            log.write(json.dumps({"url": url, "bytes": entry.bytes, "pid": os.getpid()}) + "\n")
+            log.write(json.dumps({"url": url, "bytes": entry.bytes, "pid": os.getpid(), "why": why}) + "\n")
         if self.limit is not None:
             evict(self.root, self.limit)
 
@@ -184,6 +176,7 @@ class _Fetcher:
         try:
             return fs.cat_file(rpath)
         except FileNotFoundError:
+            require_bucket(fs, url, self.so)
             raise FormatError(f"{url}: not a packfmt dataset (no {posixpath.basename(rpath)} there); check the URL, "
                               "or write one with packfmt build / merge", file=url, expected="a manifest",
                               found="missing") from None
@@ -191,20 +184,22 @@ class _Fetcher:
     def dataset(self, url: str, *, packs: bool = True) -> Path:
         fs, rpath = uri.filesystem(url, self.so)
         local = self.mirror(url)
-        self.result.pins.append(Pin(local))
         raw = self.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
+        self.result.pins.append(Pin(self.root, local))
+        _drop_legacy(local)
         obj = json.loads(raw)
         if obj.get("format") == "packfmt-collection":
             from ..collection.manifest import parse_collection_manifest
 
-            for member in parse_collection_manifest(obj, file=f"{url}/{F.MANIFEST}").members:
-                self.dataset(uri.join(url, member.path), packs=False)  # a collection reads its own indexes only
+            label = f"{url}/{F.MANIFEST}"
+            for i, member in enumerate(parse_collection_manifest(obj, file=label).members):
+                self.dataset(uri.member_url(url, member.path, file=label, field=f"members[{i}].path"), packs=False)  # a collection reads its own indexes only
         else:
             for name, entry in F.parse_manifest(obj, file=f"{url}/{F.MANIFEST}").files.items():
                 self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
         if packs:
             self.packs(fs, rpath, url, local)
-        _write_atomic(local / F.MANIFEST, raw)
+        self.write_atomic(local / F.MANIFEST, raw)
         return local
 
     def packs(self, fs, rpath: str, url: str, local: Path) -> None:
@@ -227,31 +222,53 @@ class _Fetcher:
             label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"
             idx = F.parse_pack_index_manifest(json.loads(raw), file=label)
             ldir = local / F.PACKS_DIR / name
+            ldir.mkdir(parents=True, exist_ok=True)
+            _drop_legacy(ldir)
             for fname, entry in idx.files.items():
                 self.file(fs, f"{remote}/{name}/{fname}", f"{url}/{F.PACKS_DIR}/{name}/{fname}", ldir / fname, entry, label)
-            _write_atomic(ldir / F.PACK_INDEX_JSON, raw)
+            self.write_atomic(ldir / F.PACK_INDEX_JSON, raw)
         lpacks = local / F.PACKS_DIR
         if lpacks.is_dir():
             for p in lpacks.iterdir():
                 if p.is_dir() and not p.name.startswith(".") and p.name not in present:
+                    shutil.rmtree(V.state_dir(self.root, p), ignore_errors=True)
                     shutil.rmtree(p, ignore_errors=True)  # gone from the bucket; mapped copies stay valid on Linux
 
+    def write_atomic(self, path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = V.temp_path(self.root, path, "tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+
+def _drop_legacy(d: Path) -> None:
+    """Remove the bookkeeping files packfmt <= 0.1 kept inside the mirror (``.NAME.verified``, ``.NAME.lock``,
+    ``.packfmt-pin``): dataset file names never start with a dot, and validate would report them."""
+    for p in d.glob(".*"):
+        if p.is_file() and (p.name == V.PIN or p.name.endswith((".verified", ".lock"))):
+            p.unlink(missing_ok=True)
 
 
-def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None, cache_limit=None) -> Fetched:
-    """Mirror the dataset (store or collection, with its pack indexes) at ``url`` into the cache; return it pinned."""
-    f = _Fetcher(storage_options, cache_dir, cache_limit)
-    f.result = Fetched(path=Path())
-    f.result.path = f.dataset(url.rstrip("/"))
-    if f.limit is not None and not f.result.downloaded:  # (after a download, ``file`` evicted already)
-        evict(f.root, f.limit)
+def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
+                  verify: str | None = None) -> Fetched:
+    """Mirror the dataset (store or collection, with its pack indexes) at ``url`` into the cache; return it pinned.
+
+    ``verify``: ``"stat"`` (default) hashes a cached file again when its stat changed since it was verified,
+    ``"full"`` on every call (also ``$PACKFMT_CACHE_VERIFY``).
+    """
+    url = url.rstrip("/")
+    f = _Fetcher(storage_options, cache_dir, cache_limit, verify)
+    f.result = Fetched(path=Path(), root=f.root)
+    try:
+        with storage_errors(url, storage_options, f.root):
+            f.result.path = f.dataset(url)
+            if f.limit is not None and not f.result.downloaded:  # (after a download, ``file`` evicted already)
+                evict(f.root, f.limit)
+    except BaseException:
+        for pin in f.result.pins:  # nothing was opened: hold nothing (an error's traceback may live long)
+            pin.close()
+        raise
     return f.result
 
 
@@ -259,8 +276,11 @@ def mirror_path(url: str, storage_options: dict | None = None, cache_dir=None) -
     return _Fetcher(storage_options, cache_dir, None).mirror(url.rstrip("/"))
 
 
-def mark_verified(local: Path) -> int:
-    """Record every file the manifests under ``local`` list as verified (our own writer's output); return the count."""
+def mark_verified(local: Path, cache_dir=None) -> int:
+    """Hash every file the manifests under ``local`` (a mirror our writer just filled and uploaded) list and
+    record the ones that match as verified; return the count. A file that does not match gets no marker
+    (it is fetched from the bucket on the next open)."""
+    root = cache_root(cache_dir)
     n = 0
     for man in [local / F.MANIFEST, *sorted(local.glob(f"{F.PACKS_DIR}/*/{F.PACK_INDEX_JSON}"))]:
         if not man.is_file():
@@ -270,17 +290,17 @@ def mark_verified(local: Path) -> int:
             continue
         parse = F.parse_manifest if man.name == F.MANIFEST else F.parse_pack_index_manifest
         for name, entry in parse(obj, file=str(man)).files.items():
-            if (man.parent / name).is_file():
-                _write_record(man.parent / name, entry)
-                n += 1
+            path = man.parent / name
+            if path.is_file() and V.status(root, path, entry) != V.OK:
+                n += V.rehash(root, path, entry)
     return n
 
 
-def _pin_dir(path: Path, root: Path) -> Path | None:
-    for d in path.parents:
-        if (d / PIN).exists():
+def _pin_dir(marker: Path, state: Path) -> Path | None:
+    for d in marker.parents:
+        if (d / V.PIN).exists():
             return d
-        if d == root:
+        if d == state:
             return None
     return None
 
@@ -290,10 +310,11 @@ def evict(root: Path, limit: int) -> int:
     from filelock import FileLock
 
     freed = 0
-    with FileLock(str(root / ".evict.lock")):
+    state = root / V.STATE
+    with FileLock(str(state / ".evict.lock")):
         files = []
-        for rec in root.rglob(".*.verified"):
-            data = rec.parent / rec.name[1:-len(".verified")]
+        for rec in state.rglob("*.verified"):
+            data = root / rec.relative_to(state).with_name(rec.name[:-len(".verified")])
             try:
                 files.append((rec.stat().st_mtime, os.path.getsize(data), data, rec))
             except OSError:
@@ -306,9 +327,9 @@ def evict(root: Path, limit: int) -> int:
             for _, size, data, rec in sorted(files, key=lambda f: f[0]):
                 if total <= limit:
                     break
-                d = _pin_dir(data, root)
+                d = _pin_dir(rec, state)
                 if d is not None and d not in locks:
-                    fd = os.open(d / PIN, os.O_RDWR)
+                    fd = os.open(d / V.PIN, os.O_RDWR)
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                         locks[d] = fd

@@ -18,7 +18,8 @@ from pathlib import Path
 from .. import format as F
 from ..errors import DatasetExistsError
 from . import uri
-from .cache import mark_verified, mirror_path
+from .cache import cache_root, mark_verified, mirror_path
+from .errors import require_bucket, storage_errors
 
 __all__ = ["remote_output", "upload_tree", "exists"]
 
@@ -65,24 +66,38 @@ def remote_output(url: str, storage_options: dict | None = None, *, overwrite: b
     Refuses an existing remote dataset unless ``overwrite`` (checked before any work is done).
     """
     url = url.rstrip("/")
-    if exists(url, storage_options) and not overwrite:
+    with storage_errors(url, storage_options):
+        taken = exists(url, storage_options)
+        if not taken:  # fail before the work, not at the upload
+            require_bucket(uri.filesystem(url, storage_options)[0], url, storage_options)
+    if taken and not overwrite:
         raise DatasetExistsError(f"{url}: already exists (pass overwrite=True to replace it)", file=url,
                                  expected="no existing dataset", found="exists",
                                  cli=f"{url}: already exists (pass --overwrite to replace it)")
     local = mirror_path(url, storage_options, cache_dir)
-    if local.exists():
-        shutil.rmtree(local)  # a stale mirror; processes that mapped its files keep valid mappings
-    local.parent.mkdir(parents=True, exist_ok=True)
-    yield local
-    upload_tree(local, url, storage_options)
-    mark_verified(local)
+    root = cache_root(cache_dir)
+    with storage_errors(url, storage_options, root):
+        if local.exists():
+            shutil.rmtree(local)  # a stale mirror; processes that mapped its files keep valid mappings
+        local.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield local
+        with storage_errors(url, storage_options, root):
+            upload_tree(local, url, storage_options)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)  # never uploaded (nor marked verified): leave nothing behind
+        raise
+    with storage_errors(url, storage_options, root):
+        mark_verified(local, root)
 
 
 def upload_index(dataset, name: str) -> None:
     """Upload pack index ``name`` just written into the mirror of a dataset opened from a URL (index.json last)."""
     sub = f"{F.PACKS_DIR}/{name}"
-    upload_tree(dataset.path, dataset.url, getattr(dataset, "_storage_options", None), subdir=sub)
-    mark_verified(Path(dataset.path))
+    so, root = getattr(dataset, "_storage_options", None), getattr(dataset, "_storage_cache", None)
+    with storage_errors(dataset.url, so, root):
+        upload_tree(dataset.path, dataset.url, so, subdir=sub)
+        mark_verified(Path(dataset.path), root)
 
 
 def merge_remote(write, sources, dst, *, overwrite: bool, physical: bool, storage_options: dict | None = None, **kw):
@@ -105,10 +120,14 @@ def merge_remote(write, sources, dst, *, overwrite: bool, physical: bool, storag
                                  "the members with merge_physical", file=str(path), expected="a local member",
                                  found="a URL", cli=f"{path}: a local collection cannot list a member in object storage; "
                                  "write it to object storage too (-o s3://...), or copy the members with --physical")
-            if not physical and uri.root_key(str(path), storage_options) != uri.root_key(str(dst), storage_options):
-                raise WriteError(f"{path}: not on the file system of {dst} (another scheme or endpoint); a collection "
-                                 "lists members by relative path", file=str(path), expected="the scheme of dst",
-                                 found=str(path))
+            if not physical and (uri.root_key(str(path), storage_options) != uri.root_key(str(dst), storage_options)
+                                 or uri.bucket_of(str(path)) != uri.bucket_of(str(dst))):
+                raise WriteError(f"{path}: not in the bucket of {dst} (another bucket, scheme or endpoint); a collection "
+                                 "in object storage lists members in its own bucket (readers refuse others, "
+                                 "spec/SECURITY.md A17): write it in the members' bucket, or copy them with "
+                                 "merge_physical", file=str(path), expected=f"a member in bucket {uri.bucket_of(str(dst))}",
+                                 found=str(path), cli=f"{path}: not in the bucket of {dst}; write the collection in "
+                                 "the members' bucket, or copy the members with --physical")
             fetched = fetch_dataset(str(path), storage_options)
             pins += fetched.pins
             local_sources.append((name, fetched.path))

@@ -15,9 +15,9 @@ import posixpath
 import re
 from pathlib import Path
 
-from ..errors import PackfmtError
+from ..errors import FormatError, PackfmtError
 
-__all__ = ["is_url", "local_file", "filesystem", "join", "root_key", "MissingExtraError"]
+__all__ = ["is_url", "local_file", "filesystem", "bucket_of", "member_url", "endpoint", "root_key", "MissingExtraError"]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: The optional extra that installs fsspec and the S3 back end.
@@ -61,10 +61,35 @@ def filesystem(url: str, storage_options: dict | None = None):
     return fs, path.rstrip("/")
 
 
-def join(url: str, rel: str) -> str:
-    """Resolve ``rel`` (a relative member path, may hold ``..``) against the directory URL ``url``."""
+def bucket_of(url: str) -> str:
+    """``s3://bkt/a/b`` -> ``bkt`` (the first component after the scheme)."""
+    return url.partition("://")[2].split("/", 1)[0]
+
+
+def member_url(url: str, rel: str, *, file: str | None = None, field: str = "path") -> str:
+    """The URL of a collection member at relative path ``rel`` (may hold ``..``) from the collection at ``url``.
+
+    Refused (``FormatError``) when it resolves outside the collection's bucket: a member path of a
+    hostile manifest must not reach another bucket, nor climb out of the cache's mirror of this one
+    (spec/SECURITY.md A17).
+    """
     scheme, _, rest = url.partition("://")
-    return f"{scheme}://{posixpath.normpath(posixpath.join(rest.rstrip('/'), rel))}"
+    bucket = bucket_of(url)
+    joined = posixpath.normpath(posixpath.join(rest.rstrip("/"), rel))
+    if joined.split("/", 1)[0] != bucket:
+        where = file or f"{url}/manifest.json"
+        raise FormatError(f"{where}: {field}: expected a member inside {scheme}://{bucket}/ (a collection in object storage "
+                          f"lists members in its own bucket), found {rel!r} (resolves to {scheme}://{joined}); "
+                          "write the collection in the members' bucket", file=where, field=field,
+                          expected=f"a path inside {scheme}://{bucket}/", found=rel)
+    return f"{scheme}://{joined}"
+
+
+def endpoint(storage_options: dict | None = None) -> str:
+    """The endpoint URL fsspec's S3 back end will use ("" for its default)."""
+    so = storage_options or {}
+    return (so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "")
 
 
 def root_key(url: str, storage_options: dict | None = None) -> str:
@@ -73,11 +98,8 @@ def root_key(url: str, storage_options: dict | None = None) -> str:
     The bucket and path stay readable below it (``<cache>/<key>/<bucket>/<path>``), so the relative
     member paths of a collection resolve in the cache exactly as they do in the bucket.
     """
-    so = storage_options or {}
-    endpoint = (so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url")
-                or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "")
     scheme = url.partition("://")[0].lower()
-    digest = hashlib.sha256(f"{scheme}://|{endpoint}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{scheme}://|{endpoint(storage_options)}".encode()).hexdigest()[:16]
     return f"{scheme}-{digest}"
 
 
@@ -89,19 +111,34 @@ def download_inputs(paths, storage_options: dict | None = None):
 
     if not any(is_remote(p) for p in paths):
         return [str(local_file(p)) for p in paths], None
+    from .errors import StorageError, require_bucket, storage_errors
+
     tmp = Path(tempfile.mkdtemp(prefix="packfmt-inputs-"))
     out, folders = [], {}
-    for p in paths:
-        if not is_remote(p):
-            out.append(str(local_file(p)))
-            continue
-        fs, rpath = filesystem(p, storage_options)
-        parent = folders.setdefault(p.rstrip("/").rsplit("/", 1)[0], str(len(folders)))
-        dst = tmp / parent / posixpath.basename(rpath)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if fs.isdir(rpath):
-            fs.get(rpath + "/", str(dst) + "/", recursive=True)
-        else:
-            fs.get_file(rpath, str(dst))
-        out.append(str(dst))
+    try:
+        for p in paths:
+            if not is_remote(p):
+                out.append(str(local_file(p)))
+                continue
+            with storage_errors(p, storage_options):
+                fs, rpath = filesystem(p, storage_options)
+                parent = folders.setdefault(p.rstrip("/").rsplit("/", 1)[0], str(len(folders)))
+                dst = tmp / parent / posixpath.basename(rpath)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    if fs.isdir(rpath):
+                        fs.get(rpath + "/", str(dst) + "/", recursive=True)
+                    else:
+                        fs.get_file(rpath, str(dst))
+                except FileNotFoundError:
+                    require_bucket(fs, p, storage_options)
+                    raise StorageError(f"{p}: no such object or folder; check the URL (list it with "
+                                       "`aws s3 ls` or fsspec)", file=p, field="key", expected="an input file",
+                                       found="missing") from None
+            out.append(str(dst))
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed download leaves no temp dir behind
+        raise
     return out, tmp

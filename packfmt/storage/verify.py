@@ -1,0 +1,165 @@
+"""What the cache knows about each mirrored file, kept outside the mirror: verified markers, locks, pins.
+
+A file mirrored at ``<cache>/<key>/<bucket>/<path>/NAME`` has its bookkeeping at
+``<cache>/.packfmt-state/<key>/<bucket>/<path>/``: ``NAME.verified`` (its marker), ``NAME.lock`` (the file
+lock of its download), download temp files, and the dataset's ``.packfmt-pin``. The mirror holds
+dataset files only, so ``packfmt validate`` of a URL sees exactly what the bucket holds.
+
+A marker is one line ``<bytes> <checksum> <dev> <ino> <mtime_ns> <ctime_ns> <size>``: the manifest
+entry the file was hashed against and the file's ``stat`` right after that hash. A file is served
+without hashing only while its marker names the current manifest entry and its stat still matches:
+any write through the file system changes mtime and ctime, a replaced file has another inode, and
+ctime cannot be set back (``touch -d`` / ``os.utime`` restore mtime, and set ctime to now).
+Otherwise it is hashed again. The honest limit: bytes that change without the file system knowing
+(bit rot on the disk, a raw write to the block device, a file system that does not keep ctime) are
+not seen without hashing; ``verify="full"`` (``$PACKFMT_CACHE_VERIFY=full``) hashes on every open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+from .. import format as F
+from .._io import checksum_file
+from ..errors import ChecksumError
+
+__all__ = ["STATE", "PIN", "OK", "CHANGED", "ABSENT", "state_dir", "marker", "status", "write_marker", "rehash",
+           "forget", "temp_path", "lock_path", "verify_mode", "check_mirror"]
+
+STATE, PIN = ".packfmt-state", ".packfmt-pin"
+_KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}$")  # uri.root_key
+OK, CHANGED, ABSENT = "ok", "changed", "absent"
+MODES = ("stat", "full")
+FETCHED = "fetched"  # internal: the mirror open that follows a fetch (its files were just checked)
+
+
+def verify_mode(value=None) -> str:
+    """``"stat"`` (default: hash when the stat changed) or ``"full"`` (hash on every open); from ``$PACKFMT_CACHE_VERIFY``."""
+    if value == FETCHED:
+        return value
+    mode = (value or os.environ.get("PACKFMT_CACHE_VERIFY") or "stat").strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"cache_verify: expected one of {MODES} (or $PACKFMT_CACHE_VERIFY), found {value or mode!r}")
+    return mode
+
+
+def state_dir(root: Path, local_dir: Path) -> Path:
+    """The bookkeeping folder of mirror folder ``local_dir`` (``root / .packfmt-state / <same relative path>``)."""
+    return root / STATE / Path(local_dir).relative_to(root)
+
+
+def marker(root: Path, local: Path) -> Path:
+    return state_dir(root, local.parent) / f"{local.name}.verified"
+
+
+def temp_path(root: Path, local: Path, what: str) -> Path:
+    """A fresh temp name for ``local`` in its state folder (same file system: renamed into place)."""
+    d = state_dir(root, local.parent)
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{local.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def lock_path(root: Path, local: Path) -> Path:
+    """The file lock that serialises fetching ``local`` across the processes of a node."""
+    d = state_dir(root, local.parent)
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{local.name}.lock"
+
+
+def _stat_key(st: os.stat_result) -> str:
+    return f"{st.st_dev} {st.st_ino} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_size}"
+
+
+def status(root: Path, local: Path, entry: F.FileEntry, mode: str = "stat") -> str:
+    """``OK``: verified against ``entry`` and unchanged since; ``CHANGED``: verified against ``entry`` once but
+    its stat moved (or ``mode == "full"``): hash it again; ``ABSENT``: no file, or no marker for this entry."""
+    try:
+        words = marker(root, local).read_text().split(" ", 2)
+        st = os.stat(local)
+    except (OSError, ValueError):
+        return ABSENT
+    if len(words) != 3 or words[:2] != [str(entry.bytes), entry.checksum]:
+        return ABSENT
+    if mode == "full" or words[2] != _stat_key(st) or st.st_size != entry.bytes:
+        return CHANGED
+    os.utime(marker(root, local))  # last use, for LRU eviction
+    return OK
+
+
+def write_marker(root: Path, local: Path, entry: F.FileEntry, st: os.stat_result | None = None) -> None:
+    """Record that ``local`` (whose stat was ``st`` when it was hashed) matches ``entry``."""
+    st = st or os.stat(local)
+    tmp = temp_path(root, local, "verified")
+    tmp.write_text(f"{entry.bytes} {entry.checksum} {_stat_key(st)}")
+    os.replace(tmp, marker(root, local))
+
+
+def rehash(root: Path, local: Path, entry: F.FileEntry) -> bool:
+    """Hash ``local`` again; True (marker renewed) when it still matches ``entry``, else False (file and marker removed)."""
+    before = os.stat(local)
+    ok = before.st_size == entry.bytes and checksum_file(local) == entry.checksum
+    if ok and _stat_key(os.stat(local)) == _stat_key(before):  # not written to while we hashed
+        write_marker(root, local, entry, before)
+        return True
+    forget(root, local)
+    return False
+
+
+def forget(root: Path, local: Path) -> None:
+    """Remove a mirrored file and its marker (marker first: a file without one is never served)."""
+    marker(root, local).unlink(missing_ok=True)
+    local.unlink(missing_ok=True)
+
+
+def cache_of(path: Path) -> Path | None:
+    """The cache folder whose mirror holds ``path`` (``<cache>/<key>/...`` beside ``<cache>/.packfmt-state/<key>``)."""
+    path = Path(path).absolute()
+    for a in path.parents:
+        rel = path.relative_to(a).parts
+        if _KEY.match(rel[0]) and (a / STATE / rel[0]).is_dir():
+            return a
+    return None
+
+
+def check_mirror(path: Path, mode: str | None = None) -> None:
+    """A local open of a mirrored dataset (a DataLoader worker re-opening what its parent fetched): every file
+    verified there whose stat changed since is hashed again; one that no longer matches is removed and refused.
+    Paths outside a cache: nothing to do (a few ``stat`` calls)."""
+    mode = verify_mode(mode)
+    root = None if mode == FETCHED else cache_of(path)
+    if root is None:
+        return
+    dirs = [Path(path).absolute()]
+    try:
+        obj = json.loads((dirs[0] / F.MANIFEST).read_bytes())
+        if isinstance(obj, dict) and obj.get("format") == "packfmt-collection":
+            dirs += [dirs[0] / m["path"] for m in obj.get("members", []) if isinstance(m, dict) and
+                     isinstance(m.get("path"), str)]
+    except (OSError, ValueError):
+        return  # the reader reports an unreadable manifest
+    from filelock import FileLock
+
+    for d in dirs:
+        try:
+            sd = state_dir(root, Path(os.path.normpath(d)))
+        except ValueError:  # a member outside this cache holds no marker of it
+            continue
+        for rec in [*sd.glob("*.verified"), *sd.glob(f"{F.PACKS_DIR}/*/*.verified")]:
+            local = root / rec.relative_to(root / STATE).with_name(rec.name[:-len(".verified")])
+            try:
+                size, checksum = rec.read_text().split(" ")[:2]
+                entry = F.FileEntry(local.name, int(size), checksum)
+            except (OSError, ValueError):
+                continue
+            if status(root, local, entry, mode) != CHANGED:
+                continue
+            with FileLock(str(lock_path(root, local))):
+                if status(root, local, entry, mode) == CHANGED and not rehash(root, local, entry):
+                    raise ChecksumError(f"{local}: changed in the cache after it was verified (checksum no longer "
+                                        f"{checksum}); removed, nothing served. Open the dataset's URL again to fetch "
+                                        "it anew", file=str(local), field="checksum", expected=checksum,
+                                        found="another checksum")
