@@ -15,6 +15,7 @@ import numpy as np
 
 from . import format as F
 from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling, write_durably
+from ._resident import narrow_lengths
 from .errors import FormatError, WriteError
 from .reader import PackIndex, Store, open_dataset
 from .version import __version__
@@ -156,7 +157,12 @@ def build_pack_index(
         proportions, tokens = by_share.check_proportions(proportions), by_share.check_tokens(tokens)
     name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
     t0 = time.perf_counter()
-    lengths = np.asarray(store.doc_lengths, dtype=np.int64)
+    # int32 when every document fits (4 bytes per document, kept as is by segment_documents and
+    # pack_items); the offsets' pages are handed back once read (packfmt._resident)
+    lengths = narrow_lengths(store.doc_offsets)
+    plan_mixture = weights is not None or proportions is not None
+    if plan_mixture:  # the mixture planners work on int64 lengths
+        lengths = lengths.astype(np.int64, copy=False)
     spans, doc_image_offsets = relative_image_spans(store)
     try:
         seg = segment_documents(lengths, capacity, oversize, image_spans=spans, doc_image_offsets=doc_image_offsets)
@@ -174,7 +180,7 @@ def build_pack_index(
     if plan is None:
         result = pack_items(seg.lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
                             image_counts=seg.image_counts if store.num_images else None,
-                            max_images_per_pack=max_images_per_pack)
+                            max_images_per_pack=max_images_per_pack, compact=True)
     else:
         copies, head, member_fields = plan
         rounds = mixture.pack_rounds(seg, lengths, copies, capacity, algorithm, seed or 0, oversize,
@@ -182,7 +188,7 @@ def build_pack_index(
                                      max_images_per_pack=max_images_per_pack)
         seg, result = rounds.items, rounds.result
         stat_lengths = np.repeat(lengths, copies)  # the mixture's document copies
-        num_tokens = int(stat_lengths.sum())
+        num_tokens = int(stat_lengths.sum(dtype=np.int64))
     image_counts = seg.image_counts if store.num_images else None
     pack_offsets = np.ascontiguousarray(result.pack_offsets, dtype=F.OFFSET_DTYPE)
     seconds = time.perf_counter() - t0
@@ -203,6 +209,7 @@ def build_pack_index(
         f.write_array(pack_offsets, F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
         files[F.SEGMENTS], pack_tokens = _write_segments(tmp / F.SEGMENTS, seg, result)
+        _check_built(pack_offsets, pack_tokens, result.n_items, capacity, tmp)
         stats = index_stats(stat_lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
         stats["seconds"] = round(seconds, 6)
         packed_tokens = stats["tokens"]
@@ -249,7 +256,26 @@ def build_pack_index(
             f"{target}: oversize={oversize!r} left out {lost['tokens']:,} of {num_tokens:,} tokens "
             f"({lost['fraction']:.2%}), more than max_lost_fraction={max_lost_fraction}; keep them with "
             f"oversize='split', or a larger capacity= (longest document: {int(lengths.max()):,} tokens)"), stacklevel=2)
-    return PackIndex(store, name)
+    # Opened without re-reading what was just written: its segments lie inside their documents
+    # and its packs within capacity by construction (segment_documents, pack_items, _check_built)
+    return PackIndex(store, name, _built_pack_lengths=pack_tokens)
+
+
+def _check_built(pack_offsets: np.ndarray, pack_tokens: np.ndarray, n_segments: int, capacity: int, where: Path) -> None:
+    """The pack bounds of a new index (spec §4.2: V25, V29), from the packer's own outputs in O(packs).
+
+    Every row of ``segments.bin`` comes from ``segment_documents`` (inside its document, V27) and
+    every segment is in exactly one pack (``pack_items``); what is left to hold is checked here
+    rather than by reading the written files back. A failure is a packfmt bug, never bad input.
+    """
+    po = pack_offsets
+    ok = po.shape[0] >= 1 and int(po[0]) == 0 and int(po[-1]) == n_segments and bool(np.all(po[1:] > po[:-1]))
+    if ok and pack_tokens.size:
+        ok = int(pack_tokens.max()) <= capacity and int(pack_tokens.min()) >= 1
+    if not ok:
+        raise WriteError(f"{where}: internal error: the packs computed break spec §4.2 (pack offsets or pack "
+                         "lengths); nothing was published; please report this with the command",
+                         file=str(where), field="packs", expected="non-empty packs within capacity", found="other")
 
 
 def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION) -> dict:
@@ -273,8 +299,9 @@ def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
     cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
     total = 0
     f = HashedFile(path)
+    buf = np.empty((min(result.n_items, _SEGMENT_ROWS_CHUNK), 3), dtype=F.OFFSET_DTYPE)  # reused per chunk
     for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):
-        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK])
+        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK], out=buf)
         f.write_array(rows, F.OFFSET_DTYPE)
         b = a + rows.shape[0]
         cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
@@ -299,11 +326,12 @@ def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_count
     """
     from .packing import pack_stats
 
-    lengths = np.asarray(doc_lengths, dtype=np.int64)
+    lengths = np.asarray(doc_lengths)  # int32 or int64, summed in int64 (no widened copy)
     stats = pack_stats(seg.lengths, result, capacity, image_counts=image_counts, pack_tokens=pack_tokens)
     n_docs = int(lengths.shape[0])
     over = np.flatnonzero(lengths > capacity)
-    clipped_tokens = int(lengths.sum()) - int(lengths[over].sum()) + capacity * int(over.size)
+    clipped_tokens = (int(lengths.sum(dtype=np.int64)) - int(lengths[over].sum(dtype=np.int64))
+                      + capacity * int(over.size))
     stats.update({
         "documents": n_docs,
         "documents_packed": n_docs - int(seg.dropped_docs),

@@ -51,7 +51,8 @@ class Segmentation:
 
     @classmethod
     def whole_documents(cls, doc_lengths: np.ndarray, image_counts: np.ndarray | None = None) -> "Segmentation":
-        """One segment per document, ``(d, 0, len_d)``: every length must be in ``[1, capacity]``."""
+        """One segment per document, ``(d, 0, len_d)``: every length must be in ``[1, capacity]``
+        (int32 or int64 lengths, kept as given)."""
         return cls(None, image_counts, whole_lengths=doc_lengths)
 
     @property
@@ -77,18 +78,24 @@ class Segmentation:
 
     @property
     def lengths(self) -> np.ndarray:
-        """int64 (n_segments,) tokens per segment (the document lengths themselves, not a copy, when whole)."""
+        """(n_segments,) tokens per segment: the document lengths themselves, not a copy, when whole
+        (int32 when the caller gave int32 lengths), else int64."""
         if self._whole is not None:
             return self._whole
         return self._segments[:, 2] - self._segments[:, 1]
 
-    def rows(self, idx: np.ndarray) -> np.ndarray:
-        """int64 (len(idx), 3): the rows ``(doc, begin, end)`` of segments ``idx``, in that order."""
-        idx = np.asarray(idx, dtype=np.int64)
+    def rows(self, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """int64 (len(idx), 3): the rows ``(doc, begin, end)`` of segments ``idx`` (int32 or int64), in
+        that order; written into ``out`` (a buffer of at least ``len(idx)`` rows) when given."""
+        idx = np.asarray(idx)
+        if idx.dtype not in (np.int32, np.int64):
+            idx = idx.astype(np.int64)
+        n = idx.shape[0]
+        out = np.empty((n, 3), dtype=np.int64) if out is None else out[:n]
         if self._whole is None:
-            return self._segments[idx]
-        out = np.empty((idx.shape[0], 3), dtype=np.int64)
-        _whole_rows(idx, np.asarray(self._whole, dtype=np.int64), out)
+            np.take(self._segments, idx, axis=0, out=out)
+        else:
+            _whole_rows(idx, self._whole, out)
         return out
 
     def __repr__(self) -> str:
@@ -202,7 +209,8 @@ def segment_documents(doc_lengths, capacity, oversize="split", *, image_spans=No
     """Cut documents into segments of at most ``capacity`` tokens.
 
     Args:
-        doc_lengths: int (n_docs,) tokens per document (>= 0; empty documents are dropped).
+        doc_lengths: int (n_docs,) tokens per document (>= 0; empty documents are dropped); int32
+            is used as is, any other integer type as int64.
         capacity: tokens per pack (>= 1).
         oversize: ``"split"`` (pieces tiling the document), ``"truncate"`` (keep the first
             piece) or ``"drop"`` (omit the document) for documents longer than ``capacity``.
@@ -219,7 +227,8 @@ def segment_documents(doc_lengths, capacity, oversize="split", *, image_spans=No
     lengths = np.asarray(doc_lengths)
     if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
         raise ValueError("doc_lengths must be a 1-D integer array")
-    lengths = lengths.astype(np.int64, copy=False)
+    if lengths.dtype != np.int32:  # int32 (what build_pack_index reads) is kept: no 8-byte copy per document
+        lengths = lengths.astype(np.int64, copy=False)
     if lengths.size and lengths.min() < 0:
         raise ValueError("doc_lengths must be >= 0")
     if int(capacity) != capacity or capacity < 1:
