@@ -114,7 +114,7 @@ class _IndexChecks:
         segs, po, off = self.array(F.SEGMENTS), self.array(F.PACK_OFFSETS), self.ds.array(F.DOC_OFFSETS)
         if segs is None or po is None or off is None or not (self.offsets_ok and self.ds.doc_offsets_ok):
             return
-        found, lengths = checks.segments(segs, off, po, file=self.file(F.SEGMENTS))
+        found, lengths = _segments_in_chunks(segs, off, po, self.file(F.SEGMENTS))
         if not self.out.findings(found):
             return
         found = checks.packs(lengths, self.pm.capacity, self.pm.raw["counts"]["packed_tokens"],
@@ -135,6 +135,13 @@ class _IndexChecks:
             _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)  # V26
         if not self.segments_ok:
             return  # reported structurally
+        if self.pm.raw.get("mixture") is None and not self.pm.materialized and self.ds.m.num_images == 0:
+            # one bounded pass over the segments, in chunks of packs (images, materialized tokens and
+            # mixtures: the whole-array checks below)
+            from .index_pass import deep_pass
+
+            deep_pass(self, bar)
+            return
         segs, po = np.asarray(self.array(F.SEGMENTS)), np.asarray(self.array(F.PACK_OFFSETS))
         seg_len = segs[:, 2] - segs[:, 1]
         self._max_docs(po)  # V30 (segments)
@@ -196,61 +203,37 @@ class _IndexChecks:
 
         ``wanted``: only these documents (bool per document) may appear, each once as the policy
         says (a mixture round); ``where`` names the part of the index checked, in messages.
-        O(n_segments): a document with one segment is checked on that row; only the segments of
-        documents with several (the split ones, or duplicates) are put in (doc, begin) order.
+        O(n_segments): the rows are checked by ``CoverageRows`` (the same code the bounded deep
+        pass feeds chunk by chunk).
         """
+        self._coverage_docs(doc_len, per_doc, wanted, where)
+        rows = CoverageRows(self.pm.oversize, self.pm.capacity)
+        rows.add(segs, length, 0)
+        rows.report(self.out, self.file(F.SEGMENTS), doc_len, per_doc, where)
+
+    def _coverage_docs(self, doc_len: np.ndarray, per_doc: np.ndarray, wanted: np.ndarray | None = None,
+                       where: str = "") -> None:
+        """The per-document half of the coverage: present when it must be, absent when it must be."""
         label, policy, cap = self.file(F.SEGMENTS), self.pm.oversize, self.pm.capacity
-        n_docs = doc_len.shape[0]
         present = per_doc > 0
-        must_be_absent = doc_len > cap if policy == "drop" else np.zeros(n_docs, dtype=bool)
         if wanted is not None:
             unwanted = np.flatnonzero(present & ~wanted)
             if unwanted.size:
                 self.out.add(label, "coverage", f"only the documents with more copies than the round{where}",
                              f"{unwanted.size} other document(s) present: {_listed(unwanted)}")
-            must_be_absent = must_be_absent | ~wanted
-        missing = np.flatnonzero(~present & ~must_be_absent)
+        if policy == "drop":
+            must_be_absent = doc_len > cap
+            missing = np.flatnonzero(~present & ~(must_be_absent if wanted is None else must_be_absent | ~wanted))
+        else:
+            missing = np.flatnonzero(~present if wanted is None else ~present & wanted)
         if missing.size:
             self.out.add(label, "coverage", f"every document in the index (oversize={policy!r}){where}",
                          f"{missing.size} document(s) missing from the index: {_listed(missing)}")
-        dropped_present = np.flatnonzero(present & (doc_len > cap) & (policy == "drop"))
-        if dropped_present.size:
-            self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop'){where}",
-                         f"{dropped_present.size} present: {_listed(dropped_present)}")
-        doc, begin, end = segs[:, 0], segs[:, 1], segs[:, 2]
-        if policy == "split":
-            once = per_doc[doc] == 1 if per_doc.size and per_doc.max() > 1 else np.ones(doc.shape[0], dtype=bool)
-            bad = [doc[once & ((begin != 0) | (end != length))]]  # a lone segment must be [0, length)
-            several = np.flatnonzero(~once)
-            if several.size:
-                s = segs[several]
-                s = s[np.lexsort((s[:, 1], s[:, 0]))]
-                sd, sb, se = s[:, 0], s[:, 1], s[:, 2]
-                new_doc = np.ones(s.shape[0], dtype=bool)
-                new_doc[1:] = sd[1:] != sd[:-1]
-                prev_end = np.concatenate([[0], se[:-1]])
-                last_of_doc = np.ones(s.shape[0], dtype=bool)
-                last_of_doc[:-1] = new_doc[1:]
-                bad.append(sd[(sb != np.where(new_doc, 0, prev_end)) | (last_of_doc & (se != doc_len[sd]))])
-            bad = _distinct(np.concatenate(bad), n_docs)
-            if bad.size:
-                self.out.add(label, "coverage", f"the segments of each document tile [0, length) exactly once (oversize='split'){where}",
-                             f"gaps, overlaps or duplicates in {bad.size} document(s): {_listed(bad)}")
-        else:
-            dup = np.flatnonzero(per_doc > 1)
-            if dup.size:
-                self.out.add(label, "coverage", f"each document at most once (oversize={policy!r}){where}",
-                             f"{dup.size} document(s) appear more than once: {_listed(dup)}")
-            if policy == "truncate":
-                want_ok = (begin == 0) & np.where(length <= cap, end == length, end <= cap)
-                rule = f"[0, length) when length <= {cap}, else [0, k) with k <= {cap}"
-            else:
-                want_ok = (begin == 0) & (end == length)
-                rule = "[0, length)"
-            bad = np.flatnonzero(~want_ok)
-            if bad.size:
-                self.out.add(label, "coverage", f"each document as {rule} (oversize={policy!r}){where}",
-                             f"{bad.size} segment(s) differ, documents {_listed(_distinct(doc[bad], n_docs))}")
+        if policy == "drop":
+            dropped_present = np.flatnonzero(present & (doc_len > cap))
+            if dropped_present.size:
+                self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop'){where}",
+                             f"{dropped_present.size} present: {_listed(dropped_present)}")
 
     def _stats(self, segs, po, seg_len, doc_len, per_doc, copies: np.ndarray | None = None) -> None:
         """Counts in index.json (counts, stats) agree with the segments. O(n_segments + n_docs).
@@ -258,36 +241,50 @@ class _IndexChecks:
         ``copies``: a mixture's copies of each document (spec/COLLECTION.md §5): the document
         stats then count copies (``per_doc`` holds the segments of all copies).
         """
+        truncated_rows = int(seg_len[doc_len[segs[:, 0]] > self.pm.capacity].sum()) \
+            if self.pm.oversize == "truncate" else 0
+        self._stats_of(int(seg_len.sum()), int(po.shape[0] - 1), int(segs.shape[0]), doc_len, per_doc,
+                       truncated_rows, copies)
+
+    def _stats_of(self, packed: int, n_packs: int, n_segments: int, doc_len: np.ndarray, per_doc: np.ndarray,
+                  truncated_rows: int, copies: np.ndarray | None = None) -> None:
+        """``_stats`` from sums over the segments: ``truncated_rows`` is the tokens of the segments
+        whose document is longer than the capacity (with ``oversize="truncate"``)."""
         label = self.file(F.PACK_INDEX_JSON)
         cap = self.pm.capacity
-        c = np.ones(doc_len.shape[0], dtype=np.int64) if copies is None else copies
-        per_copy = per_doc // np.maximum(c, 1)
-        n_docs = int(c.sum())
-        packed = int(seg_len.sum())
-        docs_packed = int(c[per_doc > 0].sum())
+        per_copy = per_doc if copies is None else per_doc // np.maximum(copies, 1)
+
+        def docs(mask):  # documents (or copies) where mask holds
+            return int(np.count_nonzero(mask)) if copies is None else int(copies[mask].sum())
+
+        def tokens(mask):  # their tokens, times their copies
+            return int(doc_len[mask].sum(dtype=np.int64)) if copies is None else int((doc_len * copies)[mask].sum())
+
+        n_docs = doc_len.shape[0] if copies is None else int(copies.sum())
+        present = per_doc > 0
+        docs_packed = docs(present)
         expected = {
             "counts.packed_tokens": packed,
-            "stats.packs": int(po.shape[0] - 1),
-            "stats.segments": int(segs.shape[0]),
+            "stats.packs": n_packs,
+            "stats.segments": n_segments,
             "stats.documents": n_docs,
             "stats.documents_packed": docs_packed,
-            "stats.split_documents": int(c[per_copy > 1].sum()),
+            "stats.split_documents": docs(per_copy > 1),
             "stats.dropped_documents": n_docs - docs_packed,
-            "stats.dropped_tokens": int((doc_len * c)[per_doc == 0].sum()),
+            "stats.dropped_tokens": tokens(~present),
         }
         if self.pm.oversize == "truncate":
-            covered_len = np.bincount(segs[:, 0], weights=seg_len, minlength=doc_len.shape[0]).astype(np.int64)
-            truncated = (doc_len > cap) & (per_doc > 0)
-            expected["stats.truncated_documents"] = int(c[truncated].sum())
-            expected["stats.truncated_tokens"] = int((doc_len * c - covered_len)[truncated].sum())
+            truncated = (doc_len > cap) & present
+            expected["stats.truncated_documents"] = docs(truncated)
+            expected["stats.truncated_tokens"] = tokens(truncated) - truncated_rows
         for key, want in expected.items():
             section, name = key.split(".")
             table = self.pm.raw.get(section, {})
             if name in table and isinstance(table[name], (int, float)) and table[name] != want:
                 self.out.add(label, key, want, table[name])
         fill = self.pm.stats.get("fill_efficiency")
-        if isinstance(fill, (int, float)) and po.shape[0] > 1:
-            want = packed / ((po.shape[0] - 1) * cap)
+        if isinstance(fill, (int, float)) and n_packs > 0:
+            want = packed / (n_packs * cap)
             if abs(fill - want) > 1e-6:
                 self.out.add(label, "stats.fill_efficiency", f"{want:.6f} (packed tokens / (packs x capacity))", fill)
 
@@ -329,3 +326,104 @@ def _first_gather_mismatch(packed, src, starts, seg_len, cum) -> int | None:
             return int(cum[i] + diff[0])
         i = j
     return None
+
+
+class CoverageRows:
+    """The per-segment half of the coverage (spec FORMAT §4.3), fed rows in chunks of any size.
+
+    ``split``: a segment ``[0, length)`` is a whole document (right when its document has one
+    segment); the others are kept (few: the pieces of split documents) and, with the segment count
+    of each document, checked to tile ``[0, length)`` exactly once in ``report``. ``truncate`` /
+    ``drop``: each row must be ``[0, length)`` (or a prefix of at most the capacity, truncated).
+    """
+
+    def __init__(self, policy: str, cap: int) -> None:
+        self.policy, self.cap = policy, cap
+        self.pieces: list[np.ndarray] = []  # split: rows other than [0, length)
+        self.bad_docs: list[np.ndarray] = []  # truncate / drop: documents of the rows that differ
+        self.bad_rows = 0
+
+    def add(self, segs: np.ndarray, length: np.ndarray, first_row: int) -> None:
+        doc, begin, end = segs[:, 0], segs[:, 1], segs[:, 2]
+        if self.policy == "split":
+            whole = (begin == 0) & (end == length)
+            if not whole.all():
+                self.pieces.append(np.asarray(segs[~whole]))
+            return
+        if self.policy == "truncate":
+            ok = (begin == 0) & np.where(length <= self.cap, end == length, end <= self.cap)
+        else:
+            ok = (begin == 0) & (end == length)
+        if not ok.all():
+            self.bad_docs.append(np.asarray(doc[~ok]))
+            self.bad_rows += int(np.count_nonzero(~ok))
+
+    def report(self, out, label: str, doc_len: np.ndarray, per_doc: np.ndarray, where: str = "") -> None:
+        n_docs, policy = doc_len.shape[0], self.policy
+        if policy != "split":
+            dup = np.flatnonzero(per_doc > 1)
+            if dup.size:
+                out.add(label, "coverage", f"each document at most once (oversize={policy!r}){where}",
+                        f"{dup.size} document(s) appear more than once: {_listed(dup)}")
+            if self.bad_rows:
+                rule = (f"[0, length) when length <= {self.cap}, else [0, k) with k <= {self.cap}"
+                        if policy == "truncate" else "[0, length)")
+                bad = _distinct(np.concatenate(self.bad_docs), n_docs)
+                out.add(label, "coverage", f"each document as {rule} (oversize={policy!r}){where}",
+                        f"{self.bad_rows} segment(s) differ, documents {_listed(bad)}")
+            return
+        s = np.concatenate(self.pieces) if self.pieces else np.zeros((0, 3), dtype=np.int64)
+        bad = []
+        if s.shape[0]:
+            s = s[np.lexsort((s[:, 1], s[:, 0]))]
+            sd, sb, se = s[:, 0], s[:, 1], s[:, 2]
+            new_doc = np.ones(s.shape[0], dtype=bool)
+            new_doc[1:] = sd[1:] != sd[:-1]
+            prev_end = np.concatenate([[0], se[:-1]])
+            last_of_doc = np.ones(s.shape[0], dtype=bool)
+            last_of_doc[:-1] = new_doc[1:]
+            bad.append(sd[(sb != np.where(new_doc, 0, prev_end)) | (last_of_doc & (se != doc_len[sd]))])
+            # a document's pieces must be all its segments: a whole row [0, length) beside them overlaps
+            docs, counts = sd[new_doc], np.diff(np.append(np.flatnonzero(new_doc), s.shape[0]))
+            bad.append(docs[per_doc[docs] != counts])
+        several = np.flatnonzero(per_doc > 1) if per_doc.size and per_doc.max() > 1 else np.zeros(0, dtype=np.int64)
+        if several.size:  # several segments, none of them a piece: duplicates of the whole document
+            has_pieces = np.zeros(n_docs, dtype=bool)
+            has_pieces[s[:, 0]] = True
+            bad.append(several[~has_pieces[several]])
+        bad = _distinct(np.concatenate(bad), n_docs) if bad else np.zeros(0, dtype=np.int64)
+        if bad.size:
+            out.add(label, "coverage", f"the segments of each document tile [0, length) exactly once (oversize='split'){where}",
+                    f"gaps, overlaps or duplicates in {bad.size} document(s): {_listed(bad)}")
+
+
+def pack_chunks(po: np.ndarray, rows: int = CHUNK_ELEMS // 4):
+    """``(p0, p1)``: runs of whole packs of about ``rows`` segments (at least one pack each)."""
+    n = po.shape[0] - 1
+    p = 0
+    while p < n:
+        q = int(np.searchsorted(po, int(po[p]) + rows, side="right")) - 1
+        q = min(max(q, p + 1), n)
+        yield p, q
+        p = q
+
+
+def _segments_in_chunks(segs, off, po, file: str):
+    """``checks.segments`` (V27) over runs of packs, the pages of ``segments.bin`` handed back after each.
+
+    The same findings as one call over everything: on the first finding that one call is made,
+    so its element numbers are the file's.
+    """
+    from .._resident import release
+
+    lengths = np.empty(po.shape[0] - 1, dtype=np.int64)
+    for p0, p1 in pack_chunks(po):
+        s0 = int(po[p0])
+        found, part = checks.segments(segs[s0:int(po[p1])], off, np.asarray(po[p0:p1 + 1]) - s0, file=file)
+        if found:
+            release(segs)
+            return checks.segments(segs, off, po, file=file)
+        lengths[p0:p1] = part
+        release(segs)
+    release(off)
+    return [], lengths

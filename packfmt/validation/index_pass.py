@@ -1,0 +1,53 @@
+"""``validate --deep`` of a pack index in bounded memory: one pass over ``segments.bin`` in runs of packs.
+
+Per document it holds the lengths (int32 when every document fits, spec FORMAT §4.2 puts no
+smaller bound on them) and the segment count (int32 below 2^31 - 1 segments); per pack the
+offsets; per segment nothing beyond one chunk, whose pages of ``segments.bin`` are handed back
+before the next (``packfmt._resident.release``). The rules are those of ``_IndexChecks``
+(``CoverageRows``, ``_coverage_docs``, ``_stats_of``, ``_max_docs``): this module only feeds them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import format as F
+from .._resident import INT32_MAX, narrow_lengths, release
+from .index import CoverageRows, pack_chunks
+
+
+@njit(cache=True, nogil=True)
+def _count_segments(doc, per_doc):
+    """``per_doc[d] += 1`` for each ``d`` in ``doc`` (ids already checked to be in range, V27)."""
+    for i in range(doc.shape[0]):
+        per_doc[doc[i]] += 1
+
+
+def deep_pass(ix, bar) -> None:
+    """V30 (segments per pack), V31 (coverage), V33 (counts and stats) of ``ix`` (an ``_IndexChecks``
+    whose structural checks passed), reading each segment once."""
+    segs_map, po = ix.array(F.SEGMENTS), np.asarray(ix.array(F.PACK_OFFSETS))
+    ix._max_docs(po)  # V30 (segments)
+    doc_len = narrow_lengths(ix.ds.array(F.DOC_OFFSETS))
+    n_segments = int(segs_map.shape[0])
+    per_doc = np.zeros(doc_len.shape[0], dtype=np.int32 if n_segments < INT32_MAX else np.int64)
+    cap, truncate = ix.pm.capacity, ix.pm.oversize == "truncate"
+    rows = CoverageRows(ix.pm.oversize, cap)
+    packed = truncated_rows = 0
+    for p0, p1 in pack_chunks(po):
+        s0 = int(po[p0])
+        segs = np.asarray(segs_map[s0:int(po[p1])])
+        doc = segs[:, 0]
+        seg_len = segs[:, 2] - segs[:, 1]
+        _count_segments(doc, per_doc)
+        length = doc_len[doc]  # every segment lies inside its document (V27, structural)
+        rows.add(segs, length, s0)
+        packed += int(seg_len.sum())
+        if truncate:
+            truncated_rows += int(seg_len[length > cap].sum())
+        del segs, doc, seg_len, length
+        release(segs_map)
+    ix._coverage_docs(doc_len, per_doc)  # V31
+    rows.report(ix.out, ix.file(F.SEGMENTS), doc_len, per_doc)
+    ix._stats_of(packed, int(po.shape[0] - 1), n_segments, doc_len, per_doc, truncated_rows)  # V33
