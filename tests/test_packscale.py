@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from packfmt._io import HashedFile
 from packfmt.inspect import documents_per_pack, row_lengths
 from packfmt.packindex import build_pack_index
 from packfmt.packing import segment_documents
+from packfmt.reader import PackIndex
 from packfmt.torch.testing import write_flat_dataset, write_pack_index
 from packfmt.validate import validate
 
@@ -268,3 +270,91 @@ def _store(root: Path, lengths):
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.arange(int(offsets[-1]), dtype=np.int64) % 100
     return write_flat_dataset(root / "ds", tokens, offsets, vocab_size=100)
+
+
+# ----------------------------------------------------------------------------- bytes on disk (issue "Internet scale")
+def ref_pack(lengths, cap, algorithm, seed=0):
+    """Packs of item ids by spec/packing.md §2.1 in plain Python (first fit, best fit, next fit)."""
+    n = len(lengths)
+    if algorithm == "first_fit_shuffle":
+        order = np.random.default_rng(seed).permutation(n).tolist()
+    elif algorithm == "greedy":
+        order = list(range(n))
+    else:
+        order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    packs, room = [], []
+    for i in order:
+        fits = [p for p in range(len(packs)) if room[p] >= lengths[i]]
+        if algorithm == "greedy":
+            fits = fits[-1:] if fits and fits[-1] == len(packs) - 1 else []
+        elif algorithm == "bfd" and fits:
+            fits = [min(fits, key=lambda p: (room[p], p))]
+        if fits:
+            packs[fits[0]].append(i)
+            room[fits[0]] -= lengths[i]
+        else:
+            packs.append([i])
+            room.append(cap - lengths[i])
+    return packs
+
+
+@SETTINGS
+@given(lengths=lengths_st, cap=st.integers(4, 32), policy=policy_st,
+       algorithm=st.sampled_from(["ffd", "bfd", "first_fit_shuffle", "greedy"]), seed=st.integers(0, 3),
+       chunk=st.sampled_from([1, 2, 1 << 20]))
+def test_index_files_equal_reference_bytes(lengths, cap, policy, algorithm, seed, chunk):
+    """segments.bin, pack_offsets.bin and index.json are what a plain reference writes, byte for byte
+    (the int32 working arrays, streamed rows and the index returned unread change no byte)."""
+    import xxhash
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = _store(Path(tmp), lengths)
+        saved, packindex._SEGMENT_ROWS_CHUNK = packindex._SEGMENT_ROWS_CHUNK, chunk
+        try:
+            index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy, seed=seed)
+        finally:
+            packindex._SEGMENT_ROWS_CHUNK = saved
+        rows, _ = ref_segments(lengths, cap, policy)
+        packs = ref_pack([int(e - b) for _, b, e in rows], cap, algorithm, seed)
+        want_segs = np.array([rows[i] for p in packs for i in p], dtype="<i8").reshape(-1, 3).tobytes()
+        want_po = np.concatenate([[0], np.cumsum([len(p) for p in packs])]).astype("<i8").tobytes()
+        assert (index.path / F.SEGMENTS).read_bytes() == want_segs
+        assert (index.path / F.PACK_OFFSETS).read_bytes() == want_po
+        doc = json.loads((index.path / F.PACK_INDEX_JSON).read_bytes())
+        for fname, data in ((F.SEGMENTS, want_segs), (F.PACK_OFFSETS, want_po)):
+            assert doc["files"][fname] == {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64(data).hexdigest()}
+        want_stats = ref_index_stats(rows[[i for p in packs for i in p]].reshape(-1, 3),
+                                     np.frombuffer(want_po, dtype="<i8"), lengths, cap, policy)
+        assert doc["counts"] == {"packs": len(packs), "segments": len(rows), "packed_tokens": want_stats["tokens"]}
+        for key, value in want_stats.items():
+            assert doc["stats"][key] == (pytest.approx(value, abs=1e-12) if isinstance(value, float) else value), key
+        assert set(doc["stats"]) == set(want_stats) | {"capacity", "packs_over_lower_bound", "seconds"}
+        # the index returned without reading its files back is the one a reader opens from them
+        opened = PackIndex(store, index.name)
+        np.testing.assert_array_equal(index.pack_lengths, opened.pack_lengths)
+        assert index.pack_lengths.dtype == opened.pack_lengths.dtype
+
+
+def test_narrow_lengths_int32_unless_a_document_is_longer():
+    from packfmt._resident import narrow_lengths
+
+    offsets = np.array([0, 3, 3 + 2**31 - 1, 2**31 + 5], dtype=np.int64)
+    assert narrow_lengths(offsets[:3]).dtype == np.int32
+    np.testing.assert_array_equal(narrow_lengths(offsets[:3]), [3, 2**31 - 1])
+    wide = narrow_lengths(np.array([0, 3, 3 + 2**31, 2**31 + 9], dtype=np.int64))
+    assert wide.dtype == np.int64
+    np.testing.assert_array_equal(wide, [3, 2**31, 6])
+    assert narrow_lengths(offsets[:1]).shape == (0,)
+
+
+def test_released_memmap_pages_read_back_the_same(tmp_path):
+    from packfmt._resident import release
+
+    data = np.arange(3 << 20, dtype=np.int64)
+    data.tofile(tmp_path / "a.bin")
+    mm = np.memmap(tmp_path / "a.bin", dtype=np.int64, mode="r")
+    assert int(mm[::4096].sum()) == int(data[::4096].sum())
+    release(mm)
+    release(mm[10:20])  # a view: the same mapping
+    release(np.arange(3))  # not a mapping: nothing to do
+    np.testing.assert_array_equal(mm, data)

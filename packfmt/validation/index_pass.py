@@ -14,7 +14,7 @@ from numba import njit
 
 from .. import format as F
 from .._resident import INT32_MAX, narrow_lengths, release
-from .index import CoverageRows, pack_chunks
+from .segment_rows import CoverageRows, pack_chunks
 
 
 @njit(cache=True, nogil=True)
