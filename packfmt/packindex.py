@@ -298,10 +298,14 @@ def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
     po = result.pack_offsets
     cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
     total = 0
+    from .packing import Segmentation
+
     f = HashedFile(path)
-    buf = np.empty((min(result.n_items, _SEGMENT_ROWS_CHUNK), 3), dtype=F.OFFSET_DTYPE)  # reused per chunk
+    # one buffer of rows, reused per chunk (a mixture's RepeatedSegmentation makes its own)
+    into = {"out": np.empty((min(result.n_items, _SEGMENT_ROWS_CHUNK), 3), dtype=F.OFFSET_DTYPE)} \
+        if isinstance(seg, Segmentation) else {}
     for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):
-        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK], out=buf)
+        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK], **into)
         f.write_array(rows, F.OFFSET_DTYPE)
         b = a + rows.shape[0]
         cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total

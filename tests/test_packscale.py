@@ -157,6 +157,24 @@ def test_whole_documents_keep_images_and_lengths_uncopied():
     np.testing.assert_array_equal(seg.rows(np.array([2, 0])), [[2, 0, 3], [0, 0, 6]])
 
 
+def test_cut_documents_keep_8_bytes_per_segment():
+    """One document to cut no longer costs a 24-byte row per segment: document id and length in int32,
+    and a start only for the pieces that begin inside their document (images never cut)."""
+    lengths = np.array([5, 30, 7, 0, 12], dtype=np.int32)
+    seg = segment_documents(lengths, 8, "split", image_spans=np.array([[1, 3], [6, 10]]),
+                            doc_image_offsets=np.array([0, 1, 2, 2, 2, 2]))
+    want = [[0, 0, 5], [1, 0, 6], [1, 6, 14], [1, 14, 22], [1, 22, 30], [2, 0, 7], [4, 0, 8], [4, 8, 12]]
+    np.testing.assert_array_equal(seg.segments, want)
+    np.testing.assert_array_equal(seg.image_counts, [1, 0, 1, 0, 0, 0, 0, 0])
+    assert seg.lengths.dtype == np.int32 and seg.lengths.nbytes == 4 * len(want)
+    assert (seg.dropped_docs, seg.split_docs) == (1, 2)
+    idx = np.array([7, 2, 0, 3], dtype=np.int32)
+    np.testing.assert_array_equal(seg.rows(idx), np.array(want)[idx])
+    trunc = segment_documents(lengths, 8, "truncate")
+    np.testing.assert_array_equal(trunc.segments, [[0, 0, 5], [1, 0, 8], [2, 0, 7], [4, 0, 8]])
+    assert (trunc.truncated_docs, trunc.truncated_tokens) == (2, 22 + 4)
+
+
 def test_hashed_file_large_write_equals_buffered(tmp_path):
     data = np.arange(3 << 20, dtype=np.int64)  # 24 MiB: written through, not buffered
     big, small = HashedFile(tmp_path / "big"), HashedFile(tmp_path / "small")
