@@ -9,7 +9,7 @@ from .. import format as F
 from ..errors import PackfmtError, UnsupportedVersionError
 from .report import (CHUNK_ELEMS, WARNING, _check_offsets, _listed, _map_file, _minor_version_note,
                      _version_problem)
-from .segment_rows import CoverageRows, segments_in_chunks
+from .segment_rows import CoverageRows, image_rows, segments_in_chunks
 from .store import _check_checksum, _check_file_size, _DatasetChecks
 
 
@@ -136,9 +136,8 @@ class _IndexChecks:
             _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)  # V26
         if not self.segments_ok:
             return  # reported structurally
-        if self.pm.raw.get("mixture") is None and not self.pm.materialized and self.ds.m.num_images == 0:
-            # one bounded pass over the segments, in chunks of packs (images, materialized tokens and
-            # mixtures: the whole-array checks below)
+        if self.pm.raw.get("mixture") is None:  # one bounded pass over the segments, in runs of packs
+            # (a mixture's rounds and record: collection.validate's whole-array checks below)
             from .index_pass import deep_pass
 
             deep_pass(self, bar)
@@ -168,26 +167,17 @@ class _IndexChecks:
         """Images inside each segment (by their global token spans); no segment cuts through an image."""
         if self.ds.m.num_images == 0 or not self.ds.spans_ok:
             return
-        spans = np.asarray(self.ds.array(F.IMAGE_TOKEN_SPANS))
-        g_begin = off[segs[:, 0]] + segs[:, 1]
-        g_end = off[segs[:, 0]] + segs[:, 2]
-        # spans are sorted and disjoint, so ends are sorted too: count by binary search
-        starts_before_begin = np.searchsorted(spans[:, 0], g_begin, side="left")
-        ends_by_begin = np.searchsorted(spans[:, 1], g_begin, side="right")
-        starts_before_end = np.searchsorted(spans[:, 0], g_end, side="left")
-        ends_by_end = np.searchsorted(spans[:, 1], g_end, side="right")
-        straddling = (starts_before_begin - ends_by_begin) + (starts_before_end - ends_by_end)
-        n_starting = starts_before_end - starts_before_begin  # images that start inside the segment
-        cut = np.flatnonzero(straddling > 0)
+        cut, per_pack = image_rows(segs, po, off, np.asarray(self.ds.array(F.IMAGE_TOKEN_SPANS)))
+        self._report_images(cut, segs[cut[0]] if cut.size else None, per_pack)
+
+    def _report_images(self, cut: np.ndarray, first_cut_row, per_pack: np.ndarray) -> None:
+        """V28 (segments ``cut`` cut through an image, the first being ``first_cut_row``), V30 (images per pack)."""
         if cut.size:
-            k = int(cut[0])
+            k, (d, b, e) = int(cut[0]), (int(v) for v in first_cut_row)
             self.out.add(self.file(F.SEGMENTS), f"[{k}]", "segment boundaries outside image token spans",
-                         f"segment (doc {int(segs[k, 0])}, [{int(segs[k, 1])}, {int(segs[k, 2])})) cuts through an image "
-                         f"({cut.size} segment(s): {_listed(cut)})")
+                         f"segment (doc {d}, [{b}, {e})) cuts through an image ({cut.size} segment(s): {_listed(cut)})")
         max_images = self.pm.params.get("max_images_per_pack")
         if isinstance(max_images, int):
-            cum = np.concatenate([[0], np.cumsum(n_starting)])
-            per_pack = cum[po[1:]] - cum[po[:-1]]
             bad = np.flatnonzero(per_pack > max_images)
             if bad.size:
                 self.out.add(self.file(F.SEGMENTS), "params.max_images_per_pack", f"<= {max_images} images per pack",
@@ -289,23 +279,37 @@ class _IndexChecks:
             if abs(fill - want) > 1e-6:
                 self.out.add(label, "stats.fill_efficiency", f"{want:.6f} (packed tokens / (packs x capacity))", fill)
 
-    def _materialized(self, segs, po, seg_len, off, bar) -> None:
-        """pack_token_offsets follow the segments; packed tokens (and mask) equal the gathered segments."""
-        cum = np.concatenate([[0], np.cumsum(seg_len)])
+    def _materialized(self, segs, po, seg_len, off, bar, first_pack: int = 0, first_token: int = 0,
+                      found: set | None = None) -> None:
+        """pack_token_offsets follow the segments; packed tokens (and mask) equal the gathered segments.
+
+        ``segs``/``po`` may be a run of whole packs from pack ``first_pack`` on (``po`` local to the
+        run), whose first token is packed token ``first_token``; ``found`` collects the files
+        already reported (one finding each).
+        """
+        found = set() if found is None else found
+        cum = first_token + np.concatenate([[0], np.cumsum(seg_len)])
         pto = self.array(F.PACK_TOKEN_OFFSETS)
-        if pto is not None and not np.array_equal(np.asarray(pto), cum[po]):
-            k = int(np.flatnonzero(np.asarray(pto) != cum[po])[0])
-            self.out.add(self.file(F.PACK_TOKEN_OFFSETS), f"[{k}]", f"{int(cum[po][k])} (sum of segment lengths)", int(pto[k]))
+        if pto is not None and F.PACK_TOKEN_OFFSETS not in found:
+            p0 = first_pack
+            mine = np.asarray(pto[p0:p0 + po.shape[0]])
+            if not np.array_equal(mine, cum[po]):
+                k = int(np.flatnonzero(mine != cum[po])[0])
+                found.add(F.PACK_TOKEN_OFFSETS)
+                self.out.add(self.file(F.PACK_TOKEN_OFFSETS), f"[{p0 + k}]", f"{int(cum[po][k])} (sum of segment lengths)",
+                             int(mine[k]))
         pairs = [(F.PACKED_TOKENS, self.ds.array(F.TOKENS))]
         if self.ds.m.has_loss_mask:
             pairs.append((F.PACKED_LOSS_MASK, self.ds.array(F.LOSS_MASK)))
         starts = off[segs[:, 0]] + segs[:, 1]
         for fname, src in pairs:
             packed = self.array(fname)
-            if packed is None or src is None or packed.shape[0] != int(cum[-1]):
+            if packed is None or src is None or packed.shape[0] != self.pm.raw["counts"]["packed_tokens"] \
+                    or fname in found:
                 continue
             bad = _first_gather_mismatch(packed, src, starts, seg_len, cum)
             if bad is not None:
+                found.add(fname)
                 self.out.add(self.file(fname), f"token {bad}", "the tokens of the segments gathered in pack order",
                              f"a different value (first difference at packed token {bad})")
 

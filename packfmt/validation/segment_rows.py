@@ -81,8 +81,13 @@ class CoverageRows:
                     f"gaps, overlaps or duplicates in {bad.size} document(s): {_listed(bad)}")
 
 
-def pack_chunks(po: np.ndarray, rows: int = CHUNK_ELEMS // 4):
-    """``(p0, p1)``: runs of whole packs of about ``rows`` segments (at least one pack each)."""
+#: Segments per run of packs (a run holds at least one pack): 1M rows, 24 MiB of segments.bin.
+PACK_CHUNK_ROWS = CHUNK_ELEMS // 4
+
+
+def pack_chunks(po: np.ndarray, rows: int | None = None):
+    """``(p0, p1)``: runs of whole packs of about ``rows`` (default ``PACK_CHUNK_ROWS``) segments."""
+    rows = PACK_CHUNK_ROWS if rows is None else rows
     n = po.shape[0] - 1
     p = 0
     while p < n:
@@ -111,3 +116,19 @@ def segments_in_chunks(segs, off, po, file: str):
         release(segs)
     release(off)
     return [], lengths
+
+
+def image_rows(segs: np.ndarray, po: np.ndarray, off, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segments (rows of ``segs``) that cut through an image, and the images of each pack (``po``
+    local to ``segs``), from the images' global token spans (sorted and disjoint, V19)."""
+    doc_start = np.asarray(off[segs[:, 0]])
+    g_begin, g_end = doc_start + segs[:, 1], doc_start + segs[:, 2]
+    # spans are sorted and disjoint, so ends are sorted too: count by binary search
+    starts_before_begin = np.searchsorted(spans[:, 0], g_begin, side="left")
+    ends_by_begin = np.searchsorted(spans[:, 1], g_begin, side="right")
+    starts_before_end = np.searchsorted(spans[:, 0], g_end, side="left")
+    ends_by_end = np.searchsorted(spans[:, 1], g_end, side="right")
+    straddling = (starts_before_begin - ends_by_begin) + (starts_before_end - ends_by_end)
+    n_starting = starts_before_end - starts_before_begin  # images that start inside the segment
+    cum = np.concatenate([[0], np.cumsum(n_starting)])
+    return np.flatnonzero(straddling > 0), cum[po[1:]] - cum[po[:-1]]
