@@ -292,26 +292,44 @@ def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT
 def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
     """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
 
-    Returns the ``files`` entry and the tokens of each pack, summed from the same chunks (so the
-    statistics need no second gather of the lengths in pack order).
+    One thread writes (and hashes) chunk ``i`` while this one builds chunk ``i + 1`` into the other
+    of two buffers: the file's 24 bytes per segment go to disk at its speed, the building hides
+    behind it. Returns the ``files`` entry and the tokens of each pack, summed from the same chunks
+    (so the statistics need no second gather of the lengths in pack order).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .packing import Segmentation
+
     po = result.pack_offsets
     cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
     total = 0
-    from .packing import Segmentation
-
     f = HashedFile(path)
-    # one buffer of rows, reused per chunk (a mixture's RepeatedSegmentation makes its own)
-    into = {"out": np.empty((min(result.n_items, _SEGMENT_ROWS_CHUNK), 3), dtype=F.OFFSET_DTYPE)} \
-        if isinstance(seg, Segmentation) else {}
-    for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):
-        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK], **into)
-        f.write_array(rows, F.OFFSET_DTYPE)
-        b = a + rows.shape[0]
-        cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
-        lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
-        cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
-        total = int(cum[-1])
+    rows_per_chunk = min(result.n_items, _SEGMENT_ROWS_CHUNK)
+    # two row buffers, alternating (a mixture's RepeatedSegmentation makes its own rows)
+    buffers = [np.empty((rows_per_chunk, 3), dtype=F.OFFSET_DTYPE) for _ in range(2)] \
+        if isinstance(seg, Segmentation) else None
+    pending = [None, None]  # the write of each buffer still in flight
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packfmt-segments") as writer:
+            for i, a in enumerate(range(0, result.n_items, _SEGMENT_ROWS_CHUNK)):
+                slot = i % 2
+                if pending[slot] is not None:
+                    pending[slot].result()  # its buffer is free again (and a write error surfaces here)
+                idx = result.order[a:a + _SEGMENT_ROWS_CHUNK]
+                rows = seg.rows(idx) if buffers is None else seg.rows(idx, out=buffers[slot])
+                pending[slot] = writer.submit(f.write_array, rows, F.OFFSET_DTYPE)
+                b = a + rows.shape[0]
+                cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
+                lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
+                cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
+                total = int(cum[-1])
+            for fut in pending:
+                if fut is not None:
+                    fut.result()
+    except BaseException:
+        f.abort()
+        raise
     return f.close(), np.diff(cum_at)
 
 
