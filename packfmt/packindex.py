@@ -20,7 +20,7 @@ from .errors import FormatError, WriteError
 from .reader import PackIndex, Store, open_dataset
 from .version import __version__
 
-__all__ = ["build_pack_index", "index_stats", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
+__all__ = ["build_pack_index", "index_stats", "doc_summary", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
            "DEFAULT_MAX_LOST_FRACTION"]
 
 #: Share of a dataset's tokens that ``oversize="truncate"`` / ``"drop"`` may lose before a warning.
@@ -177,7 +177,11 @@ def build_pack_index(
         plan = by_share.plan_proportions([m.name for m in store.members], store.doc_start,
                                          mixture.kept_tokens(seg, lengths)[1], proportions, tokens, seed or 0)
     mixture_json, stat_lengths, num_tokens = None, lengths, store.num_tokens
+    longest = int(lengths.max()) if lengths.size else 0
     if plan is None:
+        if not seg.is_whole_documents:  # the segments keep their own lengths: 4 B per document less while packing
+            stat_lengths = doc_summary(lengths, capacity)
+            del lengths
         result = pack_items(seg.lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
                             image_counts=seg.image_counts if store.num_images else None,
                             max_images_per_pack=max_images_per_pack, compact=True)
@@ -255,7 +259,7 @@ def build_pack_index(
         warnings.warn(LostTokensWarning(
             f"{target}: oversize={oversize!r} left out {lost['tokens']:,} of {num_tokens:,} tokens "
             f"({lost['fraction']:.2%}), more than max_lost_fraction={max_lost_fraction}; keep them with "
-            f"oversize='split', or a larger capacity= (longest document: {int(lengths.max()):,} tokens)"), stacklevel=2)
+            f"oversize='split', or a larger capacity= (longest document: {longest:,} tokens)"), stacklevel=2)
     # Opened without re-reading what was just written: its segments lie inside their documents
     # and its packs within capacity by construction (segment_documents, pack_items, _check_built)
     return PackIndex(store, name, _built_pack_lengths=pack_tokens)
@@ -333,12 +337,21 @@ def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
     return f.close(), np.diff(cum_at)
 
 
-def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_counts: np.ndarray | None = None,
+def doc_summary(doc_lengths: np.ndarray, capacity: int) -> tuple[int, int]:
+    """``(documents, their tokens with each document clipped to capacity)``: what ``index_stats`` reads
+    of the document lengths, so a caller may let go of them before packing."""
+    lengths = np.asarray(doc_lengths)  # int32 or int64, summed in int64 (no widened copy)
+    over = np.flatnonzero(lengths > capacity)
+    clipped = int(lengths.sum(dtype=np.int64)) - int(lengths[over].sum(dtype=np.int64)) + capacity * int(over.size)
+    return int(lengths.shape[0]), clipped
+
+
+def index_stats(doc_lengths, seg, result, capacity: int, image_counts: np.ndarray | None = None,
                 pack_tokens: np.ndarray | None = None) -> dict:
     """The ``stats`` of ``index.json`` (spec FORMAT §4, all but ``seconds``) from the inputs and outputs of packing.
 
     Args:
-        doc_lengths: int (n_docs,) the store's document lengths.
+        doc_lengths: int (n_docs,) the store's document lengths, or their ``doc_summary``.
         seg: the ``Segmentation`` of those documents; result: the ``PackResult`` of its segments.
         pack_tokens: tokens per pack when already summed (else ``pack_stats`` sums them).
 
@@ -348,12 +361,8 @@ def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_count
     """
     from .packing import pack_stats
 
-    lengths = np.asarray(doc_lengths)  # int32 or int64, summed in int64 (no widened copy)
     stats = pack_stats(seg.lengths, result, capacity, image_counts=image_counts, pack_tokens=pack_tokens)
-    n_docs = int(lengths.shape[0])
-    over = np.flatnonzero(lengths > capacity)
-    clipped_tokens = (int(lengths.sum(dtype=np.int64)) - int(lengths[over].sum(dtype=np.int64))
-                      + capacity * int(over.size))
+    n_docs, clipped_tokens = doc_lengths if isinstance(doc_lengths, tuple) else doc_summary(doc_lengths, capacity)
     stats.update({
         "documents": n_docs,
         "documents_packed": n_docs - int(seg.dropped_docs),
