@@ -218,7 +218,7 @@ def build_pack_index(
         stats["seconds"] = round(seconds, 6)
         packed_tokens = stats["tokens"]
         if materialize:
-            files.update(_materialize(store, tmp, seg.rows(result.order), pack_offsets))
+            files.update(_materialize(store, tmp, seg, result.order, pack_tokens))
         if plan is not None:  # per member sums: the order of the items does not matter
             mixture_json = mixture.mixture_record(head, seed or 0, [m.name for m in store.members], member_fields,
                                                   store.doc_start, copies, seg.item_docs(), seg.lengths,
@@ -378,14 +378,15 @@ def index_stats(doc_lengths, seg, result, capacity: int, image_counts: np.ndarra
     return stats
 
 
-def _materialize(store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarray) -> dict:
+def _materialize(store, tmp: Path, seg, order: np.ndarray, pack_tokens: np.ndarray) -> dict:
     """Write tokens (and loss mask) in pack order, gathered across members for a collection;
-    return their ``files`` entries."""
+    return their ``files`` entries. The segments' rows are built one chunk at a time (as for
+    ``segments.bin``), and each chunk is gathered in runs of about ``_MATERIALIZE_CHUNK_TOKENS``."""
+    from ._resident import release
     from .collection.arrays import token_sources
 
-    seg_len = segments[:, 2] - segments[:, 1]
-    seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
-    pack_token_offsets = seg_tok_offsets[pack_offsets]
+    pack_token_offsets = np.zeros(pack_tokens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(pack_tokens, out=pack_token_offsets[1:])
     out = {}
     f = HashedFile(tmp / F.PACK_TOKEN_OFFSETS)
     f.write_array(pack_token_offsets, F.OFFSET_DTYPE)
@@ -395,21 +396,26 @@ def _materialize(store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarra
     if mask is not None:
         sources.append((F.PACKED_LOSS_MASK, mask, F.MASK_DTYPE))
     writers = {fname: HashedFile(tmp / fname) for fname, _, _ in sources}
-    starts = np.asarray(store.doc_offsets)[segments[:, 0]] + segments[:, 1]
-    i = 0
-    n = segments.shape[0]
-    while i < n:
-        # take segments until the chunk holds about _MATERIALIZE_CHUNK_TOKENS tokens
-        j = int(np.searchsorted(seg_tok_offsets, seg_tok_offsets[i] + _MATERIALIZE_CHUNK_TOKENS, side="right"))
-        j = max(j - 1, i + 1)
-        j = min(j, n)
-        lens = seg_len[i:j]
-        total = int(lens.sum())
-        # gather index: for each segment, starts[k] + arange(len[k])
-        idx = np.repeat(starts[i:j] - seg_tok_offsets[i:j] + seg_tok_offsets[i], lens) + np.arange(total, dtype=np.int64)
-        for fname, src, dtype in sources:
-            writers[fname].write_array(np.asarray(src[idx]), dtype)
-        i = j
+    doc_offsets = store.doc_offsets
+    for a in range(0, order.shape[0], _SEGMENT_ROWS_CHUNK):
+        segments = seg.rows(order[a:a + _SEGMENT_ROWS_CHUNK])
+        seg_len = segments[:, 2] - segments[:, 1]
+        seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
+        starts = np.asarray(doc_offsets[segments[:, 0]]) + segments[:, 1]
+        i = 0
+        n = segments.shape[0]
+        while i < n:
+            # take segments until the run holds about _MATERIALIZE_CHUNK_TOKENS tokens
+            j = int(np.searchsorted(seg_tok_offsets, seg_tok_offsets[i] + _MATERIALIZE_CHUNK_TOKENS, side="right"))
+            j = min(max(j - 1, i + 1), n)
+            lens = seg_len[i:j]
+            total = int(lens.sum())
+            # gather index: for each segment, starts[k] + arange(len[k])
+            idx = np.repeat(starts[i:j] - seg_tok_offsets[i:j] + seg_tok_offsets[i], lens) + np.arange(total, dtype=np.int64)
+            for fname, src, dtype in sources:
+                writers[fname].write_array(np.asarray(src[idx]), dtype)
+            i = j
+    release(doc_offsets)
     for fname, w in writers.items():
         out[fname] = w.close()
     return out

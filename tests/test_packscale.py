@@ -319,8 +319,8 @@ def ref_pack(lengths, cap, algorithm, seed=0):
 @SETTINGS
 @given(lengths=lengths_st, cap=st.integers(4, 32), policy=policy_st,
        algorithm=st.sampled_from(["ffd", "bfd", "first_fit_shuffle", "greedy"]), seed=st.integers(0, 3),
-       chunk=st.sampled_from([1, 2, 1 << 20]))
-def test_index_files_equal_reference_bytes(lengths, cap, policy, algorithm, seed, chunk):
+       chunk=st.sampled_from([1, 2, 1 << 20]), materialize=st.booleans())
+def test_index_files_equal_reference_bytes(lengths, cap, policy, algorithm, seed, chunk, materialize):
     """segments.bin, pack_offsets.bin and index.json are what a plain reference writes, byte for byte
     (the int32 working arrays, streamed rows and the index returned unread change no byte)."""
     import xxhash
@@ -329,7 +329,8 @@ def test_index_files_equal_reference_bytes(lengths, cap, policy, algorithm, seed
         store = _store(Path(tmp), lengths)
         saved, packindex._SEGMENT_ROWS_CHUNK = packindex._SEGMENT_ROWS_CHUNK, chunk
         try:
-            index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy, seed=seed)
+            index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy, seed=seed,
+                                     materialize=materialize)
         finally:
             packindex._SEGMENT_ROWS_CHUNK = saved
         rows, _ = ref_segments(lengths, cap, policy)
@@ -347,6 +348,14 @@ def test_index_files_equal_reference_bytes(lengths, cap, policy, algorithm, seed
         for key, value in want_stats.items():
             assert doc["stats"][key] == (pytest.approx(value, abs=1e-12) if isinstance(value, float) else value), key
         assert set(doc["stats"]) == set(want_stats) | {"capacity", "packs_over_lower_bound", "seconds"}
+        if materialize:  # the tokens of each pack's segments, in order, and where each pack starts
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            pack_tokens = [[t for i in p for t in range(offsets[rows[i][0]] + rows[i][1], offsets[rows[i][0]] + rows[i][2])]
+                           for p in packs]
+            want_tokens = np.array([t % 100 for p in pack_tokens for t in p], dtype="<u2").tobytes()
+            want_pto = np.concatenate([[0], np.cumsum([len(p) for p in pack_tokens])]).astype("<i8").tobytes()
+            assert (index.path / F.TOKENS).read_bytes() == want_tokens
+            assert (index.path / F.PACK_TOKEN_OFFSETS).read_bytes() == want_pto
         # the index returned without reading its files back is the one a reader opens from them
         opened = PackIndex(store, index.name)
         np.testing.assert_array_equal(index.pack_lengths, opened.pack_lengths)
