@@ -20,7 +20,10 @@ CHUNK_ELEMS = 1 << 22
 
 
 def release(arr) -> None:
-    """Drop the resident pages of ``arr``'s read-only file mapping (no-op for anything else)."""
+    """Drop the resident pages of ``arr``'s read-only file mapping (no-op for anything else: a
+    copy-on-write mapping, ``mode="c"``, would lose its changes)."""
+    if getattr(arr, "mode", None) != "r":
+        return
     mm = getattr(arr, "_mmap", None)  # np.memmap (and its views) keep the mmap.mmap they map
     if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
         return
