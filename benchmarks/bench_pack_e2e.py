@@ -3,9 +3,10 @@
 Each command runs as a whole subprocess (Python start, imports, reading the store, writing the
 index) and is timed by wall clock, with its peak RSS from ``os.wait4`` (``ru_maxrss`` of that
 child alone). Beside them runs "the packing call alone": a process that opens the store, reads
-the document lengths and calls ``packfmt.packing.pack_items`` (reported both as a whole process
-and as the in-process seconds of the call). Aim (issue 10): each command at most 1.5x the packing
-process, at most ~40 bytes of peak memory per document.
+the document lengths and calls ``segment_documents`` and ``pack_items`` (reported both as a whole process
+and as the in-process seconds of the call). Aims (issue "Internet scale", point 3): ``pack`` at most
+1.5x the packing process and 24 bytes of peak memory per document above the interpreter,
+``validate --deep`` at most 40 bytes per document.
 
     python benchmarks/bench_pack_e2e.py                     # N = 10^7
     python benchmarks/bench_pack_e2e.py --full              # N = 10^7 and 10^8 (~2 GB of disk per 10^8)
@@ -17,11 +18,15 @@ the same process on a 1,000-document store (Python, imports, numba: what does no
 per document, and the wall time over the packing process's.
 
 Results are stored per ``--label`` in ``benchmarks/results/bench_pack_e2e.json`` (other labels in
-the file are kept), and the table shows every label side by side for each N. ``--profile`` runs
+the file are kept), and the table shows every label side by side for each N. With two sizes or
+more, a scaling model follows: a line through the two largest N of each label and step, read at
+10^9 documents (seconds, and GB of peak RSS: the floor plus bytes per document above it), marked
+as an extrapolation. ``--profile`` runs
 each command under cProfile and prints its 12 most expensive functions (cumulative).
 
 The store: N documents of 1..15 tokens (uniform, mean 8; none longer than the capacity 4096),
-uint16 tokens, written with the bulk ``DatasetWriter.add_documents`` in chunks of 2^20 documents.
+uint16 tokens, written with the bulk ``DatasetWriter.add_documents`` in chunks of 2^20 documents;
+``--long-every K`` makes every K-th document 8,197 tokens long (cut into 3 segments by ``pack``).
 """
 
 from __future__ import annotations
@@ -47,20 +52,22 @@ from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E
 CAPACITY = 4096
 ALGORITHM = "ffd"
 MAX_LEN = 15
+LONG_LEN = 2 * CAPACITY + 5  # --long-every: split into 3 segments
 CHUNK_DOCS = 1 << 20
 DEFAULT_OUT = RESULTS_DIR / "bench_pack_e2e.json"
 FLOOR_DOCS = 1000
 
-#: The packing call alone, as its own process: open the store, read the lengths, pack.
+#: The packing call alone, as its own process: open the store, read the lengths, cut the long
+#: documents (none in the default store: then a min and a max), pack.
 PACK_ONLY = """
 import json, sys, time
 t0 = time.perf_counter()
 from packfmt.reader import open_dataset
-from packfmt.packing import pack_items
+from packfmt.packing import pack_items, segment_documents
 store = open_dataset(sys.argv[1])
 lengths = store.doc_lengths
 t1 = time.perf_counter()
-result = pack_items(lengths, int(sys.argv[2]), sys.argv[3], seed=0)
+result = pack_items(segment_documents(lengths, int(sys.argv[2])).lengths, int(sys.argv[2]), sys.argv[3], seed=0)
 t2 = time.perf_counter()
 print(json.dumps({"call_seconds": t2 - t1, "read_seconds": t1 - t0, "packs": result.n_packs}))
 """
@@ -82,8 +89,12 @@ sys.exit(rc)
 """
 
 
-def make_store(path: Path, n: int, seed: int = 0) -> float:
-    """N short documents (1..MAX_LEN tokens), vectorised in chunks; return seconds."""
+def make_store(path: Path, n: int, seed: int = 0, long_every: int = 0) -> float:
+    """N short documents (1..MAX_LEN tokens), vectorised in chunks; return seconds.
+
+    ``long_every``: every K-th document instead has LONG_LEN tokens (split into 3 segments), as a
+    real corpus has a few documents longer than the capacity.
+    """
     from packfmt.writer import DatasetWriter
 
     t0 = time.perf_counter()
@@ -91,6 +102,8 @@ def make_store(path: Path, n: int, seed: int = 0) -> float:
     with DatasetWriter(path, vocab_size=32_000, tokenizer={"name": "synthetic", "hash": None}) as w:
         for start in range(0, n, CHUNK_DOCS):
             lengths = rng.integers(1, MAX_LEN + 1, min(CHUNK_DOCS, n - start), dtype=np.int64)
+            if long_every:
+                lengths[(np.arange(start, start + lengths.shape[0]) % long_every) == long_every - 1] = LONG_LEN
             tokens = (np.arange(int(lengths.sum()), dtype=np.int64) % 32_000).astype(np.uint16)
             w.add_documents(tokens, lengths)
     return time.perf_counter() - t0
@@ -195,6 +208,26 @@ def side_by_side(report: dict) -> list[dict]:
     return [table[k] for k in sorted(table, key=lambda k: (k[0], order.get(k[1], 9)))]
 
 
+def scaling_model(report: dict, at: int = 10**9) -> list[dict]:
+    """Seconds and peak GB at ``at`` documents, from a line through the two largest N measured."""
+    out = []
+    for label, runs in sorted(report["labels"].items()):
+        by_step: dict[str, list[dict]] = {}
+        for row in runs["rows"]:
+            by_step.setdefault(row["step"], []).append(row)
+        for step, rows in by_step.items():
+            rows = sorted(rows, key=lambda r: r["n_docs"])[-2:]
+            if len(rows) < 2 or "bytes_per_doc_above_floor" not in rows[-1]:
+                continue
+            (a, b), floor = rows, runs.get("floor_rss_mb", {}).get(step, 0.0)
+            per_doc_s = (b["wall_s"] - a["wall_s"]) / (b["n_docs"] - a["n_docs"])
+            out.append({"label": label, "step": step, "from N": f"{a['n_docs']:.0e}, {b['n_docs']:.0e}",
+                        "s per 10^9 (extrapolated)": b["wall_s"] + per_doc_s * (at - b["n_docs"]),
+                        "B/doc>floor at largest N": b["bytes_per_doc_above_floor"],
+                        "GB at 10^9 (extrapolated)": (floor * 2**20 + b["bytes_per_doc_above_floor"] * at) / 1e9})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=float, action="append", help="documents (repeatable; default 1e7, with --full 1e7 1e8)")
@@ -203,7 +236,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pythonpath", default=str(ROOT), help="the packfmt checkout the commands run (default: this one)")
     ap.add_argument("--data-dir", help="keep the generated stores here and reuse them (default: a temp dir)")
     ap.add_argument("--profile", action="store_true", help="cProfile each command; print its top functions")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per process, best wall kept (default 3; 1 for 10^8)")
+    ap.add_argument("--repeats", type=int, help="runs per process, best wall kept (default 3 below 10^8, 1 from 10^8 on)")
+    ap.add_argument("--long-every", type=int, default=0, metavar="K",
+                    help=f"every K-th document has {LONG_LEN} tokens (cut into 3 segments; use a --label of its own)")
     ap.add_argument("--quick", action="store_true", help="do not write the JSON (smoke runs)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="JSON output path")
     args = ap.parse_args(argv)
@@ -220,14 +255,15 @@ def main(argv=None) -> int:
         shutil.rmtree(floor_ds / "packs", ignore_errors=True)
         floors = {r["step"]: r["peak_rss_mb"] for r in measure(FLOOR_DOCS, floor_ds, env, None)}
         for n in sizes:
-            ds = data_dir / f"short-{n}"
+            ds = data_dir / (f"short-{n}" + (f"-long{args.long_every}" if args.long_every else ""))
             gen = None
             if not (ds / "manifest.json").exists():
-                gen = make_store(ds, n)
+                gen = make_store(ds, n, long_every=args.long_every)
                 print(f"generated {n:,} documents in {gen:.1f} s -> {ds}", flush=True)
             shutil.rmtree(ds / "packs", ignore_errors=True)
             prof = Path(tempfile.mkdtemp(prefix="bench_prof_")) if args.profile else None
-            found = measure(n, ds, env, prof, args.repeats if n < 10**8 else 1, floors)
+            repeats = args.repeats or (3 if n < 10**8 else 1)
+            found = measure(n, ds, env, prof, repeats, floors)
             if gen is not None:
                 found[0]["generate_s"] = gen
             rows += found
@@ -241,14 +277,22 @@ def main(argv=None) -> int:
     report.setdefault("labels", {})
     previous = report["labels"].get(args.label, {}).get("rows", [])
     kept = [r for r in previous if r["n_docs"] not in sizes]
-    report["labels"][args.label] = {"rows": kept + rows, "floor_rss_mb": floors, "pythonpath": args.pythonpath,
+    checkout = "(this checkout)" if Path(args.pythonpath).resolve() == ROOT else "(another checkout, see the label)"
+    report["labels"][args.label] = {"rows": kept + rows, "floor_rss_mb": floors, "pythonpath": checkout,
                                     "machine": machine_info()}
+    report["labels"][args.label]["long_every"] = args.long_every or None
     report["setup"] = {"capacity": CAPACITY, "algorithm": ALGORITHM, "doc_lengths": f"uniform 1..{MAX_LEN}",
                        "command": "python benchmarks/bench_pack_e2e.py [--full] [--label L --pythonpath DIR]"}
     print()
     table = side_by_side(report if not args.quick else {"labels": {args.label: {"rows": rows}}})
     cols = ["n_docs", "step"] + [c for c in table[0] if c not in ("n_docs", "step")] if table else []
     print_table(table, cols, title="wall seconds, peak RSS, bytes per document, wall / packing process")
+    model = scaling_model(report if not args.quick else {"labels": {args.label: {"rows": rows, "floor_rss_mb": floors}}})
+    if model:
+        print()
+        print_table(model, list(model[0]), title="scaling model: a line through the two largest N, read at 10^9 "
+                                                 "documents (extrapolated, not measured)")
+        report["scaling_model"] = model
     if not args.quick:
         write_json(out, report)
         print(f"\nwrote {out}")

@@ -15,11 +15,12 @@ import numpy as np
 
 from . import format as F
 from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling, write_durably
+from ._resident import narrow_lengths
 from .errors import FormatError, WriteError
 from .reader import PackIndex, Store, open_dataset
 from .version import __version__
 
-__all__ = ["build_pack_index", "index_stats", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
+__all__ = ["build_pack_index", "index_stats", "doc_summary", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
            "DEFAULT_MAX_LOST_FRACTION"]
 
 #: Share of a dataset's tokens that ``oversize="truncate"`` / ``"drop"`` may lose before a warning.
@@ -156,7 +157,12 @@ def build_pack_index(
         proportions, tokens = by_share.check_proportions(proportions), by_share.check_tokens(tokens)
     name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
     t0 = time.perf_counter()
-    lengths = np.asarray(store.doc_lengths, dtype=np.int64)
+    # int32 when every document fits (4 bytes per document, kept as is by segment_documents and
+    # pack_items); the offsets' pages are handed back once read (packfmt._resident)
+    lengths = narrow_lengths(store.doc_offsets)
+    plan_mixture = weights is not None or proportions is not None
+    if plan_mixture:  # the mixture planners work on int64 lengths
+        lengths = lengths.astype(np.int64, copy=False)
     spans, doc_image_offsets = relative_image_spans(store)
     try:
         seg = segment_documents(lengths, capacity, oversize, image_spans=spans, doc_image_offsets=doc_image_offsets)
@@ -171,10 +177,14 @@ def build_pack_index(
         plan = by_share.plan_proportions([m.name for m in store.members], store.doc_start,
                                          mixture.kept_tokens(seg, lengths)[1], proportions, tokens, seed or 0)
     mixture_json, stat_lengths, num_tokens = None, lengths, store.num_tokens
+    longest = int(lengths.max()) if lengths.size else 0
     if plan is None:
+        if not seg.is_whole_documents:  # the segments keep their own lengths: 4 B per document less while packing
+            stat_lengths = doc_summary(lengths, capacity)
+            del lengths
         result = pack_items(seg.lengths, capacity, algorithm, seed=seed, max_items_per_pack=max_docs_per_pack,
                             image_counts=seg.image_counts if store.num_images else None,
-                            max_images_per_pack=max_images_per_pack)
+                            max_images_per_pack=max_images_per_pack, compact=True)
     else:
         copies, head, member_fields = plan
         rounds = mixture.pack_rounds(seg, lengths, copies, capacity, algorithm, seed or 0, oversize,
@@ -182,7 +192,7 @@ def build_pack_index(
                                      max_images_per_pack=max_images_per_pack)
         seg, result = rounds.items, rounds.result
         stat_lengths = np.repeat(lengths, copies)  # the mixture's document copies
-        num_tokens = int(stat_lengths.sum())
+        num_tokens = int(stat_lengths.sum(dtype=np.int64))
     image_counts = seg.image_counts if store.num_images else None
     pack_offsets = np.ascontiguousarray(result.pack_offsets, dtype=F.OFFSET_DTYPE)
     seconds = time.perf_counter() - t0
@@ -203,11 +213,12 @@ def build_pack_index(
         f.write_array(pack_offsets, F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
         files[F.SEGMENTS], pack_tokens = _write_segments(tmp / F.SEGMENTS, seg, result)
+        _check_built(pack_offsets, pack_tokens, result.n_items, capacity, tmp)
         stats = index_stats(stat_lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
         stats["seconds"] = round(seconds, 6)
         packed_tokens = stats["tokens"]
         if materialize:
-            files.update(_materialize(store, tmp, seg.rows(result.order), pack_offsets))
+            files.update(_materialize(store, tmp, seg, result.order, pack_tokens))
         if plan is not None:  # per member sums: the order of the items does not matter
             mixture_json = mixture.mixture_record(head, seed or 0, [m.name for m in store.members], member_fields,
                                                   store.doc_start, copies, seg.item_docs(), seg.lengths,
@@ -248,8 +259,27 @@ def build_pack_index(
         warnings.warn(LostTokensWarning(
             f"{target}: oversize={oversize!r} left out {lost['tokens']:,} of {num_tokens:,} tokens "
             f"({lost['fraction']:.2%}), more than max_lost_fraction={max_lost_fraction}; keep them with "
-            f"oversize='split', or a larger capacity= (longest document: {int(lengths.max()):,} tokens)"), stacklevel=2)
-    return PackIndex(store, name)
+            f"oversize='split', or a larger capacity= (longest document: {longest:,} tokens)"), stacklevel=2)
+    # Opened without re-reading what was just written: its segments lie inside their documents
+    # and its packs within capacity by construction (segment_documents, pack_items, _check_built)
+    return PackIndex(store, name, _built_pack_lengths=pack_tokens)
+
+
+def _check_built(pack_offsets: np.ndarray, pack_tokens: np.ndarray, n_segments: int, capacity: int, where: Path) -> None:
+    """The pack bounds of a new index (spec §4.2: V25, V29), from the packer's own outputs in O(packs).
+
+    Every row of ``segments.bin`` comes from ``segment_documents`` (inside its document, V27) and
+    every segment is in exactly one pack (``pack_items``); what is left to hold is checked here
+    rather than by reading the written files back. A failure is a packfmt bug, never bad input.
+    """
+    po = pack_offsets
+    ok = po.shape[0] >= 1 and int(po[0]) == 0 and int(po[-1]) == n_segments and bool(np.all(po[1:] > po[:-1]))
+    if ok and pack_tokens.size:
+        ok = int(pack_tokens.max()) <= capacity and int(pack_tokens.min()) >= 1
+    if not ok:
+        raise WriteError(f"{where}: internal error: the packs computed break spec §4.2 (pack offsets or pack "
+                         "lengths); nothing was published; please report this with the command",
+                         file=str(where), field="packs", expected="non-empty packs within capacity", found="other")
 
 
 def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION) -> dict:
@@ -266,30 +296,62 @@ def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT
 def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
     """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
 
-    Returns the ``files`` entry and the tokens of each pack, summed from the same chunks (so the
-    statistics need no second gather of the lengths in pack order).
+    One thread writes (and hashes) chunk ``i`` while this one builds chunk ``i + 1`` into the other
+    of two buffers: the file's 24 bytes per segment go to disk at its speed, the building hides
+    behind it. Returns the ``files`` entry and the tokens of each pack, summed from the same chunks
+    (so the statistics need no second gather of the lengths in pack order).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .packing import Segmentation
+
     po = result.pack_offsets
     cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
     total = 0
     f = HashedFile(path)
-    for a in range(0, result.n_items, _SEGMENT_ROWS_CHUNK):
-        rows = seg.rows(result.order[a:a + _SEGMENT_ROWS_CHUNK])
-        f.write_array(rows, F.OFFSET_DTYPE)
-        b = a + rows.shape[0]
-        cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
-        lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
-        cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
-        total = int(cum[-1])
+    rows_per_chunk = min(result.n_items, _SEGMENT_ROWS_CHUNK)
+    # two row buffers, alternating (a mixture's RepeatedSegmentation makes its own rows)
+    buffers = [np.empty((rows_per_chunk, 3), dtype=F.OFFSET_DTYPE) for _ in range(2)] \
+        if isinstance(seg, Segmentation) else None
+    pending = [None, None]  # the write of each buffer still in flight
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packfmt-segments") as writer:
+            for i, a in enumerate(range(0, result.n_items, _SEGMENT_ROWS_CHUNK)):
+                slot = i % 2
+                if pending[slot] is not None:
+                    pending[slot].result()  # its buffer is free again (and a write error surfaces here)
+                idx = result.order[a:a + _SEGMENT_ROWS_CHUNK]
+                rows = seg.rows(idx) if buffers is None else seg.rows(idx, out=buffers[slot])
+                pending[slot] = writer.submit(f.write_array, rows, F.OFFSET_DTYPE)
+                b = a + rows.shape[0]
+                cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
+                lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
+                cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
+                total = int(cum[-1])
+            for fut in pending:
+                if fut is not None:
+                    fut.result()
+    except BaseException:
+        f.abort()
+        raise
     return f.close(), np.diff(cum_at)
 
 
-def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_counts: np.ndarray | None = None,
+def doc_summary(doc_lengths: np.ndarray, capacity: int) -> tuple[int, int]:
+    """``(documents, their tokens with each document clipped to capacity)``: what ``index_stats`` reads
+    of the document lengths, so a caller may let go of them before packing."""
+    lengths = np.asarray(doc_lengths)  # int32 or int64, summed in int64 (no widened copy)
+    over = np.flatnonzero(lengths > capacity)
+    clipped = int(lengths.sum(dtype=np.int64)) - int(lengths[over].sum(dtype=np.int64)) + capacity * int(over.size)
+    return int(lengths.shape[0]), clipped
+
+
+def index_stats(doc_lengths, seg, result, capacity: int, image_counts: np.ndarray | None = None,
                 pack_tokens: np.ndarray | None = None) -> dict:
     """The ``stats`` of ``index.json`` (spec FORMAT §4, all but ``seconds``) from the inputs and outputs of packing.
 
     Args:
-        doc_lengths: int (n_docs,) the store's document lengths.
+        doc_lengths: int (n_docs,) the store's document lengths, or their ``doc_summary``.
         seg: the ``Segmentation`` of those documents; result: the ``PackResult`` of its segments.
         pack_tokens: tokens per pack when already summed (else ``pack_stats`` sums them).
 
@@ -299,11 +361,8 @@ def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_count
     """
     from .packing import pack_stats
 
-    lengths = np.asarray(doc_lengths, dtype=np.int64)
     stats = pack_stats(seg.lengths, result, capacity, image_counts=image_counts, pack_tokens=pack_tokens)
-    n_docs = int(lengths.shape[0])
-    over = np.flatnonzero(lengths > capacity)
-    clipped_tokens = int(lengths.sum()) - int(lengths[over].sum()) + capacity * int(over.size)
+    n_docs, clipped_tokens = doc_lengths if isinstance(doc_lengths, tuple) else doc_summary(doc_lengths, capacity)
     stats.update({
         "documents": n_docs,
         "documents_packed": n_docs - int(seg.dropped_docs),
@@ -319,14 +378,15 @@ def index_stats(doc_lengths: np.ndarray, seg, result, capacity: int, image_count
     return stats
 
 
-def _materialize(store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarray) -> dict:
+def _materialize(store, tmp: Path, seg, order: np.ndarray, pack_tokens: np.ndarray) -> dict:
     """Write tokens (and loss mask) in pack order, gathered across members for a collection;
-    return their ``files`` entries."""
+    return their ``files`` entries. The segments' rows are built one chunk at a time (as for
+    ``segments.bin``), and each chunk is gathered in runs of about ``_MATERIALIZE_CHUNK_TOKENS``."""
+    from ._resident import release
     from .collection.arrays import token_sources
 
-    seg_len = segments[:, 2] - segments[:, 1]
-    seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
-    pack_token_offsets = seg_tok_offsets[pack_offsets]
+    pack_token_offsets = np.zeros(pack_tokens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(pack_tokens, out=pack_token_offsets[1:])
     out = {}
     f = HashedFile(tmp / F.PACK_TOKEN_OFFSETS)
     f.write_array(pack_token_offsets, F.OFFSET_DTYPE)
@@ -336,21 +396,26 @@ def _materialize(store, tmp: Path, segments: np.ndarray, pack_offsets: np.ndarra
     if mask is not None:
         sources.append((F.PACKED_LOSS_MASK, mask, F.MASK_DTYPE))
     writers = {fname: HashedFile(tmp / fname) for fname, _, _ in sources}
-    starts = np.asarray(store.doc_offsets)[segments[:, 0]] + segments[:, 1]
-    i = 0
-    n = segments.shape[0]
-    while i < n:
-        # take segments until the chunk holds about _MATERIALIZE_CHUNK_TOKENS tokens
-        j = int(np.searchsorted(seg_tok_offsets, seg_tok_offsets[i] + _MATERIALIZE_CHUNK_TOKENS, side="right"))
-        j = max(j - 1, i + 1)
-        j = min(j, n)
-        lens = seg_len[i:j]
-        total = int(lens.sum())
-        # gather index: for each segment, starts[k] + arange(len[k])
-        idx = np.repeat(starts[i:j] - seg_tok_offsets[i:j] + seg_tok_offsets[i], lens) + np.arange(total, dtype=np.int64)
-        for fname, src, dtype in sources:
-            writers[fname].write_array(np.asarray(src[idx]), dtype)
-        i = j
+    doc_offsets = store.doc_offsets
+    for a in range(0, order.shape[0], _SEGMENT_ROWS_CHUNK):
+        segments = seg.rows(order[a:a + _SEGMENT_ROWS_CHUNK])
+        seg_len = segments[:, 2] - segments[:, 1]
+        seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
+        starts = np.asarray(doc_offsets[segments[:, 0]]) + segments[:, 1]
+        i = 0
+        n = segments.shape[0]
+        while i < n:
+            # take segments until the run holds about _MATERIALIZE_CHUNK_TOKENS tokens
+            j = int(np.searchsorted(seg_tok_offsets, seg_tok_offsets[i] + _MATERIALIZE_CHUNK_TOKENS, side="right"))
+            j = min(max(j - 1, i + 1), n)
+            lens = seg_len[i:j]
+            total = int(lens.sum())
+            # gather index: for each segment, starts[k] + arange(len[k])
+            idx = np.repeat(starts[i:j] - seg_tok_offsets[i:j] + seg_tok_offsets[i], lens) + np.arange(total, dtype=np.int64)
+            for fname, src, dtype in sources:
+                writers[fname].write_array(np.asarray(src[idx]), dtype)
+            i = j
+    release(doc_offsets)
     for fname, w in writers.items():
         out[fname] = w.close()
     return out

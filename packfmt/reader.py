@@ -270,7 +270,10 @@ class PackIndex:
     document ids are that source's.
     """
 
-    def __init__(self, store, name: str) -> None:
+    def __init__(self, store, name: str, *, _built_pack_lengths: np.ndarray | None = None) -> None:
+        """``_built_pack_lengths``: for ``build_pack_index`` only, which returns the index it has just
+        written with the pack lengths it computed: the segment and pack bounds hold by construction
+        there, so they are not read back (everything else, index.json and the file sizes, is)."""
         self.store = store
         self.name = F.check_index_name(name)
         self.path = store.path / F.PACKS_DIR / name
@@ -296,7 +299,7 @@ class PackIndex:
         self.pack_token_offsets = self._array(F.PACK_TOKEN_OFFSETS) if materialized else None
         self.packed_tokens = self._array(F.PACKED_TOKENS) if materialized else None
         self.packed_loss_mask = self._array(F.PACKED_LOSS_MASK) if materialized and store.has_loss_mask else None
-        self.pack_lengths = self._check(n_packed)
+        self.pack_lengths = self._check(n_packed) if _built_pack_lengths is None else _built_pack_lengths
 
     def _check_binding(self, want: dict) -> None:
         """V23 / COLLECTION C5: the index was built for this store (or this collection's member list)."""

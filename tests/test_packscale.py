@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from packfmt._io import HashedFile
 from packfmt.inspect import documents_per_pack, row_lengths
 from packfmt.packindex import build_pack_index
 from packfmt.packing import segment_documents
+from packfmt.reader import PackIndex
 from packfmt.torch.testing import write_flat_dataset, write_pack_index
 from packfmt.validate import validate
 
@@ -155,6 +157,24 @@ def test_whole_documents_keep_images_and_lengths_uncopied():
     np.testing.assert_array_equal(seg.rows(np.array([2, 0])), [[2, 0, 3], [0, 0, 6]])
 
 
+def test_cut_documents_keep_8_bytes_per_segment():
+    """One document to cut no longer costs a 24-byte row per segment: document id and length in int32,
+    and a start only for the pieces that begin inside their document (images never cut)."""
+    lengths = np.array([5, 30, 7, 0, 12], dtype=np.int32)
+    seg = segment_documents(lengths, 8, "split", image_spans=np.array([[1, 3], [6, 10]]),
+                            doc_image_offsets=np.array([0, 1, 2, 2, 2, 2]))
+    want = [[0, 0, 5], [1, 0, 6], [1, 6, 14], [1, 14, 22], [1, 22, 30], [2, 0, 7], [4, 0, 8], [4, 8, 12]]
+    np.testing.assert_array_equal(seg.segments, want)
+    np.testing.assert_array_equal(seg.image_counts, [1, 0, 1, 0, 0, 0, 0, 0])
+    assert seg.lengths.dtype == np.int32 and seg.lengths.nbytes == 4 * len(want)
+    assert (seg.dropped_docs, seg.split_docs) == (1, 2)
+    idx = np.array([7, 2, 0, 3], dtype=np.int32)
+    np.testing.assert_array_equal(seg.rows(idx), np.array(want)[idx])
+    trunc = segment_documents(lengths, 8, "truncate")
+    np.testing.assert_array_equal(trunc.segments, [[0, 0, 5], [1, 0, 8], [2, 0, 7], [4, 0, 8]])
+    assert (trunc.truncated_docs, trunc.truncated_tokens) == (2, 22 + 4)
+
+
 def test_hashed_file_large_write_equals_buffered(tmp_path):
     data = np.arange(3 << 20, dtype=np.int64)  # 24 MiB: written through, not buffered
     big, small = HashedFile(tmp_path / "big"), HashedFile(tmp_path / "small")
@@ -268,3 +288,189 @@ def _store(root: Path, lengths):
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.arange(int(offsets[-1]), dtype=np.int64) % 100
     return write_flat_dataset(root / "ds", tokens, offsets, vocab_size=100)
+
+
+# ----------------------------------------------------------------------------- bytes on disk (issue "Internet scale")
+def ref_pack(lengths, cap, algorithm, seed=0):
+    """Packs of item ids by spec/packing.md §2.1 in plain Python (first fit, best fit, next fit)."""
+    n = len(lengths)
+    if algorithm == "first_fit_shuffle":
+        order = np.random.default_rng(seed).permutation(n).tolist()
+    elif algorithm == "greedy":
+        order = list(range(n))
+    else:
+        order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    packs, room = [], []
+    for i in order:
+        fits = [p for p in range(len(packs)) if room[p] >= lengths[i]]
+        if algorithm == "greedy":
+            fits = fits[-1:] if fits and fits[-1] == len(packs) - 1 else []
+        elif algorithm == "bfd" and fits:
+            fits = [min(fits, key=lambda p: (room[p], p))]
+        if fits:
+            packs[fits[0]].append(i)
+            room[fits[0]] -= lengths[i]
+        else:
+            packs.append([i])
+            room.append(cap - lengths[i])
+    return packs
+
+
+@SETTINGS
+@given(lengths=lengths_st, cap=st.integers(4, 32), policy=policy_st,
+       algorithm=st.sampled_from(["ffd", "bfd", "first_fit_shuffle", "greedy"]), seed=st.integers(0, 3),
+       chunk=st.sampled_from([1, 2, 1 << 20]), materialize=st.booleans())
+def test_index_files_equal_reference_bytes(lengths, cap, policy, algorithm, seed, chunk, materialize):
+    """segments.bin, pack_offsets.bin and index.json are what a plain reference writes, byte for byte
+    (the int32 working arrays, streamed rows and the index returned unread change no byte)."""
+    import xxhash
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = _store(Path(tmp), lengths)
+        saved, packindex._SEGMENT_ROWS_CHUNK = packindex._SEGMENT_ROWS_CHUNK, chunk
+        try:
+            index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy, seed=seed,
+                                     materialize=materialize)
+        finally:
+            packindex._SEGMENT_ROWS_CHUNK = saved
+        rows, _ = ref_segments(lengths, cap, policy)
+        packs = ref_pack([int(e - b) for _, b, e in rows], cap, algorithm, seed)
+        want_segs = np.array([rows[i] for p in packs for i in p], dtype="<i8").reshape(-1, 3).tobytes()
+        want_po = np.concatenate([[0], np.cumsum([len(p) for p in packs])]).astype("<i8").tobytes()
+        assert (index.path / F.SEGMENTS).read_bytes() == want_segs
+        assert (index.path / F.PACK_OFFSETS).read_bytes() == want_po
+        doc = json.loads((index.path / F.PACK_INDEX_JSON).read_bytes())
+        for fname, data in ((F.SEGMENTS, want_segs), (F.PACK_OFFSETS, want_po)):
+            assert doc["files"][fname] == {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64(data).hexdigest()}
+        want_stats = ref_index_stats(rows[[i for p in packs for i in p]].reshape(-1, 3),
+                                     np.frombuffer(want_po, dtype="<i8"), lengths, cap, policy)
+        assert doc["counts"] == {"packs": len(packs), "segments": len(rows), "packed_tokens": want_stats["tokens"]}
+        for key, value in want_stats.items():
+            assert doc["stats"][key] == (pytest.approx(value, abs=1e-12) if isinstance(value, float) else value), key
+        assert set(doc["stats"]) == set(want_stats) | {"capacity", "packs_over_lower_bound", "seconds"}
+        if materialize:  # the tokens of each pack's segments, in order, and where each pack starts
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            pack_tokens = [[t for i in p for t in range(offsets[rows[i][0]] + rows[i][1], offsets[rows[i][0]] + rows[i][2])]
+                           for p in packs]
+            want_tokens = np.array([t % 100 for p in pack_tokens for t in p], dtype="<u2").tobytes()
+            want_pto = np.concatenate([[0], np.cumsum([len(p) for p in pack_tokens])]).astype("<i8").tobytes()
+            assert (index.path / F.TOKENS).read_bytes() == want_tokens
+            assert (index.path / F.PACK_TOKEN_OFFSETS).read_bytes() == want_pto
+        # the index returned without reading its files back is the one a reader opens from them
+        opened = PackIndex(store, index.name)
+        np.testing.assert_array_equal(index.pack_lengths, opened.pack_lengths)
+        assert index.pack_lengths.dtype == opened.pack_lengths.dtype
+
+
+def test_narrow_lengths_int32_unless_a_document_is_longer():
+    from packfmt._resident import narrow_lengths
+
+    offsets = np.array([0, 3, 3 + 2**31 - 1, 2**31 + 5], dtype=np.int64)
+    assert narrow_lengths(offsets[:3]).dtype == np.int32
+    np.testing.assert_array_equal(narrow_lengths(offsets[:3]), [3, 2**31 - 1])
+    wide = narrow_lengths(np.array([0, 3, 3 + 2**31, 2**31 + 9], dtype=np.int64))
+    assert wide.dtype == np.int64
+    np.testing.assert_array_equal(wide, [3, 2**31, 6])
+    assert narrow_lengths(offsets[:1]).shape == (0,)
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident set (Linux /proc), or None elsewhere."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+
+
+def test_released_memmap_pages_read_back_the_same(tmp_path):
+    from packfmt._resident import release
+
+    data = np.arange(3 << 20, dtype=np.int64)
+    data.tofile(tmp_path / "a.bin")
+    mm = np.memmap(tmp_path / "a.bin", dtype=np.int64, mode="r")
+    before = _resident_bytes()
+    assert int(mm.sum()) == int(data.sum())  # every page of the 24 MiB mapped in
+    touched = _resident_bytes()
+    release(mm)
+    if touched is not None:  # Linux: the pages leave the resident set
+        assert touched - _resident_bytes() > (touched - before) // 2 > 8 << 20
+    release(mm[10:20])  # a view: the same mapping
+    release(np.arange(3))  # not a mapping: nothing to do
+    np.testing.assert_array_equal(mm, data)
+    private = np.memmap(tmp_path / "a.bin", dtype=np.int64, mode="c")
+    private[5] = -1
+    release(private)  # copy-on-write: its change must survive
+    assert int(private[5]) == -1
+
+
+# ----------------------------------------------------------------------------- validate --deep in runs of packs
+def _image_store(root: Path) -> Path:
+    import packfmt
+    from images import png
+
+    rng = np.random.default_rng(3)
+    with packfmt.DatasetWriter(root, vocab_size=500, loss_mask=True, special_tokens={"image": 3},
+                               tokenizer={"name": "test", "hash": None}) as w:
+        for d in range(60):
+            n = int(rng.integers(3, 120))
+            images = ([packfmt.ImageRecord(png(4, 4), 4, 4, "png", 1, 5), packfmt.ImageRecord(png(2, 3), 2, 3, "png", 6, 11)]
+                      if d % 3 == 0 and n >= 12 else [])
+            w.add_document(rng.integers(4, 500, n), rng.integers(0, 2, n), images=images)
+    build_pack_index(root, capacity=64, algorithm="ffd", name="split", max_images_per_pack=4)
+    build_pack_index(root, capacity=70, algorithm="bfd", name="trunc", oversize="truncate", materialize=True)
+    return root
+
+
+def _refile(index_dir: Path, fname: str, data: bytes) -> None:
+    """Replace a file of an index and record its size and checksum (only content checks can object)."""
+    from packfmt._io import checksum_file
+
+    (index_dir / fname).write_bytes(data)
+    obj = json.loads((index_dir / F.PACK_INDEX_JSON).read_text())
+    obj["files"][fname] = {"bytes": len(data), "checksum": checksum_file(index_dir / fname)}
+    (index_dir / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+
+
+@pytest.mark.parametrize("corrupt", ["none", "image_cut", "image_budget", "packed_token", "coverage"])
+def test_deep_pass_finds_the_same_in_any_run_of_packs(tmp_path, monkeypatch, corrupt):
+    """The bounded deep pass reads segments.bin in runs of packs: one pack at a time or all at once,
+    an image store with a materialized index reports the same problems (V28, V30, V31, V32, V33)."""
+    from packfmt.validation import segment_rows
+
+    root = _image_store(tmp_path / "ds")
+    split, trunc = root / F.PACKS_DIR / "split", root / F.PACKS_DIR / "trunc"
+    if corrupt == "image_cut":  # start a segment holding images inside the first one (image [1, 5))
+        segs = np.fromfile(split / F.SEGMENTS, dtype="<i8").reshape(-1, 3)
+        k = int(np.flatnonzero((segs[:, 1] == 0) & (segs[:, 2] >= 12) & (segs[:, 0] % 3 == 0))[0])
+        segs[k, 1] = 3
+        _refile(split, F.SEGMENTS, segs.tobytes())
+        obj = json.loads((split / F.PACK_INDEX_JSON).read_text())
+        obj["counts"]["packed_tokens"] -= 3  # the structure stays consistent
+        (split / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+    elif corrupt == "image_budget":
+        obj = json.loads((split / F.PACK_INDEX_JSON).read_text())
+        obj["params"]["max_images_per_pack"] = 1
+        (split / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+    elif corrupt == "packed_token":
+        tokens = np.fromfile(trunc / F.TOKENS, dtype="<u2")
+        tokens[-5] = (int(tokens[-5]) + 1) % 500
+        _refile(trunc, F.TOKENS, tokens.tobytes())
+    elif corrupt == "coverage":  # the same document twice (in place of another of the same length)
+        segs = np.fromfile(trunc / F.SEGMENTS, dtype="<i8").reshape(-1, 3)
+        seg_len = segs[:, 2] - segs[:, 1]
+        i, j = next((i, j) for i in range(len(segs)) for j in range(len(segs) - 1, i, -1) if seg_len[i] == seg_len[j])
+        segs[j] = segs[i]
+        _refile(trunc, F.SEGMENTS, segs.tobytes())
+    seen = []
+    for rows in (1, 2, 7, 1 << 20):
+        monkeypatch.setattr(segment_rows, "PACK_CHUNK_ROWS", rows)
+        report = validate(root, deep=True)
+        seen.append(sorted((p.file, str(p.field), p.message) for p in report.problems))
+    assert all(s == seen[0] for s in seen), seen
+    text = " | ".join(m for _, _, m in seen[0])
+    want = {"none": None, "image_cut": "cuts through an image", "image_budget": "max_images_per_pack",
+            "packed_token": "first difference at packed token", "coverage": "more than once"}[corrupt]
+    assert (not seen[0]) if want is None else want in text, text

@@ -51,10 +51,10 @@ def _counting_sort_desc(lengths, capacity, hist, out):
     """Stable counting sort of item indices by length, descending.
 
     Args:
-        lengths: int64 (n,), values in [1, capacity].
+        lengths: int32 or int64 (n,), values in [1, capacity].
         capacity: the largest possible length.
         hist: int64 (capacity + 1,) scratch, any content.
-        out: int64 (n,) receives item indices; ties keep ascending index order.
+        out: int32 or int64 (n,) receives item indices; ties keep ascending index order.
     """
     hist[:] = 0
     for i in range(lengths.shape[0]):
@@ -70,20 +70,21 @@ def _counting_sort_desc(lengths, capacity, hist, out):
         hist[length] += 1
 
 
-def sort_by_length_desc(lengths: np.ndarray, capacity: int) -> np.ndarray:
+def sort_by_length_desc(lengths: np.ndarray, capacity: int, dtype=np.int64) -> np.ndarray:
     """Item indices sorted by length descending, ties by ascending index (a stable sort).
 
     Args:
-        lengths: int64 (n,), values in [1, capacity].
+        lengths: int32 or int64 (n,), values in [1, capacity].
         capacity: tokens per pack.
+        dtype: of the result: int64, or int32 when ``n < 2**31 - 1`` (``id_dtype``).
     Returns:
-        int64 (n,) permutation of ``arange(n)``. O(n + capacity) time when the capacity is small
+        (n,) permutation of ``arange(n)``. O(n + capacity) time when the capacity is small
         relative to n (counting sort), O(n log n) otherwise.
     """
     n = lengths.shape[0]
     if capacity > _COUNTING_SORT_MAX_CAPACITY or capacity > 4 * n + 1024:
-        return np.argsort(-lengths, kind="stable").astype(np.int64, copy=False)
-    out = np.empty(n, dtype=np.int64)
+        return np.argsort(-lengths, kind="stable").astype(dtype, copy=False)
+    out = np.empty(n, dtype=dtype)
     hist = np.empty(capacity + 1, dtype=np.int64)
     _counting_sort_desc(lengths, capacity, hist, out)
     return out
@@ -94,11 +95,11 @@ def _group_by_pack(seq, pack_of_pos, n_packs, offsets, order):
     """Counting sort of placements by pack id, keeping placement order inside each pack.
 
     Args:
-        seq: int64 (n,) item index placed at each position.
+        seq: int32 or int64 (n,) item index placed at each position.
         pack_of_pos: int32 or int64 (n,) pack id of the item placed at each position.
         n_packs: number of packs; ids are in [0, n_packs).
         offsets: int64 (n_packs + 1,) receives the CSR offsets into ``order``.
-        order: int64 (n,) receives item indices grouped by pack.
+        order: (n,) of ``seq``'s dtype, receives item indices grouped by pack.
     """
     offsets[:] = 0
     for pos in range(seq.shape[0]):
@@ -124,14 +125,14 @@ def group_by_pack(seq: np.ndarray, pack_of_pos: np.ndarray, n_packs: int) -> tup
     """CSR (pack_offsets, order) from a placement sequence; O(n + n_packs).
 
     Args:
-        seq: int64 (n,) item placed at each step.
+        seq: int32 or int64 (n,) item placed at each step.
         pack_of_pos: int32 or int64 (n,) pack receiving it.
         n_packs: number of packs (every id in [0, n_packs) must occur).
     Returns:
-        ``pack_offsets`` int64 (n_packs + 1,) and ``order`` int64 (n,).
+        ``pack_offsets`` int64 (n_packs + 1,) and ``order`` (n,) of ``seq``'s dtype.
     """
     offsets = np.empty(n_packs + 1, dtype=np.int64)
-    order = np.empty(seq.shape[0], dtype=np.int64)
+    order = np.empty(seq.shape[0], dtype=seq.dtype)
     _group_by_pack(seq, pack_of_pos, n_packs, offsets, order)
     return offsets, order
 

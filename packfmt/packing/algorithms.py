@@ -16,7 +16,7 @@ import numpy as np
 
 from ._balanced import balanced
 from ._best_fit import best_fit
-from ._common import group_by_pack, sort_by_length_desc
+from ._common import group_by_pack, id_dtype, sort_by_length_desc
 from ._first_fit import any_fit_pack_bound, first_fit
 from ._next_fit import next_fit
 from .segment import Segmentation, segment_documents
@@ -32,7 +32,8 @@ class PackResult:
 
     Attributes:
         pack_offsets: int64 (n_packs + 1,); pack ``p`` is ``order[pack_offsets[p]:pack_offsets[p + 1]]``.
-        order: int64 (n_items,) item indices grouped by pack, in insertion order within a pack.
+        order: int64 (n_items,) item indices grouped by pack, in insertion order within a pack;
+            int32 when ``pack_items(..., compact=True)`` and ``n_items < 2**31 - 1``.
     """
 
     pack_offsets: np.ndarray
@@ -68,10 +69,14 @@ class PackResult:
         return [self.order[a:b].tolist() for a, b in zip(self.pack_offsets[:-1], self.pack_offsets[1:])]
 
 
-def _as_int_array(x, name: str) -> np.ndarray:
+def _as_int_array(x, name: str, keep_int32: bool = False) -> np.ndarray:
+    """1-D int64, or int32 as given when ``keep_int32`` (lengths: every value is <= capacity < 2**31, so
+    the narrow array the caller built is used as is, not copied)."""
     a = np.asarray(x)
     if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
         raise ValueError(f"{name} must be a 1-D integer array")
+    if keep_int32 and a.dtype == np.int32:
+        return np.ascontiguousarray(a)
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
@@ -89,7 +94,7 @@ def _validate(lengths, capacity, algorithm, max_items, image_counts, max_images)
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if int(capacity) != capacity or not 1 <= capacity < 2**31 - 1:
         raise ValueError(f"capacity must be an integer in [1, 2**31 - 2], got {capacity!r}")
-    lengths = _as_int_array(lengths, "lengths")
+    lengths = _as_int_array(lengths, "lengths", keep_int32=True)
     if lengths.size and (lengths.min() < 1 or lengths.max() > capacity):
         bad = int(np.flatnonzero((lengths < 1) | (lengths > capacity))[0])
         raise ValueError(f"item {bad} has length {int(lengths[bad])}; every length must be in [1, {int(capacity)}]"
@@ -111,11 +116,12 @@ def _validate(lengths, capacity, algorithm, max_items, image_counts, max_images)
 
 
 def pack_items(lengths, capacity, algorithm="ffd", *, seed=0, max_items_per_pack=None, image_counts=None,
-               max_images_per_pack=None) -> PackResult:
+               max_images_per_pack=None, compact=False) -> PackResult:
     """Assign every item to exactly one pack.
 
     Args:
-        lengths: int (n_items,) tokens per item, each in [1, capacity].
+        lengths: int (n_items,) tokens per item, each in [1, capacity]; an int32 array is used
+            without a copy (the lengths are never widened: capacity < 2**31).
         capacity: tokens per pack.
         algorithm: one of ``ALGORITHMS`` (spec/packing.md).
         seed: seed of ``first_fit_shuffle`` / ``shuffle_and_pack`` (``np.random.default_rng``);
@@ -123,6 +129,9 @@ def pack_items(lengths, capacity, algorithm="ffd", *, seed=0, max_items_per_pack
         max_items_per_pack: at most this many items per pack (None: unlimited).
         image_counts: int (n_items,) images per item (None: no images).
         max_images_per_pack: at most this many images per pack (None: unlimited).
+        compact: item ids in int32 when ``n_items < 2**31 - 1`` (placement order and ``order``;
+            ffd, bfd and first_fit_shuffle): 4 bytes per item instead of 8 for each of them.
+            The packs are the same either way.
     Returns:
         The PackResult. No pack exceeds any limit; no pack is empty.
     Raises:
@@ -142,17 +151,20 @@ def pack_items(lengths, capacity, algorithm="ffd", *, seed=0, max_items_per_pack
         return PackResult(next_fit(lengths, seq, capacity, **limits), seq)
     if algorithm == "balanced":
         return PackResult(*balanced(lengths, capacity, **limits))
+    ids = id_dtype(n) if compact else np.int64
     if algorithm == "first_fit_shuffle":
-        seq = _permutation(n, seed)
+        seq = _permutation(n, seed).astype(ids, copy=False)
         pack_of_pos, n_packs = first_fit(lengths, seq, capacity, **limits)
     else:
-        seq = sort_by_length_desc(lengths, capacity)
+        seq = sort_by_length_desc(lengths, capacity, ids)
         if algorithm == "ffd":
             pack_of_pos, n_packs = first_fit(lengths, seq, capacity, **limits)
         else:
             bound = any_fit_pack_bound(int(lengths.sum()), capacity, n)
             pack_of_pos, n_packs = best_fit(lengths, seq, capacity, pack_cap=bound, **limits)
-    return PackResult(*group_by_pack(seq, pack_of_pos, n_packs))
+    offsets, order = group_by_pack(seq, pack_of_pos, n_packs)
+    del seq, pack_of_pos  # before the caller's next step: order is all that is kept
+    return PackResult(offsets, order)
 
 
 def _permutation(n: int, seed) -> np.ndarray:
@@ -180,8 +192,8 @@ def pack_stats(lengths, result: PackResult, capacity, image_counts=None, pack_to
         ``image_counts`` is given, ``images`` and ``images_per_pack`` {mean, max, min, std}.
         ``pack_tokens`` (tokens per pack) may be passed when the caller has summed them already.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    tokens = int(lengths.sum())
+    lengths = np.asarray(lengths)  # int32 or int64; summed in int64, never copied
+    tokens = int(lengths.sum(dtype=np.int64))
     capacity = int(capacity)
     packs = result.n_packs
     lower = -(-tokens // capacity)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._common import id_dtype
+
 __all__ = ["OVERSIZE_POLICIES", "Segmentation", "segment_documents"]
 
 OVERSIZE_POLICIES = ("split", "truncate", "drop")
@@ -19,10 +21,13 @@ OVERSIZE_POLICIES = ("split", "truncate", "drop")
 class Segmentation:
     """Segments of documents, each at most ``capacity`` tokens.
 
-    Two representations behind one interface. In the common case (every document non-empty and
+    Three representations behind one interface. In the common case (every document non-empty and
     at most ``capacity`` tokens) segment ``j`` is the whole document ``j`` and nothing per segment
-    is stored beyond the document lengths; ``segments`` is then built only when asked for.
-    Callers that stream (``build_pack_index``) use ``lengths`` and ``rows(idx)`` instead.
+    is stored beyond the document lengths. Otherwise (``segment_documents`` with a document to
+    cut, drop or skip) each segment keeps its document id (int32 below 2^31 - 1 documents) and its
+    length (int32: at most the capacity), and only the segments that start inside their document
+    keep that start: 8 bytes per segment instead of the 24 of its row. ``segments`` is built only
+    when asked for; callers that stream (``build_pack_index``) use ``lengths`` and ``rows(idx)``.
 
     Attributes:
         segments: int64 (n_segments, 3) rows ``(doc, begin, end)``; token offsets relative to the
@@ -37,11 +42,14 @@ class Segmentation:
 
     def __init__(self, segments: np.ndarray | None, image_counts: np.ndarray | None, dropped_docs: int = 0,
                  dropped_tokens: int = 0, split_docs: int = 0, truncated_docs: int = 0, truncated_tokens: int = 0,
-                 *, whole_lengths: np.ndarray | None = None) -> None:
-        if (segments is None) == (whole_lengths is None):
-            raise ValueError("give exactly one of segments and whole_lengths")
+                 *, whole_lengths: np.ndarray | None = None, compact: tuple | None = None) -> None:
+        if sum(x is not None for x in (segments, whole_lengths, compact)) != 1:
+            raise ValueError("give exactly one of segments, whole_lengths and compact")
         self._segments = segments
         self._whole = whole_lengths
+        # compact: (doc, length, piece_ids, piece_begin): segment j is (doc[j], b, b + length[j]) where b
+        # is piece_begin[i] if piece_ids[i] == j (piece_ids sorted), else 0
+        self._compact = compact
         self._image_counts = image_counts
         self.dropped_docs = dropped_docs
         self.dropped_tokens = dropped_tokens
@@ -51,7 +59,8 @@ class Segmentation:
 
     @classmethod
     def whole_documents(cls, doc_lengths: np.ndarray, image_counts: np.ndarray | None = None) -> "Segmentation":
-        """One segment per document, ``(d, 0, len_d)``: every length must be in ``[1, capacity]``."""
+        """One segment per document, ``(d, 0, len_d)``: every length must be in ``[1, capacity]``
+        (int32 or int64 lengths, kept as given)."""
         return cls(None, image_counts, whole_lengths=doc_lengths)
 
     @property
@@ -61,6 +70,8 @@ class Segmentation:
 
     @property
     def num_segments(self) -> int:
+        if self._compact is not None:
+            return int(self._compact[0].shape[0])
         return int(self._whole.shape[0] if self._whole is not None else self._segments.shape[0])
 
     @property
@@ -77,18 +88,28 @@ class Segmentation:
 
     @property
     def lengths(self) -> np.ndarray:
-        """int64 (n_segments,) tokens per segment (the document lengths themselves, not a copy, when whole)."""
+        """(n_segments,) tokens per segment: the document lengths themselves, not a copy, when whole
+        (int32 when the caller gave int32 lengths), else int64."""
         if self._whole is not None:
             return self._whole
+        if self._compact is not None:
+            return self._compact[1]
         return self._segments[:, 2] - self._segments[:, 1]
 
-    def rows(self, idx: np.ndarray) -> np.ndarray:
-        """int64 (len(idx), 3): the rows ``(doc, begin, end)`` of segments ``idx``, in that order."""
-        idx = np.asarray(idx, dtype=np.int64)
-        if self._whole is None:
-            return self._segments[idx]
-        out = np.empty((idx.shape[0], 3), dtype=np.int64)
-        _whole_rows(idx, np.asarray(self._whole, dtype=np.int64), out)
+    def rows(self, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """int64 (len(idx), 3): the rows ``(doc, begin, end)`` of segments ``idx`` (int32 or int64), in
+        that order; written into ``out`` (a buffer of at least ``len(idx)`` rows) when given."""
+        idx = np.asarray(idx)
+        if idx.dtype not in (np.int32, np.int64):
+            idx = idx.astype(np.int64)
+        n = idx.shape[0]
+        out = np.empty((n, 3), dtype=np.int64) if out is None else out[:n]
+        if self._whole is not None:
+            _whole_rows(idx, self._whole, out)
+        elif self._compact is not None:
+            _compact_rows(idx, *self._compact, out)
+        else:
+            np.take(self._segments, idx, axis=0, out=out)
         return out
 
     def __repr__(self) -> str:
@@ -105,6 +126,22 @@ def _whole_rows(idx, lengths, out):
         out[i, 0] = d
         out[i, 1] = 0
         out[i, 2] = lengths[d]
+
+
+@njit(cache=True, nogil=True)
+def _compact_rows(idx, doc, length, piece_ids, piece_begin, out):
+    """``out[i] = (doc[j], b, b + length[j])`` for ``j = idx[i]``, ``b`` found by binary search in ``piece_ids``."""
+    k = piece_ids.shape[0]
+    for i in range(idx.shape[0]):
+        j = idx[i]
+        b = 0
+        if k > 0:
+            pos = np.searchsorted(piece_ids, j)
+            if pos < k and piece_ids[pos] == j:
+                b = piece_begin[pos]
+        out[i, 0] = doc[j]
+        out[i, 1] = b
+        out[i, 2] = b + length[j]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -132,42 +169,75 @@ def _next_cut(start, doc_len, capacity, spans, j, hi):
 
 
 @njit(cache=True, nogil=True)
-def _cut_oversize(docs, doc_lengths, capacity, truncate, spans, img_off, counts, seg_off, out, out_img):
-    """Count (``counts`` given) or write (``out`` given) the pieces of each oversize document.
-
-    Args:
-        docs: int64 (k,) oversize document ids.
-        doc_lengths: int64 (n_docs,).
-        capacity: tokens per pack.
-        truncate: keep only the first piece.
-        spans, img_off: image runs and the CSR offsets of each document's images.
-        counts: int64 (k,) receives the piece counts (first pass) - size 0 on the second pass.
-        seg_off: int64 (k,) output row of each document's first piece (second pass).
-        out, out_img: the Segmentation arrays to fill (second pass).
-    """
+def _count_pieces(docs, doc_lengths, capacity, truncate, spans, img_off, counts):
+    """``counts[i]``: the pieces of oversize document ``docs[i]`` (1 when ``truncate``)."""
     for i in range(docs.shape[0]):
         d = docs[i]
         doc_len = doc_lengths[d]
         j = img_off[d] if img_off.shape[0] > 0 else 0
         hi = img_off[d + 1] if img_off.shape[0] > 0 else 0
         start = 0
-        row = seg_off[i] if counts.shape[0] == 0 else 0
         pieces = 0
         while start < doc_len:
             cut, k = _next_cut(start, doc_len, capacity, spans, j, hi)
-            if counts.shape[0] == 0:
-                out[row, 0] = d
-                out[row, 1] = start
-                out[row, 2] = cut
-                out_img[row] = k - j
-                row += 1
             pieces += 1
             start = cut
             j = k
             if truncate:
                 break
-        if counts.shape[0] > 0:
-            counts[i] = pieces
+        counts[i] = pieces
+
+
+@njit(cache=True, nogil=True)
+def _fill_segments(doc_lengths, capacity, policy, spans, img_off, per_doc_images, doc, length, img,
+                   piece_ids, piece_begin):
+    """One pass over the documents writing the compact segments (see ``Segmentation``).
+
+    Args:
+        policy: 0 split, 1 truncate, 2 drop (documents longer than ``capacity``).
+        per_doc_images: int64 (n_docs,) images per document, or (0,) without images.
+        doc, length, img: (n_segments,) outputs (``img`` is (0,) without images).
+        piece_ids, piece_begin: (n_pieces,) outputs: the segments that start inside their document.
+    Returns:
+        Tokens kept of the oversize documents (the first piece of each, for ``truncate``).
+    """
+    row = 0
+    k = 0
+    kept = 0
+    has_img = img.shape[0] > 0
+    for d in range(doc_lengths.shape[0]):
+        doc_len = doc_lengths[d]
+        if doc_len == 0:
+            continue
+        if doc_len <= capacity:
+            doc[row] = d
+            length[row] = doc_len
+            if has_img:
+                img[row] = per_doc_images[d]
+            row += 1
+            continue
+        if policy == 2:
+            continue
+        j = img_off[d] if img_off.shape[0] > 0 else 0
+        hi = img_off[d + 1] if img_off.shape[0] > 0 else 0
+        start = 0
+        while start < doc_len:
+            cut, nxt = _next_cut(start, doc_len, capacity, spans, j, hi)
+            doc[row] = d
+            length[row] = cut - start
+            if has_img:
+                img[row] = nxt - j
+            if start > 0:
+                piece_ids[k] = row
+                piece_begin[k] = start
+                k += 1
+            row += 1
+            start = cut
+            j = nxt
+            if policy == 1:
+                kept += cut
+                break
+    return kept
 
 
 def _check_spans(doc_lengths, capacity, image_spans, doc_image_offsets):
@@ -202,7 +272,8 @@ def segment_documents(doc_lengths, capacity, oversize="split", *, image_spans=No
     """Cut documents into segments of at most ``capacity`` tokens.
 
     Args:
-        doc_lengths: int (n_docs,) tokens per document (>= 0; empty documents are dropped).
+        doc_lengths: int (n_docs,) tokens per document (>= 0; empty documents are dropped); int32
+            is used as is, any other integer type as int64.
         capacity: tokens per pack (>= 1).
         oversize: ``"split"`` (pieces tiling the document), ``"truncate"`` (keep the first
             piece) or ``"drop"`` (omit the document) for documents longer than ``capacity``.
@@ -219,7 +290,8 @@ def segment_documents(doc_lengths, capacity, oversize="split", *, image_spans=No
     lengths = np.asarray(doc_lengths)
     if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
         raise ValueError("doc_lengths must be a 1-D integer array")
-    lengths = lengths.astype(np.int64, copy=False)
+    if lengths.dtype != np.int32:  # int32 (what build_pack_index reads) is kept: no 8-byte copy per document
+        lengths = lengths.astype(np.int64, copy=False)
     if lengths.size and lengths.min() < 0:
         raise ValueError("doc_lengths must be >= 0")
     if int(capacity) != capacity or capacity < 1:
@@ -242,41 +314,33 @@ def segment_documents(doc_lengths, capacity, oversize="split", *, image_spans=No
 
 
 def _segment(lengths, capacity, oversize, spans, img_off, per_doc_images) -> Segmentation:
-    """Build the Segmentation from validated arrays."""
+    """Build the Segmentation from validated arrays (compact unless every document is whole)."""
     if lengths.size == 0 or (lengths.min() >= 1 and lengths.max() <= capacity):
         return Segmentation.whole_documents(lengths, per_doc_images)  # nothing to cut: O(1) extra memory
     over = np.flatnonzero(lengths > capacity)
-    empty = lengths == 0
-    pieces = np.where(empty, 0, 1).astype(np.int64)
-    if oversize == "drop":
-        pieces[over] = 0
-    elif over.size:
-        counts = np.zeros(over.shape[0], dtype=np.int64)
-        _cut_oversize(over, lengths, capacity, oversize == "truncate", spans, img_off, counts,
-                      counts, np.zeros((0, 3), np.int64), np.zeros(0, np.int64))
-        pieces[over] = counts
-    seg_off = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(pieces, out=seg_off[1:])
-    n_seg = int(seg_off[-1])
-    out = np.empty((n_seg, 3), dtype=np.int64)
-    out_img = np.empty(n_seg, dtype=np.int64)
-    fits = np.flatnonzero((lengths <= capacity) & ~empty)
-    rows = seg_off[fits]
-    out[rows, 0] = fits
-    out[rows, 1] = 0
-    out[rows, 2] = lengths[fits]
-    out_img[rows] = per_doc_images[fits] if per_doc_images is not None else 0
+    n_empty = int(np.count_nonzero(lengths == 0))
+    n_fit = lengths.shape[0] - n_empty - over.shape[0]
+    counts = np.zeros(over.shape[0], dtype=np.int64)
     if oversize != "drop" and over.size:
-        _cut_oversize(over, lengths, capacity, oversize == "truncate", spans, img_off, np.zeros(0, np.int64),
-                      seg_off[over], out, out_img)
-    over_tokens = int(lengths[over].sum())
-    kept_over = int(out[seg_off[over], 2].sum()) if oversize == "truncate" and over.size else 0
+        _count_pieces(over, lengths, capacity, oversize == "truncate", spans, img_off, counts)
+    n_seg = n_fit + int(counts.sum())
+    doc = np.empty(n_seg, dtype=id_dtype(lengths.shape[0]))
+    seg_len = np.empty(n_seg, dtype=np.int32)  # at most the capacity < 2^31 (spec/packing.md §1)
+    n_pieces = int(counts.sum()) - int(np.count_nonzero(counts)) if oversize == "split" else 0
+    piece_ids = np.empty(n_pieces, dtype=np.int64)
+    piece_begin = np.empty(n_pieces, dtype=np.int64)
+    img = np.zeros(n_seg if per_doc_images is not None else 0, dtype=np.int64)
+    kept_over = _fill_segments(lengths, capacity, {"split": 0, "truncate": 1, "drop": 2}[oversize], spans, img_off,
+                               per_doc_images if per_doc_images is not None else np.zeros(0, np.int64), doc, seg_len,
+                               img, piece_ids, piece_begin)
+    over_tokens = int(lengths[over].sum(dtype=np.int64))
     return Segmentation(
-        segments=out,
-        image_counts=out_img,
-        dropped_docs=int(empty.sum()) + (int(over.size) if oversize == "drop" else 0),
+        None,
+        image_counts=img if per_doc_images is not None else None,
+        dropped_docs=n_empty + (int(over.size) if oversize == "drop" else 0),
         dropped_tokens=over_tokens if oversize == "drop" else 0,
-        split_docs=int(np.count_nonzero(pieces[over] > 1)) if oversize == "split" else 0,
+        split_docs=int(np.count_nonzero(counts > 1)) if oversize == "split" else 0,
         truncated_docs=int(over.size) if oversize == "truncate" else 0,
-        truncated_tokens=over_tokens - kept_over if oversize == "truncate" else 0,
+        truncated_tokens=over_tokens - int(kept_over) if oversize == "truncate" else 0,
+        compact=(doc, seg_len, piece_ids, piece_begin),
     )

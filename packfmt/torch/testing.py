@@ -47,6 +47,7 @@ def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pac
                      oversize: str = "split") -> PackIndex:
     """Store a hand-made pack index under ``packs/<name>`` (same files as ``build_pack_index``)."""
     from ..packindex import _materialize
+    from ..packing import Segmentation
 
     store = open_dataset(store) if isinstance(store, (str, os.PathLike)) else store  # a Store or a Collection
     segments = np.ascontiguousarray(segments, dtype=F.OFFSET_DTYPE).reshape(-1, 3)
@@ -59,8 +60,10 @@ def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pac
         f = HashedFile(tmp / fname)
         f.write_array(arr, F.OFFSET_DTYPE)
         files[fname] = f.close()
-    if materialize:
-        files.update(_materialize(store, tmp, segments, pack_offsets))
+    if materialize:  # the rows as they are, in file order; the tokens of each pack summed as a reader would
+        cum = np.concatenate([[0], np.cumsum(segments[:, 2] - segments[:, 1])])
+        files.update(_materialize(store, tmp, Segmentation(segments, None), np.arange(segments.shape[0]),
+                                  np.diff(cum[pack_offsets])))
     packed = int((segments[:, 2] - segments[:, 1]).sum())
     binding = store.index_binding()
     index = {

@@ -7,8 +7,9 @@ import numpy as np
 from .. import checks
 from .. import format as F
 from ..errors import PackfmtError, UnsupportedVersionError
-from .report import (CHUNK_ELEMS, WARNING, _check_offsets, _distinct, _listed, _map_file, _minor_version_note,
+from .report import (CHUNK_ELEMS, WARNING, _check_offsets, _listed, _map_file, _minor_version_note,
                      _version_problem)
+from .segment_rows import CoverageRows, image_rows, segments_in_chunks
 from .store import _check_checksum, _check_file_size, _DatasetChecks
 
 
@@ -114,7 +115,7 @@ class _IndexChecks:
         segs, po, off = self.array(F.SEGMENTS), self.array(F.PACK_OFFSETS), self.ds.array(F.DOC_OFFSETS)
         if segs is None or po is None or off is None or not (self.offsets_ok and self.ds.doc_offsets_ok):
             return
-        found, lengths = checks.segments(segs, off, po, file=self.file(F.SEGMENTS))
+        found, lengths = segments_in_chunks(segs, off, po, self.file(F.SEGMENTS))
         if not self.out.findings(found):
             return
         found = checks.packs(lengths, self.pm.capacity, self.pm.raw["counts"]["packed_tokens"],
@@ -135,6 +136,12 @@ class _IndexChecks:
             _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)  # V26
         if not self.segments_ok:
             return  # reported structurally
+        if self.pm.raw.get("mixture") is None:  # one bounded pass over the segments, in runs of packs
+            # (a mixture's rounds and record: collection.validate's whole-array checks below)
+            from .index_pass import deep_pass
+
+            deep_pass(self, bar)
+            return
         segs, po = np.asarray(self.array(F.SEGMENTS)), np.asarray(self.array(F.PACK_OFFSETS))
         seg_len = segs[:, 2] - segs[:, 1]
         self._max_docs(po)  # V30 (segments)
@@ -160,26 +167,17 @@ class _IndexChecks:
         """Images inside each segment (by their global token spans); no segment cuts through an image."""
         if self.ds.m.num_images == 0 or not self.ds.spans_ok:
             return
-        spans = np.asarray(self.ds.array(F.IMAGE_TOKEN_SPANS))
-        g_begin = off[segs[:, 0]] + segs[:, 1]
-        g_end = off[segs[:, 0]] + segs[:, 2]
-        # spans are sorted and disjoint, so ends are sorted too: count by binary search
-        starts_before_begin = np.searchsorted(spans[:, 0], g_begin, side="left")
-        ends_by_begin = np.searchsorted(spans[:, 1], g_begin, side="right")
-        starts_before_end = np.searchsorted(spans[:, 0], g_end, side="left")
-        ends_by_end = np.searchsorted(spans[:, 1], g_end, side="right")
-        straddling = (starts_before_begin - ends_by_begin) + (starts_before_end - ends_by_end)
-        n_starting = starts_before_end - starts_before_begin  # images that start inside the segment
-        cut = np.flatnonzero(straddling > 0)
+        cut, per_pack = image_rows(segs, po, off, np.asarray(self.ds.array(F.IMAGE_TOKEN_SPANS)))
+        self._report_images(cut, segs[cut[0]] if cut.size else None, per_pack)
+
+    def _report_images(self, cut: np.ndarray, first_cut_row, per_pack: np.ndarray) -> None:
+        """V28 (segments ``cut`` cut through an image, the first being ``first_cut_row``), V30 (images per pack)."""
         if cut.size:
-            k = int(cut[0])
+            k, (d, b, e) = int(cut[0]), (int(v) for v in first_cut_row)
             self.out.add(self.file(F.SEGMENTS), f"[{k}]", "segment boundaries outside image token spans",
-                         f"segment (doc {int(segs[k, 0])}, [{int(segs[k, 1])}, {int(segs[k, 2])})) cuts through an image "
-                         f"({cut.size} segment(s): {_listed(cut)})")
+                         f"segment (doc {d}, [{b}, {e})) cuts through an image ({cut.size} segment(s): {_listed(cut)})")
         max_images = self.pm.params.get("max_images_per_pack")
         if isinstance(max_images, int):
-            cum = np.concatenate([[0], np.cumsum(n_starting)])
-            per_pack = cum[po[1:]] - cum[po[:-1]]
             bad = np.flatnonzero(per_pack > max_images)
             if bad.size:
                 self.out.add(self.file(F.SEGMENTS), "params.max_images_per_pack", f"<= {max_images} images per pack",
@@ -196,61 +194,37 @@ class _IndexChecks:
 
         ``wanted``: only these documents (bool per document) may appear, each once as the policy
         says (a mixture round); ``where`` names the part of the index checked, in messages.
-        O(n_segments): a document with one segment is checked on that row; only the segments of
-        documents with several (the split ones, or duplicates) are put in (doc, begin) order.
+        O(n_segments): the rows are checked by ``CoverageRows`` (the same code the bounded deep
+        pass feeds chunk by chunk).
         """
+        self._coverage_docs(doc_len, per_doc, wanted, where)
+        rows = CoverageRows(self.pm.oversize, self.pm.capacity)
+        rows.add(segs, length, 0)
+        rows.report(self.out, self.file(F.SEGMENTS), doc_len, per_doc, where)
+
+    def _coverage_docs(self, doc_len: np.ndarray, per_doc: np.ndarray, wanted: np.ndarray | None = None,
+                       where: str = "") -> None:
+        """The per-document half of the coverage: present when it must be, absent when it must be."""
         label, policy, cap = self.file(F.SEGMENTS), self.pm.oversize, self.pm.capacity
-        n_docs = doc_len.shape[0]
         present = per_doc > 0
-        must_be_absent = doc_len > cap if policy == "drop" else np.zeros(n_docs, dtype=bool)
         if wanted is not None:
             unwanted = np.flatnonzero(present & ~wanted)
             if unwanted.size:
                 self.out.add(label, "coverage", f"only the documents with more copies than the round{where}",
                              f"{unwanted.size} other document(s) present: {_listed(unwanted)}")
-            must_be_absent = must_be_absent | ~wanted
-        missing = np.flatnonzero(~present & ~must_be_absent)
+        if policy == "drop":
+            must_be_absent = doc_len > cap
+            missing = np.flatnonzero(~present & ~(must_be_absent if wanted is None else must_be_absent | ~wanted))
+        else:
+            missing = np.flatnonzero(~present if wanted is None else ~present & wanted)
         if missing.size:
             self.out.add(label, "coverage", f"every document in the index (oversize={policy!r}){where}",
                          f"{missing.size} document(s) missing from the index: {_listed(missing)}")
-        dropped_present = np.flatnonzero(present & (doc_len > cap) & (policy == "drop"))
-        if dropped_present.size:
-            self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop'){where}",
-                         f"{dropped_present.size} present: {_listed(dropped_present)}")
-        doc, begin, end = segs[:, 0], segs[:, 1], segs[:, 2]
-        if policy == "split":
-            once = per_doc[doc] == 1 if per_doc.size and per_doc.max() > 1 else np.ones(doc.shape[0], dtype=bool)
-            bad = [doc[once & ((begin != 0) | (end != length))]]  # a lone segment must be [0, length)
-            several = np.flatnonzero(~once)
-            if several.size:
-                s = segs[several]
-                s = s[np.lexsort((s[:, 1], s[:, 0]))]
-                sd, sb, se = s[:, 0], s[:, 1], s[:, 2]
-                new_doc = np.ones(s.shape[0], dtype=bool)
-                new_doc[1:] = sd[1:] != sd[:-1]
-                prev_end = np.concatenate([[0], se[:-1]])
-                last_of_doc = np.ones(s.shape[0], dtype=bool)
-                last_of_doc[:-1] = new_doc[1:]
-                bad.append(sd[(sb != np.where(new_doc, 0, prev_end)) | (last_of_doc & (se != doc_len[sd]))])
-            bad = _distinct(np.concatenate(bad), n_docs)
-            if bad.size:
-                self.out.add(label, "coverage", f"the segments of each document tile [0, length) exactly once (oversize='split'){where}",
-                             f"gaps, overlaps or duplicates in {bad.size} document(s): {_listed(bad)}")
-        else:
-            dup = np.flatnonzero(per_doc > 1)
-            if dup.size:
-                self.out.add(label, "coverage", f"each document at most once (oversize={policy!r}){where}",
-                             f"{dup.size} document(s) appear more than once: {_listed(dup)}")
-            if policy == "truncate":
-                want_ok = (begin == 0) & np.where(length <= cap, end == length, end <= cap)
-                rule = f"[0, length) when length <= {cap}, else [0, k) with k <= {cap}"
-            else:
-                want_ok = (begin == 0) & (end == length)
-                rule = "[0, length)"
-            bad = np.flatnonzero(~want_ok)
-            if bad.size:
-                self.out.add(label, "coverage", f"each document as {rule} (oversize={policy!r}){where}",
-                             f"{bad.size} segment(s) differ, documents {_listed(_distinct(doc[bad], n_docs))}")
+        if policy == "drop":
+            dropped_present = np.flatnonzero(present & (doc_len > cap))
+            if dropped_present.size:
+                self.out.add(label, "coverage", f"documents longer than capacity {cap} absent (oversize='drop'){where}",
+                             f"{dropped_present.size} present: {_listed(dropped_present)}")
 
     def _stats(self, segs, po, seg_len, doc_len, per_doc, copies: np.ndarray | None = None) -> None:
         """Counts in index.json (counts, stats) agree with the segments. O(n_segments + n_docs).
@@ -258,56 +232,84 @@ class _IndexChecks:
         ``copies``: a mixture's copies of each document (spec/COLLECTION.md §5): the document
         stats then count copies (``per_doc`` holds the segments of all copies).
         """
+        truncated_rows = int(seg_len[doc_len[segs[:, 0]] > self.pm.capacity].sum()) \
+            if self.pm.oversize == "truncate" else 0
+        self._stats_of(int(seg_len.sum()), int(po.shape[0] - 1), int(segs.shape[0]), doc_len, per_doc,
+                       truncated_rows, copies)
+
+    def _stats_of(self, packed: int, n_packs: int, n_segments: int, doc_len: np.ndarray, per_doc: np.ndarray,
+                  truncated_rows: int, copies: np.ndarray | None = None) -> None:
+        """``_stats`` from sums over the segments: ``truncated_rows`` is the tokens of the segments
+        whose document is longer than the capacity (with ``oversize="truncate"``)."""
         label = self.file(F.PACK_INDEX_JSON)
         cap = self.pm.capacity
-        c = np.ones(doc_len.shape[0], dtype=np.int64) if copies is None else copies
-        per_copy = per_doc // np.maximum(c, 1)
-        n_docs = int(c.sum())
-        packed = int(seg_len.sum())
-        docs_packed = int(c[per_doc > 0].sum())
+        per_copy = per_doc if copies is None else per_doc // np.maximum(copies, 1)
+
+        def docs(mask):  # documents (or copies) where mask holds
+            return int(np.count_nonzero(mask)) if copies is None else int(copies[mask].sum())
+
+        def tokens(mask):  # their tokens, times their copies
+            return int(doc_len[mask].sum(dtype=np.int64)) if copies is None else int((doc_len * copies)[mask].sum())
+
+        n_docs = doc_len.shape[0] if copies is None else int(copies.sum())
+        present = per_doc > 0
+        docs_packed = docs(present)
         expected = {
             "counts.packed_tokens": packed,
-            "stats.packs": int(po.shape[0] - 1),
-            "stats.segments": int(segs.shape[0]),
+            "stats.packs": n_packs,
+            "stats.segments": n_segments,
             "stats.documents": n_docs,
             "stats.documents_packed": docs_packed,
-            "stats.split_documents": int(c[per_copy > 1].sum()),
+            "stats.split_documents": docs(per_copy > 1),
             "stats.dropped_documents": n_docs - docs_packed,
-            "stats.dropped_tokens": int((doc_len * c)[per_doc == 0].sum()),
+            "stats.dropped_tokens": tokens(~present),
         }
         if self.pm.oversize == "truncate":
-            covered_len = np.bincount(segs[:, 0], weights=seg_len, minlength=doc_len.shape[0]).astype(np.int64)
-            truncated = (doc_len > cap) & (per_doc > 0)
-            expected["stats.truncated_documents"] = int(c[truncated].sum())
-            expected["stats.truncated_tokens"] = int((doc_len * c - covered_len)[truncated].sum())
+            truncated = (doc_len > cap) & present
+            expected["stats.truncated_documents"] = docs(truncated)
+            expected["stats.truncated_tokens"] = tokens(truncated) - truncated_rows
         for key, want in expected.items():
             section, name = key.split(".")
             table = self.pm.raw.get(section, {})
             if name in table and isinstance(table[name], (int, float)) and table[name] != want:
                 self.out.add(label, key, want, table[name])
         fill = self.pm.stats.get("fill_efficiency")
-        if isinstance(fill, (int, float)) and po.shape[0] > 1:
-            want = packed / ((po.shape[0] - 1) * cap)
+        if isinstance(fill, (int, float)) and n_packs > 0:
+            want = packed / (n_packs * cap)
             if abs(fill - want) > 1e-6:
                 self.out.add(label, "stats.fill_efficiency", f"{want:.6f} (packed tokens / (packs x capacity))", fill)
 
-    def _materialized(self, segs, po, seg_len, off, bar) -> None:
-        """pack_token_offsets follow the segments; packed tokens (and mask) equal the gathered segments."""
-        cum = np.concatenate([[0], np.cumsum(seg_len)])
+    def _materialized(self, segs, po, seg_len, off, bar, first_pack: int = 0, first_token: int = 0,
+                      found: set | None = None) -> None:
+        """pack_token_offsets follow the segments; packed tokens (and mask) equal the gathered segments.
+
+        ``segs``/``po`` may be a run of whole packs from pack ``first_pack`` on (``po`` local to the
+        run), whose first token is packed token ``first_token``; ``found`` collects the files
+        already reported (one finding each).
+        """
+        found = set() if found is None else found
+        cum = first_token + np.concatenate([[0], np.cumsum(seg_len)])
         pto = self.array(F.PACK_TOKEN_OFFSETS)
-        if pto is not None and not np.array_equal(np.asarray(pto), cum[po]):
-            k = int(np.flatnonzero(np.asarray(pto) != cum[po])[0])
-            self.out.add(self.file(F.PACK_TOKEN_OFFSETS), f"[{k}]", f"{int(cum[po][k])} (sum of segment lengths)", int(pto[k]))
+        if pto is not None and F.PACK_TOKEN_OFFSETS not in found:
+            p0 = first_pack
+            mine = np.asarray(pto[p0:p0 + po.shape[0]])
+            if not np.array_equal(mine, cum[po]):
+                k = int(np.flatnonzero(mine != cum[po])[0])
+                found.add(F.PACK_TOKEN_OFFSETS)
+                self.out.add(self.file(F.PACK_TOKEN_OFFSETS), f"[{p0 + k}]", f"{int(cum[po][k])} (sum of segment lengths)",
+                             int(mine[k]))
         pairs = [(F.PACKED_TOKENS, self.ds.array(F.TOKENS))]
         if self.ds.m.has_loss_mask:
             pairs.append((F.PACKED_LOSS_MASK, self.ds.array(F.LOSS_MASK)))
         starts = off[segs[:, 0]] + segs[:, 1]
         for fname, src in pairs:
             packed = self.array(fname)
-            if packed is None or src is None or packed.shape[0] != int(cum[-1]):
+            if packed is None or src is None or packed.shape[0] != self.pm.raw["counts"]["packed_tokens"] \
+                    or fname in found:
                 continue
             bad = _first_gather_mismatch(packed, src, starts, seg_len, cum)
             if bad is not None:
+                found.add(fname)
                 self.out.add(self.file(fname), f"token {bad}", "the tokens of the segments gathered in pack order",
                              f"a different value (first difference at packed token {bad})")
 
@@ -329,3 +331,4 @@ def _first_gather_mismatch(packed, src, starts, seg_len, cum) -> int | None:
             return int(cum[i] + diff[0])
         i = j
     return None
+
