@@ -11,6 +11,12 @@ processes when ``workers > 1``. At most ``2 * workers`` batches are in flight, s
 bounded whatever the input size, and results are consumed in submission order, so the output is
 identical for any number of workers.
 
+The workers are a ``concurrent.futures.ProcessPoolExecutor``: a worker that dies (the out-of-memory
+killer's SIGKILL, a segfault) breaks the pool at once, and the build stops with one line naming the
+worker and its signal (``multiprocessing.Pool`` would replace the worker and wait forever for the
+lost batch). Test-only hook: with ``PACKFMT_TEST_KILL_WORKER_AT_BATCH=N`` in the environment, the
+worker given batch N (1-based, submission order) kills itself with SIGKILL.
+
 Every record ends up either written or skipped with a reason; ``on_error="fail"`` (default)
 stops at the first bad record (``file:line: reason``) and publishes nothing (see ``skips``).
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections import deque
 from contextlib import closing
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import InputError
+from .errors import InputError, PackfmtError
 from .skips import Tally
 from .sources import Raw
 from .writer import DatasetWriter
@@ -51,15 +58,21 @@ class BuildResult:
 
 # ----------------------------------------------------------------------------- worker pool
 _WORKER: Any = None
+#: Test-only (module docstring): the batch number whose worker kills itself; 0 = never.
+KILL_AT_BATCH_ENV = "PACKFMT_TEST_KILL_WORKER_AT_BATCH"
+_KILL_AT = 0
 
 
 def _init_worker(factory: Callable[[], Any]) -> None:
-    global _WORKER
+    global _WORKER, _KILL_AT
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _KILL_AT = int(os.environ.get(KILL_AT_BATCH_ENV) or 0)
     _WORKER = factory()
 
 
-def _encode_in_worker(payloads: list) -> list:
+def _encode_in_worker(seq: int, payloads: list) -> list:
+    if seq == _KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
     return _WORKER.encode(payloads)
 
 
@@ -68,8 +81,51 @@ def _pool_context():
     return mp.get_context("fork" if "fork" in methods else "spawn")
 
 
-def _encoded_batches(batches: Iterator[list], converter, factory, workers: int) -> Iterator[tuple[list, list]]:
+class _RecordingContext:
+    """A multiprocessing context that keeps the processes it starts: the executor does not say which
+    of its workers died, nor how; these ``Process`` objects do (``exitcode``)."""
+
+    def __init__(self, ctx) -> None:
+        self._ctx = ctx
+        self.processes: list = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._ctx, name)
+
+    def Process(self, *args, **kwargs):  # noqa: N802 (the multiprocessing name)
+        proc = self._ctx.Process(*args, **kwargs)
+        self.processes.append(proc)
+        return proc
+
+
+def _dead_worker_error(processes: list, batch: list, workers: int, batch_size: int) -> PackfmtError:
+    """The one-line error of a broken pool: which worker died and how, and what to do."""
+    dead = [(k, p) for k, p in enumerate(processes, 1) if p.exitcode is not None]
+    # the executor SIGTERMs the survivors once one died: name a worker that died otherwise first
+    dead.sort(key=lambda kp: kp[1].exitcode == -signal.SIGTERM)
+    if dead:
+        k, proc = dead[0]
+        code = proc.exitcode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        who = f"worker {k} of {workers} (pid {proc.pid}) {how}"
+    else:
+        who, code = f"a worker of {workers} died", None
+    file, line = (batch[0][0], batch[0][1]) if batch else ("the input", 0)
+    where = f"while tokenizing (batches from {file}:{line} on were in flight)"
+    oom = "the out-of-memory killer sends SIGKILL: " if code == -signal.SIGKILL else ""
+    todo = "lower {w} (now {n}) or {b} (now {s}), or free memory, then run the build again; nothing was written"
+    return PackfmtError(f"{who} {where}; {oom}" + todo.format(w="workers=", n=workers, b="batch_size=", s=batch_size),
+                        file=str(file), field="workers", expected="every worker alive until the end", found=who,
+                        cli=f"{who} {where}; {oom}" + todo.format(w="--workers", n=workers, b="--batch-size",
+                                                                     s=batch_size))
+
+
+def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
+                     batch_size: int = 0) -> Iterator[tuple[list, list]]:
     """Yield ``(batch, results)`` in submission order; ``results`` covers the batch's good payloads."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     def payloads(batch):
         return [item for _, _, item in batch if not isinstance(item, InputError)]
 
@@ -78,21 +134,33 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int) 
             good = payloads(batch)
             yield batch, (converter.encode(good) if good else [])
         return
-    pool = _pool_context().Pool(workers, initializer=_init_worker, initargs=(factory,))
+    ctx = _RecordingContext(_pool_context())
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(factory,))
     pending: deque = deque()
+    finished = False
     try:
-        for batch in batches:
-            pending.append((batch, pool.apply_async(_encode_in_worker, (payloads(batch),))))
-            if len(pending) >= 2 * workers:
-                done, result = pending.popleft()
-                yield done, result.get()
-        while pending:
-            done, result = pending.popleft()
-            yield done, result.get()
-        pool.close()
+        try:
+            for seq, batch in enumerate(batches, 1):
+                pending.append((batch, pool.submit(_encode_in_worker, seq, payloads(batch))))
+                if len(pending) >= 2 * workers:
+                    done, result = pending[0]
+                    yield done, result.result()
+                    pending.popleft()
+            while pending:
+                done, result = pending[0]
+                yield done, result.result()
+                pending.popleft()
+        except BrokenProcessPool:
+            raise _dead_worker_error(ctx.processes, pending[0][0] if pending else [], workers, batch_size) from None
+        finished = True
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown(wait=finished, cancel_futures=True)
+        if not finished:  # an error or an interrupt: stop the workers now, as Pool.terminate did
+            for proc in ctx.processes:
+                if proc.exitcode is None:
+                    proc.terminate()
+            for proc in ctx.processes:
+                proc.join()
 
 
 def _prepared_batches(records: Iterable[Raw], converter, batch_size: int, limit: int | None) -> Iterator[list]:
@@ -239,7 +307,7 @@ def run_build(
     bar = _progress(total if limit is None else min(total or limit, limit), progress)
     try:
         batches = _prepared_batches(records, converter, batch_size, limit)
-        with closing(_encoded_batches(batches, converter, factory, workers)) as encoded:  # closing stops the pool
+        with closing(_encoded_batches(batches, converter, factory, workers, batch_size)) as encoded:  # closing stops the pool
             for batch, results in encoded:
                 _consume(batch, results, writer, tally)
                 bar.update(len(batch))

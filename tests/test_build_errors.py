@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,10 @@ import packfmt
 from packfmt import cli
 from packfmt.build import build_text
 from packfmt.errors import InputError
+from packfmt.pipeline import KILL_AT_BATCH_ENV
 from packfmt.tokenize import load_tokenizer
+
+from limits import time_limit
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 SAMPLE_TOK = Path(packfmt.__file__).parent / "sample_data" / "tokenizer"
@@ -80,6 +85,26 @@ def test_skip_with_two_workers_same_report(tmp_path):
     two = build_text([src], tmp_path / "b", SAMPLE_TOK, on_error="skip", batch_size=2, workers=2)
     assert one.report["skipped"] == two.report["skipped"] == expected
     assert (one.path / "tokens.bin").read_bytes() == (two.path / "tokens.bin").read_bytes()
+
+
+def test_worker_killed_mid_build_fails_in_one_line_and_leaves_nothing(tmp_path):
+    """A tokenizing worker SIGKILLed (as by the out-of-memory killer) on batch 3 of 15: the CLI exits 1 at once
+    with one line naming the worker and the signal; no temp dir beside -o (multiprocessing.Pool waited forever)."""
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(60)])
+    out = tmp_path / "ds"
+    root = str(Path(packfmt.__file__).parent.parent)
+    env = {**os.environ, KILL_AT_BATCH_ENV: "3", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with time_limit(120, "a build whose worker was killed (a hang?)"):
+        proc = subprocess.run([sys.executable, "-m", "packfmt.cli", "build", "text", str(src), "-o", str(out),
+                               "--tokenizer", str(SAMPLE_TOK), "--workers", "2", "--batch-size", "4", "--no-progress"],
+                              capture_output=True, text=True, env=env, timeout=110)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("packfmt build: error: worker ") and " of 2 (pid " in lines[0]
+    assert "was killed by SIGKILL" in lines[0] and "--workers" in lines[0] and "--batch-size" in lines[0]
+    assert any(f"batches from {src}:{line} on" in lines[0] for line in (1, 5, 9))  # the oldest one in flight
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # neither -o nor its temp sibling
 
 
 def test_token_ids_not_below_vocab(tmp_path):
