@@ -65,6 +65,7 @@ _KILL_AT = 0
 
 def _init_worker(factory: Callable[[], Any]) -> None:
     global _WORKER, _KILL_AT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _KILL_AT = int(os.environ.get(KILL_AT_BATCH_ENV) or 0)
     _WORKER = factory()
