@@ -11,11 +11,8 @@ processes when ``workers > 1``. At most ``2 * workers`` batches are in flight, s
 bounded whatever the input size, and results are consumed in submission order, so the output is
 identical for any number of workers.
 
-The workers are a ``concurrent.futures.ProcessPoolExecutor``: a worker that dies (the out-of-memory
-killer's SIGKILL, a segfault) breaks the pool at once, and the build stops with one line naming the
-worker and its signal (``multiprocessing.Pool`` would replace the worker and wait forever for the
-lost batch). Test-only hook: with ``PACKFMT_TEST_KILL_WORKER_AT_BATCH=N`` in the environment, the
-worker given batch N (1-based, submission order) kills itself with SIGKILL.
+The workers (``packfmt.workers``) are watched: one that dies (the out-of-memory killer's SIGKILL, a
+segfault) stops the build at once with one line naming the worker, its signal and its records.
 
 Every record ends up either written or skipped with a reason; ``on_error="fail"`` (default)
 stops at the first bad record (``file:line: reason``) and publishes nothing (see ``skips``).
@@ -25,7 +22,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import time
 from collections import deque
 from contextlib import closing
@@ -57,75 +53,29 @@ class BuildResult:
 
 
 # ----------------------------------------------------------------------------- worker pool
-_WORKER: Any = None
-#: Test-only (module docstring): the batch number whose worker kills itself; 0 = never.
-KILL_AT_BATCH_ENV = "PACKFMT_TEST_KILL_WORKER_AT_BATCH"
-_KILL_AT = 0
-
-
-def _init_worker(factory: Callable[[], Any]) -> None:
-    global _WORKER, _KILL_AT
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _KILL_AT = int(os.environ.get(KILL_AT_BATCH_ENV) or 0)
-    _WORKER = factory()
-
-
-def _encode_in_worker(seq: int, payloads: list) -> list:
-    if seq == _KILL_AT:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return _WORKER.encode(payloads)
-
-
 def _pool_context():
     methods = mp.get_all_start_methods()
     return mp.get_context("fork" if "fork" in methods else "spawn")
 
 
-class _RecordingContext:
-    """A multiprocessing context that keeps the processes it starts: the executor does not say which
-    of its workers died, nor how; these ``Process`` objects do (``exitcode``)."""
-
-    def __init__(self, ctx) -> None:
-        self._ctx = ctx
-        self.processes: list = []
-
-    def __getattr__(self, name: str):
-        return getattr(self._ctx, name)
-
-    def Process(self, *args, **kwargs):  # noqa: N802 (the multiprocessing name)
-        proc = self._ctx.Process(*args, **kwargs)
-        self.processes.append(proc)
-        return proc
-
-
-def _dead_worker_error(processes: list, batch: list, workers: int, batch_size: int) -> PackfmtError:
-    """The one-line error of a broken pool: which worker died and how, and what to do."""
-    dead = [(k, p) for k, p in enumerate(processes, 1) if p.exitcode is not None]
-    # the executor SIGTERMs the survivors once one died: name a worker that died otherwise first
-    dead.sort(key=lambda kp: kp[1].exitcode == -signal.SIGTERM)
-    if dead:
-        k, proc = dead[0]
-        code = proc.exitcode
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        who = f"worker {k} of {workers} (pid {proc.pid}) {how}"
-    else:
-        who, code = f"a worker of {workers} died", None
-    file, line = (batch[0][0], batch[0][1]) if batch else ("the input", 0)
-    where = f"while tokenizing (batches from {file}:{line} on were in flight)"
-    oom = "the out-of-memory killer sends SIGKILL: " if code == -signal.SIGKILL else ""
+def _dead_worker_error(lost, batches: dict[int, list], workers: int, batch_size: int) -> PackfmtError:
+    """The one-line error of a worker that died: which one and how, the batch it was tokenizing, what to do."""
+    batch = next((batches[seq] for seq in lost.tasks if batches.get(seq)), None)
+    where = f"the batch that starts at {batch[0][0]}:{batch[0][1]}" if batch else "a batch"
+    who = f"worker {lost.index} of {workers} (pid {lost.pid}) {lost.how}"
+    oom = "the out-of-memory killer sends SIGKILL: " if lost.how.endswith("SIGKILL") else ""
     todo = "lower {w} (now {n}) or {b} (now {s}), or free memory, then run the build again; nothing was written"
-    return PackfmtError(f"{who} {where}; {oom}" + todo.format(w="workers=", n=workers, b="batch_size=", s=batch_size),
-                        file=str(file), field="workers", expected="every worker alive until the end", found=who,
-                        cli=f"{who} {where}; {oom}" + todo.format(w="--workers", n=workers, b="--batch-size",
-                                                                     s=batch_size))
+    head = f"{who} while tokenizing {where}; {oom}"
+    return PackfmtError(head + todo.format(w="workers=", n=workers, b="batch_size=", s=batch_size),
+                        file=batch[0][0] if batch else None, field="workers",
+                        expected="every worker alive until the end", found=who,
+                        cli=head + todo.format(w="--workers", n=workers, b="--batch-size", s=batch_size))
 
 
 def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
                      batch_size: int = 0) -> Iterator[tuple[list, list]]:
     """Yield ``(batch, results)`` in submission order; ``results`` covers the batch's good payloads."""
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
+    from .workers import EncodePool, WorkerLost
 
     def payloads(batch):
         return [item for _, _, item in batch if not isinstance(item, InputError)]
@@ -135,33 +85,27 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
             good = payloads(batch)
             yield batch, (converter.encode(good) if good else [])
         return
-    ctx = _RecordingContext(_pool_context())
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(factory,))
-    pending: deque = deque()
+    pool = EncodePool(factory, workers, _pool_context())
+    pending: dict[int, list] = {}  # seq -> batch, in submission order
     finished = False
     try:
         try:
             for seq, batch in enumerate(batches, 1):
-                pending.append((batch, pool.submit(_encode_in_worker, seq, payloads(batch))))
+                pending[seq] = batch
+                pool.submit(seq, payloads(batch))
                 if len(pending) >= 2 * workers:
-                    done, result = pending[0]
-                    yield done, result.result()
-                    pending.popleft()
+                    oldest = next(iter(pending))
+                    yield pending[oldest], pool.result(oldest)
+                    del pending[oldest]
             while pending:
-                done, result = pending[0]
-                yield done, result.result()
-                pending.popleft()
-        except BrokenProcessPool:
-            raise _dead_worker_error(ctx.processes, pending[0][0] if pending else [], workers, batch_size) from None
+                oldest = next(iter(pending))
+                yield pending[oldest], pool.result(oldest)
+                del pending[oldest]
+        except WorkerLost as lost:
+            raise _dead_worker_error(lost, pending, workers, batch_size) from None
         finished = True
     finally:
-        pool.shutdown(wait=finished, cancel_futures=True)
-        if not finished:  # an error or an interrupt: stop the workers now, as Pool.terminate did
-            for proc in ctx.processes:
-                if proc.exitcode is None:
-                    proc.terminate()
-            for proc in ctx.processes:
-                proc.join()
+        pool.close(finished)
 
 
 def _prepared_batches(records: Iterable[Raw], converter, batch_size: int, limit: int | None) -> Iterator[list]:

@@ -13,8 +13,8 @@ import pytest
 import packfmt
 from packfmt import cli
 from packfmt.build import build_text
-from packfmt.errors import InputError
-from packfmt.pipeline import KILL_AT_BATCH_ENV
+from packfmt.errors import InputError, PackfmtError
+from packfmt.workers import KILL_AT_BATCH_ENV
 from packfmt.tokenize import load_tokenizer
 
 from limits import time_limit
@@ -103,8 +103,19 @@ def test_worker_killed_mid_build_fails_in_one_line_and_leaves_nothing(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("packfmt build: error: worker ") and " of 2 (pid " in lines[0]
     assert "was killed by SIGKILL" in lines[0] and "--workers" in lines[0] and "--batch-size" in lines[0]
-    assert any(f"batches from {src}:{line} on" in lines[0] for line in (1, 5, 9))  # the oldest one in flight
+    assert f"while tokenizing the batch that starts at {src}:9;" in lines[0]  # batch 3 of 4 records each
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # neither -o nor its temp sibling
+
+
+def test_worker_killed_api_error_names_the_options(tmp_path, monkeypatch):
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(20)])
+    monkeypatch.setenv(KILL_AT_BATCH_ENV, "1")  # read by each worker as it starts (forked from this process)
+    with time_limit(120, "a build whose worker was killed (a hang?)"), pytest.raises(PackfmtError) as info:
+        build_text([src], tmp_path / "ds", SAMPLE_TOK, workers=2, batch_size=3)
+    msg = str(info.value)
+    assert "was killed by SIGKILL" in msg and "workers= (now 2)" in msg and "batch_size= (now 3)" in msg
+    assert f"the batch that starts at {src}:1;" in msg and "\n" not in msg
+    assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]
 
 
 def test_token_ids_not_below_vocab(tmp_path):
