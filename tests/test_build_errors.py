@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,40 @@ def test_worker_killed_mid_build_fails_in_one_line_and_leaves_nothing(tmp_path):
     assert "was killed by SIGKILL" in lines[0] and "--workers" in lines[0] and "--batch-size" in lines[0]
     assert f"while tokenizing the batch that starts at {src}:9;" in lines[0]  # batch 3 of 4 records each
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # neither -o nor its temp sibling
+
+
+def test_worker_killed_from_outside_is_noticed(tmp_path):
+    """A worker SIGKILLed by another process (psutil here, the OOM killer in life) mid-build, while idle: the
+    input is a FIFO, so the build has surely started (temp dir made, records read) and waits for more input."""
+    psutil = pytest.importorskip("psutil")
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    root = str(Path(packfmt.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    records = b"".join(json.dumps({"text": f"{GOOD} {k}"}).encode() + b"\n" for k in range(40))
+    with time_limit(120, "a build whose worker was killed (a hang?)"):
+        proc = subprocess.Popen([sys.executable, "-m", "packfmt.cli", "build", "text", str(fifo), "-o",
+                                 str(tmp_path / "ds"), "--tokenizer", str(SAMPLE_TOK), "--workers", "2",
+                                 "--batch-size", "4", "--no-progress"], stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            with open(fifo, "wb") as feed:  # opens once the build opens its input (after making its temp dir)
+                feed.write(records)
+                feed.flush()
+                while len(workers := psutil.Process(proc.pid).children()) < 2:
+                    assert proc.poll() is None, proc.stderr.read()
+                    time.sleep(0.05)
+                victim = workers[-1].pid
+                os.kill(victim, signal.SIGKILL)
+                feed.write(records)
+            _, err = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and f" of 2 (pid {victim}) was killed by SIGKILL while tokenizing " in lines[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
 def test_worker_killed_api_error_names_the_options(tmp_path, monkeypatch):
