@@ -396,6 +396,29 @@ def load_decoder(path: str | os.PathLike):
     return lambda ids: hf.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
+def tokenizer_mismatch(recorded: dict | None, path: str | os.PathLike) -> str | None:
+    """Why the tokenizer at ``path`` may decode a dataset wrongly: its identity hash (``tokenize.tokenizer_hash``,
+    the one a build records) is not the manifest's ``tokenizer.hash``; None when they agree, or when the
+    manifest records no hash. A ``tokenizer.json`` given alone also agrees when its folder's hash does.
+    """
+    from .errors import PackfmtError
+    from .tokenize import tokenizer_hash
+
+    want = (recorded or {}).get("hash")
+    p = Path(path)
+    if not isinstance(want, str) or not p.exists():
+        return None
+    try:
+        have = tokenizer_hash(p)
+        if have == want or (p.is_file() and tokenizer_hash(p.parent) == want):
+            return None
+    except PackfmtError:  # no tokenizer files there: loading it says so
+        return None
+    return (f"tokenizer {str(p)!r} has hash {have}, but the dataset was built with tokenizer "
+            f"{(recorded or {}).get('name')!r}, hash {want}: another tokenizer maps ids to other text, so the "
+            "decoded text may be wrong")
+
+
 def format_pack(index: PackIndex, p: int, decode=None) -> str:
     """Pack ``p``: its segments, then its text (or token ids) with ``‖ doc D [b:e) ‖`` boundary markers."""
     if not 0 <= p < index.num_packs:

@@ -11,6 +11,9 @@ processes when ``workers > 1``. At most ``2 * workers`` batches are in flight, s
 bounded whatever the input size, and results are consumed in submission order, so the output is
 identical for any number of workers.
 
+The workers (``packfmt.workers``) are watched: one that dies (the out-of-memory killer's SIGKILL, a
+segfault) stops the build at once with one line naming the worker, its signal and its records.
+
 Every record ends up either written or skipped with a reason; ``on_error="fail"`` (default)
 stops at the first bad record (``file:line: reason``) and publishes nothing (see ``skips``).
 """
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import InputError
+from .errors import InputError, PackfmtError
 from .skips import Tally
 from .sources import Raw
 from .writer import DatasetWriter
@@ -50,26 +53,30 @@ class BuildResult:
 
 
 # ----------------------------------------------------------------------------- worker pool
-_WORKER: Any = None
-
-
-def _init_worker(factory: Callable[[], Any]) -> None:
-    global _WORKER
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER = factory()
-
-
-def _encode_in_worker(payloads: list) -> list:
-    return _WORKER.encode(payloads)
-
-
 def _pool_context():
     methods = mp.get_all_start_methods()
     return mp.get_context("fork" if "fork" in methods else "spawn")
 
 
-def _encoded_batches(batches: Iterator[list], converter, factory, workers: int) -> Iterator[tuple[list, list]]:
+def _dead_worker_error(lost, batches: dict[int, list], workers: int, batch_size: int) -> PackfmtError:
+    """The one-line error of a worker that died: which one and how, the batch it was tokenizing, what to do."""
+    batch = next((batches[seq] for seq in lost.tasks if batches.get(seq)), None)
+    where = f"the batch that starts at {batch[0][0]}:{batch[0][1]}" if batch else "a batch"
+    who = f"worker {lost.index} of {workers} (pid {lost.pid}) {lost.how}"
+    oom = "the out-of-memory killer sends SIGKILL: " if lost.how.endswith("SIGKILL") else ""
+    todo = "lower {w} (now {n}) or {b} (now {s}), or free memory, then run the build again; nothing was written"
+    head = f"{who} while tokenizing {where}; {oom}"
+    return PackfmtError(head + todo.format(w="workers=", n=workers, b="batch_size=", s=batch_size),
+                        file=batch[0][0] if batch else None, field="workers",
+                        expected="every worker alive until the end", found=who,
+                        cli=head + todo.format(w="--workers", n=workers, b="--batch-size", s=batch_size))
+
+
+def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
+                     batch_size: int = 0) -> Iterator[tuple[list, list]]:
     """Yield ``(batch, results)`` in submission order; ``results`` covers the batch's good payloads."""
+    from .workers import EncodePool, WorkerLost
+
     def payloads(batch):
         return [item for _, _, item in batch if not isinstance(item, InputError)]
 
@@ -78,21 +85,27 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int) 
             good = payloads(batch)
             yield batch, (converter.encode(good) if good else [])
         return
-    pool = _pool_context().Pool(workers, initializer=_init_worker, initargs=(factory,))
-    pending: deque = deque()
+    pool = EncodePool(factory, workers, _pool_context())
+    pending: dict[int, list] = {}  # seq -> batch, in submission order
+    finished = False
     try:
-        for batch in batches:
-            pending.append((batch, pool.apply_async(_encode_in_worker, (payloads(batch),))))
-            if len(pending) >= 2 * workers:
-                done, result = pending.popleft()
-                yield done, result.get()
-        while pending:
-            done, result = pending.popleft()
-            yield done, result.get()
-        pool.close()
+        try:
+            for seq, batch in enumerate(batches, 1):
+                pending[seq] = batch
+                pool.submit(seq, payloads(batch))
+                if len(pending) >= 2 * workers:
+                    oldest = next(iter(pending))
+                    yield pending[oldest], pool.result(oldest)
+                    del pending[oldest]
+            while pending:
+                oldest = next(iter(pending))
+                yield pending[oldest], pool.result(oldest)
+                del pending[oldest]
+        except WorkerLost as lost:
+            raise _dead_worker_error(lost, pending, workers, batch_size) from None
+        finished = True
     finally:
-        pool.terminate()
-        pool.join()
+        pool.close(finished)
 
 
 def _prepared_batches(records: Iterable[Raw], converter, batch_size: int, limit: int | None) -> Iterator[list]:
@@ -239,7 +252,7 @@ def run_build(
     bar = _progress(total if limit is None else min(total or limit, limit), progress)
     try:
         batches = _prepared_batches(records, converter, batch_size, limit)
-        with closing(_encoded_batches(batches, converter, factory, workers)) as encoded:  # closing stops the pool
+        with closing(_encoded_batches(batches, converter, factory, workers, batch_size)) as encoded:  # closing stops the pool
             for batch, results in encoded:
                 _consume(batch, results, writer, tally)
                 bar.update(len(batch))

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,8 +15,11 @@ import pytest
 import packfmt
 from packfmt import cli
 from packfmt.build import build_text
-from packfmt.errors import InputError
+from packfmt.errors import InputError, PackfmtError
+from packfmt.workers import KILL_AT_BATCH_ENV
 from packfmt.tokenize import load_tokenizer
+
+from limits import time_limit
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 SAMPLE_TOK = Path(packfmt.__file__).parent / "sample_data" / "tokenizer"
@@ -80,6 +87,71 @@ def test_skip_with_two_workers_same_report(tmp_path):
     two = build_text([src], tmp_path / "b", SAMPLE_TOK, on_error="skip", batch_size=2, workers=2)
     assert one.report["skipped"] == two.report["skipped"] == expected
     assert (one.path / "tokens.bin").read_bytes() == (two.path / "tokens.bin").read_bytes()
+
+
+def test_worker_killed_mid_build_fails_in_one_line_and_leaves_nothing(tmp_path):
+    """A tokenizing worker SIGKILLed (as by the out-of-memory killer) on batch 3 of 15: the CLI exits 1 at once
+    with one line naming the worker and the signal; no temp dir beside -o (multiprocessing.Pool waited forever)."""
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(60)])
+    out = tmp_path / "ds"
+    root = str(Path(packfmt.__file__).parent.parent)
+    env = {**os.environ, KILL_AT_BATCH_ENV: "3", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with time_limit(120, "a build whose worker was killed (a hang?)"):
+        proc = subprocess.run([sys.executable, "-m", "packfmt.cli", "build", "text", str(src), "-o", str(out),
+                               "--tokenizer", str(SAMPLE_TOK), "--workers", "2", "--batch-size", "4", "--no-progress"],
+                              capture_output=True, text=True, env=env, timeout=110)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("packfmt build: error: worker ") and " of 2 (pid " in lines[0]
+    assert "was killed by SIGKILL" in lines[0] and "--workers" in lines[0] and "--batch-size" in lines[0]
+    assert f"while tokenizing the batch that starts at {src}:9;" in lines[0]  # batch 3 of 4 records each
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # neither -o nor its temp sibling
+
+
+def test_worker_killed_from_outside_is_noticed(tmp_path):
+    """A worker SIGKILLed by another process (psutil here, the OOM killer in life) mid-build, while idle: the
+    input is a FIFO, so the build has surely started (temp dir made, records read) and waits for more input."""
+    psutil = pytest.importorskip("psutil")
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    root = str(Path(packfmt.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    records = b"".join(json.dumps({"text": f"{GOOD} {k}"}).encode() + b"\n" for k in range(40))
+    with time_limit(120, "a build whose worker was killed (a hang?)"):
+        proc = subprocess.Popen([sys.executable, "-m", "packfmt.cli", "build", "text", str(fifo), "-o",
+                                 str(tmp_path / "ds"), "--tokenizer", str(SAMPLE_TOK), "--workers", "2",
+                                 "--batch-size", "4", "--no-progress"], stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            with open(fifo, "wb") as feed:  # opens once the build opens its input (after making its temp dir)
+                feed.write(records)
+                feed.flush()
+                while len(workers := psutil.Process(proc.pid).children()) < 2:
+                    assert proc.poll() is None, proc.stderr.read()
+                    time.sleep(0.05)
+                victim = workers[-1].pid
+                os.kill(victim, signal.SIGKILL)
+                feed.write(records)
+            _, err = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and f" of 2 (pid {victim}) was killed by SIGKILL while tokenizing " in lines[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_worker_killed_api_error_names_the_options(tmp_path, monkeypatch):
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(20)])
+    monkeypatch.setenv(KILL_AT_BATCH_ENV, "1")  # read by each worker as it starts (forked from this process)
+    with time_limit(120, "a build whose worker was killed (a hang?)"), pytest.raises(PackfmtError) as info:
+        build_text([src], tmp_path / "ds", SAMPLE_TOK, workers=2, batch_size=3)
+    msg = str(info.value)
+    assert "was killed by SIGKILL" in msg and "workers= (now 2)" in msg and "batch_size= (now 3)" in msg
+    assert f"the batch that starts at {src}:1;" in msg and "\n" not in msg
+    assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]
 
 
 def test_token_ids_not_below_vocab(tmp_path):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,8 @@ from packfmt import cli
 from packfmt.build import build_easy_vqa, build_multimodal
 from packfmt.errors import InputError, PackfmtError
 from packfmt.tokenize import load_tokenizer
+
+from images import png
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 SAMPLE_TOK = Path(packfmt.__file__).parent / "sample_data" / "tokenizer"
@@ -232,6 +236,68 @@ def test_cli_llava_and_easy_vqa(tmp_path, image_root, capsys):
                      "--no-progress"]) == 0
     assert "20 records read = 20 written + 0 skipped" in capsys.readouterr().out
     assert cli.main(["build", "easy-vqa", str(tmp_path / "x"), "--image-tokens", "many"]) == 2
+
+
+# ----------------------------------------------------------------------------- WebDataset shards cut short
+def write_shard(path: Path, keys: list[str]) -> dict[str, int]:
+    """Samples ``{KEY.json, KEY.png}`` (a real PNG each); returns the byte offset where each member ends."""
+    ends = {}
+    with tarfile.open(path, "w") as tar:
+        for k, key in enumerate(keys):
+            rec = {"messages": [{"role": "user", "content": f"<image>\nWhat colour is picture {key}?"},
+                                {"role": "assistant", "content": f"Colour {k}."}], "images": ["png"]}
+            for name, data in ((f"{key}.json", json.dumps(rec).encode()), (f"{key}.png", png(6 + k, 5, (9 * k, 80, 20)))):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                ends[name] = tar.offset
+    return ends
+
+
+#: where the shard is cut: the member boundary inside sample s1 (its image lost: was missing_image), the end of s1
+#: (sample s2 on lost uncounted), inside s1.png's header (was missing_image), inside s1.png's data
+SHARD_CUTS = {"member_boundary": ("s1.json", 0), "sample_boundary": ("s1.png", 0), "inside_header": ("s1.json", 100),
+              "inside_data": ("s1.json", 512 + 40)}
+
+
+@pytest.mark.parametrize("cut", list(SHARD_CUTS))
+def test_truncated_shard_is_counted_never_lost(tmp_path, cut):
+    ends = write_shard(tmp_path / "full.tar", ["s0", "s1", "s2", "s3"])
+    member, extra = SHARD_CUTS[cut]
+    size = ends[member] + extra
+    shard = tmp_path / "cut.tar"
+    shard.write_bytes((tmp_path / "full.tar").read_bytes()[:size])
+    write_shard(tmp_path / "next.tar", ["t0", "t1"])
+    shards = [shard, tmp_path / "next.tar"]
+    result = build_multimodal(shards, tmp_path / "ds", SAMPLE_TOK, image_tokens=4, on_error="skip")
+    r = result.report
+    assert r["skipped"] == {"truncated_shard": 1}, r["skipped_examples"]
+    assert r["records_read"] == 4 == r["documents_written"] + sum(r["skipped"].values())  # s0, s1 (cut), t0, t1
+    example = r["skipped_examples"][0]
+    assert (example["file"], example["line"]) == (str(shard), 2)  # sample s1: the one being read
+    assert f"ends at byte {size}" in example["message"] and "'s1'" in example["message"]
+    assert packfmt.open(result.path).num_images == 3
+    with pytest.raises(InputError) as info:  # on_error="fail" (the default): the shard and the byte offset
+        build_multimodal(shards, tmp_path / "failed", SAMPLE_TOK, image_tokens=4)
+    assert info.value.reason == "truncated_shard" and info.value.file == str(shard) and info.value.line == 2
+    assert str(info.value).startswith(f"{shard}: truncated shard: the file ends at byte {size}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.tar", "ds", "full.tar", "next.tar"]  # no temp dir
+
+
+def test_cli_truncated_shard_names_shard_and_offset(tmp_path, capsys):
+    ends = write_shard(tmp_path / "full.tar", ["s0", "s1"])
+    shard = tmp_path / "cut.tar"
+    shard.write_bytes((tmp_path / "full.tar").read_bytes()[:ends["s1.json"] + 300])  # inside s1.png's header
+    args = ["build", "llava", str(shard), "-o", str(tmp_path / "ds"), "--tokenizer", str(SAMPLE_TOK),
+            "--image-tokens", "4", "--no-progress"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"packfmt build: error: {shard}: truncated shard: the file ends at byte "
+                                               f"{ends['s1.json'] + 300}, inside the header that starts at byte "
+                                               f"{ends['s1.json']}")
+    assert "[reason: truncated_shard]" in err[0] and "--on-error skip" in err[0]
+    assert cli.main(args + ["--on-error", "skip"]) == 0
+    assert "2 records read = 1 written + 1 skipped" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- resize / re-encode options

@@ -182,3 +182,31 @@ def test_show_pack_never_opens_a_path_from_the_manifest(tokenized, tmp_path, cap
     assert main(["inspect", str(moved), "--show-pack", "0", "--tokenizer", str(tok_dir)]) == 0
     out = capsys.readouterr().out
     assert all(text in out for text in docs)
+
+
+def test_tokenizer_with_another_hash_warns_naming_both(tokenized, tmp_path, capsys):
+    """--tokenizer is compared with the manifest's tokenizer.hash (the build's own hash function): another
+    tokenizer warns in one line naming both hashes; the dataset's own (its folder or its tokenizer.json) is silent."""
+    from packfmt.build import build_text
+    from packfmt.tokenize import tokenizer_hash
+
+    sample_tok = Path(packfmt.__file__).parent / "sample_data" / "tokenizer"
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["Packing wastes no slot.", "Every offset is checked."]))
+    root = build_text([src], tmp_path / "ds", sample_tok).path
+    build_pack_index(root, capacity=64, algorithm="ffd", name="ffd-64")
+    recorded = packfmt.open(root).manifest.tokenizer["hash"]
+    assert recorded == tokenizer_hash(sample_tok)
+    for same in (sample_tok, sample_tok / "tokenizer.json"):
+        assert main(["inspect", str(root), "--show-pack", "0", "--tokenizer", str(same)]) == 0
+        captured = capsys.readouterr()
+        assert "warning" not in captured.err and "Packing wastes no slot." in captured.out
+    other = tokenized[1]  # the tiny BPE trained in the fixture
+    assert main(["inspect", str(root), "--tokenizer", str(other)]) == 0
+    warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("packfmt inspect: warning: --tokenizer: ")
+    assert tokenizer_hash(other) in warnings[0] and recorded in warnings[0] and tokenizer_hash(other) != recorded
+    assert "decoded text may be wrong" in warnings[0]
+    assert main(["inspect", str(tokenized[0]), "--tokenizer", str(other)]) == 0  # the manifest records no hash
+    assert "warning" not in capsys.readouterr().err

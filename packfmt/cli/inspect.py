@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect import format_pack, format_summary, summarize
+    from ..inspect import format_pack, format_summary, summarize, tokenizer_mismatch
     from ..plot import plot_summary
     from ..reader import open_dataset
 
@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if args.index is not None:
         store.pack_index(args.index)  # a FormatError listing the indexes there are (or how to create one)
     summary = summarize(store, progress=sys.stderr.isatty(), batch_size=args.batch_size)
+    if args.tokenizer and (problem := tokenizer_mismatch(summary["tokenizer"], args.tokenizer)):
+        print(f"packfmt inspect: warning: --tokenizer: {problem}; pass the tokenizer the dataset was built with",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:

@@ -116,7 +116,14 @@ class Collection:
         if store is not None:
             self._open.move_to_end(m)
             return store
-        store = self._check_member(m, Store(self.member_path(m)))
+        try:
+            opened = Store(self.member_path(m))
+        except FormatError:  # a collection listed as a member says so, and names a cycle
+            nested = nested_collection_error(self.path, m, self.members[m])
+            if nested is None:
+                raise
+            raise nested from None
+        store = self._check_member(m, opened)
         self._open[m] = store
         while len(self._open) > self.max_open_members:
             self._open.popitem(last=False)
@@ -212,6 +219,37 @@ def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F
                                + (f" ({why})" if why else ""), file=F.MANIFEST, field=name, expected=expected,
                                found=found))
     return out
+
+
+def nested_collection_error(root: Path, m: int, entry: Member) -> FormatError | None:
+    """The error of member ``m`` of the collection at ``root`` when it is a collection (C2: a member is a
+    store), naming the cycle when it is ``root`` itself or lists ``root``; None when it is not a collection.
+
+    Nothing ever opens or validates such a member as a collection, so no cycle is followed.
+    """
+    from ..errors import PackfmtError
+    from .manifest import is_collection
+
+    path = root / entry.path
+    try:
+        obj = F.read_json(path / F.MANIFEST, file=F.MANIFEST)
+    except (PackfmtError, OSError):
+        return None
+    if not is_collection(obj):
+        return None
+    listed = obj.get("members") if isinstance(obj.get("members"), list) else []
+    listed = [x["path"] for x in listed if isinstance(x, dict) and isinstance(x.get("path"), str)]
+    try:
+        here = root.resolve()
+        cycle = (" (this collection itself: a cycle)" if path.resolve() == here else
+                 " (it lists this collection as a member: a cycle)" if any((path / p).resolve() == here for p in listed)
+                 else "")
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte: no cycle can be named
+        cycle = ""
+    return FormatError(f"{F.MANIFEST}: members[{m}] ({entry.name}): path {entry.path!r} is a collection{cycle}, not a "
+                       "store; a member must be a store (spec/COLLECTION.md C2): to combine collections, "
+                       "`packfmt merge` their paths (it lists their stores)", file=F.MANIFEST,
+                       field=f"members[{m}].path", expected="a store (C2)", found=f"a collection{cycle}")
 
 
 def _running_sum(values: list[int]) -> np.ndarray:

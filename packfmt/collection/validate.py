@@ -57,10 +57,14 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
 def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decode_images: bool) -> bool:
     """C2, C3 and the member's own checks (C4 when ``deep``); True when the member has no error."""
     from .. import validate as V
-    from .reader import member_problems
+    from .reader import member_problems, nested_collection_error
 
     entry = cm.members[m]
     path = root / entry.path
+    nested = nested_collection_error(root, m, entry)
+    if nested is not None:  # not validated as a collection: a collection listing itself would recurse forever
+        out.from_error(nested, F.MANIFEST)
+        return False
     before = len(out.report.errors)
     sub = V.validate(path, deep=deep, progress=progress, decode_images=decode_images)
     for p in sub.problems:
