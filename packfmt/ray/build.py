@@ -18,6 +18,8 @@ The pipeline (driver, then the cluster, then the driver)::
   returned ones to ``members/00000...``, deletes the rest (attempts of tasks that died), writes the
   collection manifest last and renames the folder onto ``out``. A killed driver leaves only the
   temporary folder, which the next build removes (its pid is gone): nothing opens as a collection.
+* Inputs and ``out`` in object storage: see ``packfmt.ray.remote`` (units planned by ranged reads,
+  read by the actors; members uploaded by the write tasks, the collection manifest by the driver).
 * Counts and the skip policy are the local build's: each task returns its counts and its bad
   records in order; the driver sums them into one ``Tally`` (``read = written + skipped``) and
   applies ``on_error`` before committing anything.
@@ -246,7 +248,7 @@ def run_ray_build(
                         "actor_pool": pool},
             }
             if remote_out:
-                path = commit_remote(out, storage_options, returns, report)
+                path = commit_remote(out, storage_options, returns, report, replacing=job.replacing)
             else:
                 path = commit(job.tmp, out, returns, report, overwrite, _fault)
     finally:

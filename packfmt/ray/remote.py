@@ -12,7 +12,8 @@
   under ``out`` that is not a returned member (killed attempts, the replaced collection), and
   uploads the collection manifest last (spec/FORMAT.md §5.4, spec/COLLECTION.md). A failed build
   removes the members it uploaded; a killed driver leaves members without a collection manifest
-  (nothing opens at ``out``; the next build at ``out`` removes them).
+  (nothing opens at ``out``; the next build at ``out`` removes them). Without ``overwrite`` only
+  ``out/members/`` is swept: other objects under the prefix ``out`` are never touched.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def remote_job(url: str, storage_options: dict | None, *, overwrite: bool, ray_a
                                  cli=f"{url}: already exists (pass --overwrite to replace it)")
     with ray_context(ray_address, progress) as startup:
         job = _Job(None, ray_address, startup, staging=f"{url}/{MEMBERS}")
+        job.replacing = taken
         try:
             yield job
         except BaseException:
@@ -108,8 +110,14 @@ def remote_job(url: str, storage_options: dict | None, *, overwrite: bool, ray_a
             raise
 
 
-def commit_remote(url: str, storage_options: dict | None, returns: list[dict], report: dict) -> str:
-    """The collection manifest over the uploaded members, in order; replaced objects removed; manifest uploaded last."""
+def commit_remote(url: str, storage_options: dict | None, returns: list[dict], report: dict, *,
+                  replacing: bool) -> str:
+    """The collection manifest over the uploaded members, in order; replaced objects removed; manifest uploaded last.
+
+    ``replacing`` (a dataset was at ``url``, ``overwrite``): every object under ``url`` that is not a new
+    member is deleted, as ``upload_tree`` does; otherwise only unlisted prefixes under ``url/members/``
+    are (what killed attempts or a killed build left), never other objects that share the prefix.
+    """
     from .. import format as F
     from ..collection.manifest import Member
     from ..collection.writer import check_members_agree, collection_manifest
@@ -130,7 +138,7 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
         fs.invalidate_cache(rpath)
         if fs.exists(f"{rpath}/{F.MANIFEST}"):
             fs.rm_file(f"{rpath}/{F.MANIFEST}")  # the replaced dataset stops existing first (§5.4)
-        _sweep(fs, rpath, keep)  # killed attempts' uploads, the replaced dataset's objects
+        _sweep(fs, rpath, keep, under="" if replacing else MEMBERS)  # killed attempts; the replaced dataset
         fs.pipe_file(f"{rpath}/{F.MANIFEST}", F.canonical_json(manifest))
         fs.invalidate_cache(rpath)
     return url
