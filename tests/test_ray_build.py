@@ -21,7 +21,7 @@ pytest.importorskip("ray")
 import packfmt  # noqa: E402
 from packfmt.build import build_chat, build_multimodal, build_text  # noqa: E402
 from packfmt.collection import Collection, merge_physical  # noqa: E402
-from packfmt.errors import InputError  # noqa: E402
+from packfmt.errors import DatasetExistsError, InputError  # noqa: E402
 
 from ray_session import ray_session, time_limit  # noqa: E402,F401
 from s3_server import s3_server  # noqa: E402,F401  (skips without moto / s3fs)
@@ -256,6 +256,12 @@ def test_ray_build_to_object_storage(tmp_path, monkeypatch, s3_server):
     listed = only_listed_members(s3_server, f"{BUCKET}/ray/text")
     assert len(listed) == 3 and all(p.startswith("members/") for p in listed)
     assert not (tmp_path / "cache").exists()  # the driver mirrored nothing: the members went up from the tasks
+    with pytest.raises(DatasetExistsError):  # refused before any work
+        build_text([SAMPLE / "text.jsonl"], url, SAMPLE_TOK, engine="ray", storage_options=explicit_options())
+    build_text([SAMPLE / "text.jsonl"], url, SAMPLE_TOK, engine="ray", records_per_member=30, overwrite=True,
+               storage_options=explicit_options())
+    relisted = only_listed_members(s3_server, f"{BUCKET}/ray/text")  # the replaced members are gone
+    assert len(relisted) == 2 and not set(relisted) & set(listed)
     monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "fresh"))
     coll = packfmt.open(url)
     local = packfmt.open(build_text([SAMPLE / "text.jsonl"], tmp_path / "local", SAMPLE_TOK).path)
