@@ -3,6 +3,7 @@ PackedDataset through a real S3-protocol server (moto, on 127.0.0.1), compared w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -180,7 +181,7 @@ def test_ranged_plan_of_remote_inputs_reads_no_whole_object(s3_server, tmp_path)
     cuts = ranges.line_ranges(url, 5)
     assert cuts == ranges.line_ranges(url, 5)  # a function of the object alone
     assert cuts[0][0] == 0 and cuts[-1][1] == len(data) and len(cuts) > 5
-    assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
     assert all(data[e - 1:e] == b"\n" for _, e in cuts)
     assert sum(ranges.count_newlines(url, b, e) for b, e in cuts) == 300
     assert b"".join(ranges.read_range(url, b, e) for b, e in cuts) == data

@@ -19,11 +19,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import contextmanager
 
 from ..errors import DatasetExistsError
 
-__all__ = ["number_lines", "remote_job", "commit_remote"]
+__all__ = ["commit_remote", "number_lines", "remote_job"]
 
 MEMBERS = "members"
 
@@ -105,8 +106,9 @@ def remote_job(url: str, storage_options: dict | None, *, overwrite: bool, ray_a
             try:
                 with storage_errors(url, storage_options):
                     _sweep(fs, rpath, _listed_members(fs, rpath), under=MEMBERS)
-            except Exception:  # noqa: BLE001 - the build's own error is the one to report
-                pass
+            except Exception as exc:  # noqa: BLE001 - the build's own error is the one to report
+                logging.getLogger(__name__).warning("%s/%s: members of the failed build not removed (%s); the next "
+                                                    "build at %s removes them", url, MEMBERS, exc, url)
             raise
 
 

@@ -19,6 +19,7 @@ before it writes the collection manifest (``remote.commit_remote``).
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 import uuid
@@ -52,9 +53,8 @@ class MemberSink(Datasink):
     def write(self, blocks, ctx) -> dict:
         from ..pipeline import write_doc
         from ..skips import Tally
-        from ..writer import DatasetWriter
-
         from ..storage import is_remote
+        from ..writer import DatasetWriter
 
         name = f"{ctx.task_idx:06d}-{uuid.uuid4().hex[:8]}"
         remote = is_remote(self.staging)
@@ -124,8 +124,9 @@ class MemberSink(Datasink):
             fs, rpath = filesystem(f"{self.staging}/{name}", self.storage_options)
             if fs.exists(rpath):
                 fs.rm(rpath, recursive=True)
-        except Exception:  # noqa: BLE001 - best effort; the driver removes unlisted prefixes before committing
-            pass
+        except Exception as exc:  # noqa: BLE001 - best effort; the driver removes unlisted prefixes before committing
+            logging.getLogger(__name__).warning("%s/%s: not removed after a failed write (%s); the driver removes it "
+                                                "before it commits", self.staging, name, exc)
 
     def on_write_complete(self, write_result) -> None:
         self.returns = list(write_result.write_returns)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from .errors import StorageError, require_bucket, storage_errors
 from .uri import filesystem
 
-__all__ = ["object_size", "line_ranges", "count_newlines", "read_range", "row_groups", "open_object"]
+__all__ = ["count_newlines", "line_ranges", "open_object", "read_range", "row_groups"]
 
 #: Bytes read to estimate the average line length of a JSONL object.
 SAMPLE = 1 << 20
@@ -33,15 +33,6 @@ def _missing(fs, url: str, storage_options: dict | None) -> StorageError:
     require_bucket(fs, url, storage_options)
     return StorageError(f"{url}: no such object; check the URL (list it with `aws s3 ls` or fsspec)", file=url,
                         field="key", expected="an input file", found="missing")
-
-
-def object_size(url: str, storage_options: dict | None = None) -> int:
-    with storage_errors(url, storage_options):
-        fs, path = filesystem(url, storage_options)
-        try:
-            return int(fs.size(path))
-        except FileNotFoundError:
-            raise _missing(fs, url, storage_options) from None
 
 
 def read_range(url: str, begin: int, end: int, storage_options: dict | None = None) -> bytes:
