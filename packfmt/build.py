@@ -15,7 +15,7 @@ from .errors import InputError
 from .pipeline import ON_ERROR_POLICIES, BuildResult, Doc, Failure, run_build
 from .sources import count_records, describe_sources, is_path, iter_records
 from .sources.hf import is_dataset_object
-from .storage.uri import is_url
+from .storage.uri import is_remote, is_url, local_file
 from .tokenize import TextEncoder, TokenizerSpec
 
 __all__ = ["BuildResult", "TextConverter", "build_text", "build_chat", "build_multimodal", "build_easy_vqa", "run_build",
@@ -143,14 +143,8 @@ def _run_engine(engine: str, inputs, fmt, split, glob, converter, factory, out, 
         raise ValueError(f"engine: expected one of ('local', 'ray'), found {engine!r}")
     from .ray.build import run_ray_build
 
-    storage_options = kw.pop("storage_options", None)
-    if is_url(str(out)):  # object storage: the collection is built locally, then uploaded manifest last
-        from .storage import remote_output
-
-        with remote_output(str(out), storage_options, overwrite=kw.get("overwrite", False)) as local:
-            result = run_ray_build(inputs, converter, factory, local, fmt=fmt, split=split, glob=glob,
-                                   report_base=base, **{**kw, "overwrite": False})
-        return BuildResult(str(out).rstrip("/"), result.report)
+    # inputs and output may be URLs: the actors read remote inputs by ranges and the write tasks upload
+    # their members; the driver downloads nothing and commits the collection manifest last
     return run_ray_build(inputs, converter, factory, out, fmt=fmt, split=split, glob=glob, report_base=base, **kw)
 
 
@@ -160,7 +154,10 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
     engine) one way. ``settings``: the report's settings, or a function of the converter giving them.
     """
     inputs = as_inputs(inputs)
-    if any(isinstance(p, str) and is_url(p) for p in inputs):  # object storage: fetched first (packfmt.storage)
+    remote_ray = engine == "ray" and any(isinstance(p, str) and is_remote(p) for p in inputs)
+    if remote_ray:
+        inputs = [p if is_remote(p) else str(local_file(p)) if isinstance(p, str) else p for p in inputs]
+    if not remote_ray and any(isinstance(p, str) and is_url(p) for p in inputs):  # fetched first (packfmt.storage)
         import shutil
 
         from .storage import download_inputs
@@ -175,10 +172,17 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
     converter = factory()
     if callable(settings):
         settings = settings(converter)
-    records = iter_records(inputs, fmt, columns=converter.columns, split=split, glob=glob)
-    total = count_records(inputs, fmt, split=split, glob=glob)
     settings = {**settings, "batch_size": kw.get("batch_size", 256),
                 "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
+    if remote_ray:  # the Ray engine reads remote inputs in its actors: the driver only names them
+        from .ray.units import remote_format
+
+        sources = [{"path": p, "format": fmt or remote_format(p)} if is_remote(p) else source_report([p], fmt, split)[0]
+                   for p in inputs]
+        return _run_engine(engine, inputs, fmt, split, glob, converter, factory, out,
+                           {"command": command, "sources": sources, "settings": settings}, kw)
+    records = iter_records(inputs, fmt, columns=converter.columns, split=split, glob=glob)
+    total = count_records(inputs, fmt, split=split, glob=glob)
     base = {"command": command, "sources": source_report(inputs, fmt, split), "settings": settings}
     if engine != "local":
         return _run_engine(engine, inputs, fmt, split, glob, converter, factory, out, base, kw)

@@ -21,7 +21,7 @@ pytest.importorskip("ray")
 import packfmt  # noqa: E402
 from packfmt.build import build_chat, build_multimodal, build_text  # noqa: E402
 from packfmt.collection import Collection, merge_physical  # noqa: E402
-from packfmt.errors import InputError  # noqa: E402
+from packfmt.errors import DatasetExistsError, InputError  # noqa: E402
 
 from ray_session import ray_session, time_limit  # noqa: E402,F401
 from s3_server import s3_server  # noqa: E402,F401  (skips without moto / s3fs)
@@ -229,18 +229,103 @@ def test_megatron_on_ray_same_bytes_as_import(tmp_path):
     no_leftovers(out)
 
 
+def bucket_keys(fs, prefix: str) -> list[str]:
+    fs.invalidate_cache(prefix)
+    return sorted(p[len(prefix) + 1:] for p in fs.find(prefix))
+
+
+def only_listed_members(fs, prefix: str) -> list[str]:
+    """Every object under ``prefix`` is the manifest or inside a member it lists; the member paths."""
+    listed = [m["path"] for m in json.loads(fs.cat_file(f"{prefix}/manifest.json"))["members"]]
+    for key in bucket_keys(fs, prefix):
+        assert key == "manifest.json" or any(key.startswith(p + "/") for p in listed), f"unlisted object {key}"
+    return listed
+
+
 def test_ray_build_to_object_storage(tmp_path, monkeypatch, s3_server):
-    """-o s3://...: the collection is built locally and uploaded manifest last; a fresh node reads it back."""
-    from s3_server import BUCKET
+    """-o s3://...: write tasks upload their members (one dies midway and is retried), the driver the manifest
+    last; nothing unlisted stays in the bucket; a fresh node reads it back."""
+    from s3_server import BUCKET, explicit_options
 
     monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "cache"))
     url = f"s3://{BUCKET}/ray/text"
-    result = build_text([SAMPLE / "text.jsonl"], url, SAMPLE_TOK, engine="ray", records_per_member=20)
-    assert result.path == url
-    names = sorted(p.split("/ray/text/")[1] for p in s3_server.find(f"{BUCKET}/ray/text"))
-    assert "manifest.json" in names and sum(n.endswith("/manifest.json") for n in names) == 3  # 3 members
+    marker = tmp_path / "died"
+    result = build_text([SAMPLE / "text.jsonl"], url, SAMPLE_TOK, engine="ray", records_per_member=20,
+                        storage_options=explicit_options(), _fault={"where": "write", "at": 1, "marker": str(marker)})
+    assert result.path == url and marker.exists()
+    listed = only_listed_members(s3_server, f"{BUCKET}/ray/text")
+    assert len(listed) == 3 and all(p.startswith("members/") for p in listed)
+    assert not (tmp_path / "cache").exists()  # the driver mirrored nothing: the members went up from the tasks
+    with pytest.raises(DatasetExistsError):  # refused before any work
+        build_text([SAMPLE / "text.jsonl"], url, SAMPLE_TOK, engine="ray", storage_options=explicit_options())
+    build_text([SAMPLE / "text.jsonl"], url, SAMPLE_TOK, engine="ray", records_per_member=30, overwrite=True,
+               storage_options=explicit_options())
+    relisted = only_listed_members(s3_server, f"{BUCKET}/ray/text")  # the replaced members are gone
+    assert len(relisted) == 2 and not set(relisted) & set(listed)
     monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "fresh"))
     coll = packfmt.open(url)
     local = packfmt.open(build_text([SAMPLE / "text.jsonl"], tmp_path / "local", SAMPLE_TOK).path)
     assert coll.num_documents == local.num_documents == 60
     assert all(coll.document(d).tolist() == local.document(d).tolist() for d in range(60))
+
+
+_DRIVER_OPENS: list | None = None  # paths this process opens while a test watches (sys.addaudithook, below)
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "open" and _DRIVER_OPENS is not None and isinstance(args[0], (str, bytes, os.PathLike)):
+        _DRIVER_OPENS.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)
+
+
+def test_ray_build_reads_remote_inputs_in_the_actors(tmp_path, monkeypatch, s3_server):
+    """JSONL + Parquet living only in the bucket, -o s3://: the driver plans units by ranged reads and never
+    opens a copy of an input; the actors read their ranges; same bytes and skipped lines as a local build."""
+    global _DRIVER_OPENS
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from s3_server import BUCKET, explicit_options
+
+    src = bad_jsonl(tmp_path)  # 17 lines: 5 bad records and 1 blank line among them
+    rows = [json.loads(line) for line in (SAMPLE / "text.jsonl").read_text(encoding="utf-8").splitlines()]
+    table = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), table, row_group_size=13)
+    s3_server.put_file(str(src), f"{BUCKET}/in/bad.jsonl")
+    s3_server.put_file(str(table), f"{BUCKET}/in/rows.parquet")
+    # what a killed write attempt of an earlier build left: removed before the manifest is written
+    s3_server.pipe_file(f"{BUCKET}/out/web/members/000001-deadbeef/tokens.bin", b"partial")
+    inputs = [f"s3://{BUCKET}/in/bad.jsonl", f"s3://{BUCKET}/in/rows.parquet"]
+    url = f"s3://{BUCKET}/out/web"
+    driver_tmp = tmp_path / "driver-tmp"
+    driver_tmp.mkdir()
+    monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(driver_tmp))
+    _DRIVER_OPENS = []
+    try:
+        ray = build_text(inputs, url, SAMPLE_TOK, engine="ray", records_per_member=4, on_error="skip",
+                         skip_log=tmp_path / "ray.log", storage_options=explicit_options())
+    finally:
+        opened, _DRIVER_OPENS = _DRIVER_OPENS, None
+    monkeypatch.undo()
+    # the driver never opened a local file named like an input (a download would write one) nor a temp input dir
+    assert opened, "the audit hook saw no open at all"
+    assert [p for p in opened if p.endswith(("bad.jsonl", "rows.parquet")) or "packfmt-inputs-" in p] == []
+    assert list(driver_tmp.iterdir()) == [] and not (tmp_path / "cache").exists()
+    assert ray.report["ray"]["units"] >= 4 + 5  # JSONL byte ranges + runs of row groups, planned by ranged reads
+    assert ray.report["sources"] == [{"path": inputs[0], "format": "jsonl"}, {"path": inputs[1], "format": "parquet"}]
+    listed = only_listed_members(s3_server, f"{BUCKET}/out/web")
+    assert "members/000001-deadbeef" not in listed
+
+    local = build_text([src, table], tmp_path / "local", SAMPLE_TOK, on_error="skip", skip_log=tmp_path / "local.log")
+    for key in ("records_read", "documents_written", "skipped", "tokens"):
+        assert ray.report[key] == local.report[key], key
+    got = [json.loads(x) for x in (tmp_path / "ray.log").read_text().splitlines()]
+    want = [json.loads(x) for x in (tmp_path / "local.log").read_text().splitlines()]
+    assert [(g["file"], g["line"], g["reason"]) for g in got] == [(inputs[0], w["line"], w["reason"]) for w in want]
+    assert [g["message"] for g in got] == [w["message"].replace(str(src), inputs[0]) for w in want]
+    monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "reader-cache"))
+    assert_same_as_local(url, local.path, tmp_path)

@@ -3,6 +3,7 @@ PackedDataset through a real S3-protocol server (moto, on 127.0.0.1), compared w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -161,3 +162,31 @@ def test_python_build_reads_remote_inputs(s3_server, cache, tmp_path):
     local = build_text([SAMPLE / "text.jsonl"], tmp_path / "local", TOK)
     assert (Path(result.path) / "tokens.bin").read_bytes() == (Path(local.path) / "tokens.bin").read_bytes()
     assert result.report["documents_written"] == 60
+
+
+def test_ranged_plan_of_remote_inputs_reads_no_whole_object(s3_server, tmp_path):
+    """JSONL byte ranges end just after a newline (a line longer than a search window included) and tile the
+    object; Parquet row groups come from the footer; a missing object is a one-line error naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packfmt.storage import ranges
+    from packfmt.storage.errors import StorageError
+
+    lines = [json.dumps({"text": "x" * (k * 37 % 200)}) for k in range(300)]
+    lines[150] = json.dumps({"text": "y" * (3 * ranges.WINDOW)})  # the newline after a cut is 3 windows away
+    data = ("\n".join(lines) + "\n").encode()
+    s3_server.pipe_file(f"{BUCKET}/r/a.jsonl", data)
+    url = f"s3://{BUCKET}/r/a.jsonl"
+    cuts = ranges.line_ranges(url, 5)
+    assert cuts == ranges.line_ranges(url, 5)  # a function of the object alone
+    assert cuts[0][0] == 0 and cuts[-1][1] == len(data) and len(cuts) > 5
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
+    assert all(data[e - 1:e] == b"\n" for _, e in cuts)
+    assert sum(ranges.count_newlines(url, b, e) for b, e in cuts) == 300
+    assert b"".join(ranges.read_range(url, b, e) for b, e in cuts) == data
+    pq.write_table(pa.table({"text": [str(i) for i in range(50)]}), tmp_path / "t.parquet", row_group_size=16)
+    s3_server.put_file(str(tmp_path / "t.parquet"), f"{BUCKET}/r/t.parquet")
+    assert ranges.row_groups(f"s3://{BUCKET}/r/t.parquet") == [16, 16, 16, 2]
+    with pytest.raises(StorageError, match="no such object"):
+        ranges.line_ranges(f"s3://{BUCKET}/r/missing.jsonl", 20)

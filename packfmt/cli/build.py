@@ -224,11 +224,15 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ..storage import download_inputs
 
-    remote = list(getattr(args, "inputs", [])) + ([args.image_root] if getattr(args, "image_root", None) else [])
-    local, tmp = download_inputs(remote)  # URLs fetched to a temp dir (object storage; packfmt.storage)
+    # URLs fetched to a temp dir (object storage; packfmt.storage); with --engine ray the actors read the
+    # inputs themselves by ranges (packfmt.ray.units), so only an --image-root is fetched here
+    ray_reads = getattr(args, "engine", "local") == "ray"
+    inputs = [] if ray_reads else list(getattr(args, "inputs", []))
+    remote = inputs + ([args.image_root] if getattr(args, "image_root", None) else [])
+    local, tmp = download_inputs(remote)
     try:
-        if hasattr(args, "inputs"):
-            args.inputs = local[:len(args.inputs)]
+        if inputs:
+            args.inputs = local[:len(inputs)]
         if getattr(args, "image_root", None):
             args.image_root = local[-1]
         return _run(args, B)

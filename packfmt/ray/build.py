@@ -18,6 +18,8 @@ The pipeline (driver, then the cluster, then the driver)::
   returned ones to ``members/00000...``, deletes the rest (attempts of tasks that died), writes the
   collection manifest last and renames the folder onto ``out``. A killed driver leaves only the
   temporary folder, which the next build removes (its pid is gone): nothing opens as a collection.
+* Inputs and ``out`` in object storage: see ``packfmt.ray.remote`` (units planned by ranged reads,
+  read by the actors; members uploaded by the write tasks, the collection manifest by the driver).
 * Counts and the skip policy are the local build's: each task returns its counts and its bad
   records in order; the driver sums them into one ``Tally`` (``read = written + skipped``) and
   applies ``on_error`` before committing anything.
@@ -25,6 +27,7 @@ The pipeline (driver, then the cluster, then the driver)::
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -35,6 +38,7 @@ from typing import Any, Callable, Sequence
 from .._io import publish_dir, remove_stale_temps, temp_sibling
 from ..errors import DatasetExistsError, InputError
 from ..skips import Tally
+from ..storage.uri import is_remote, local_file
 from .encode import _fault_once
 from .units import plan_units
 
@@ -62,8 +66,9 @@ def _connect(address: str | None) -> tuple[bool, float]:
 
 
 class _Job:
-    def __init__(self, tmp: Path, address: str | None, startup: float) -> None:
-        self.tmp, self.staging, self.address, self.startup = tmp, tmp / "staging", address, startup
+    def __init__(self, tmp: Path | None, address: str | None, startup: float, staging=None) -> None:
+        self.tmp, self.address, self.startup = tmp, address, startup
+        self.staging = staging if staging is not None else tmp / "staging"
 
     def describe(self) -> dict:
         import ray
@@ -73,40 +78,49 @@ class _Job:
 
 
 @contextmanager
-def staged_job(out: Path, *, overwrite: bool, ray_address: str | None, progress: bool):
-    """Refuse an existing ``out``, join/start Ray, make the temporary sibling (+ ``staging/``), keep order.
-
-    On any exception the temporary folder is removed; Ray is shut down if this call started it.
-    """
+def ray_context(ray_address: str | None, progress: bool):
+    """Join/start Ray and keep order for the block (``seconds`` to start); restore the settings, shut down
+    Ray if this call started it."""
     from ray.data import DataContext
 
-    out = Path(out)
-    remove_stale_temps(out)  # what a killed earlier build left (its pid is gone)
-    if (out.exists() or out.is_symlink()) and not overwrite:
-        raise DatasetExistsError(f"{out}: already exists (pass overwrite=True to replace it)", file=str(out),
-                                 expected="no existing path", found="exists",
-                                 cli=f"{out}: already exists (pass --overwrite to replace it)")
     started, startup = _connect(ray_address)
     ctx = DataContext.get_current()
     saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
-    tmp = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_sibling(out)
-        (tmp / "staging").mkdir()
         ctx.execution_options.preserve_order = True  # write tasks in input order: members = records in order
         ctx.enable_progress_bars = progress
-        yield _Job(tmp, ray_address, startup)
-    except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        yield startup
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
         if started:
             import ray
 
             ray.shutdown()
+
+
+@contextmanager
+def staged_job(out: Path, *, overwrite: bool, ray_address: str | None, progress: bool):
+    """Refuse an existing ``out``, join/start Ray, make the temporary sibling (+ ``staging/``), keep order.
+
+    On any exception the temporary folder is removed; Ray is shut down if this call started it.
+    """
+    out = Path(out)
+    remove_stale_temps(out)  # what a killed earlier build left (its pid is gone)
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise DatasetExistsError(f"{out}: already exists (pass overwrite=True to replace it)", file=str(out),
+                                 expected="no existing path", found="exists",
+                                 cli=f"{out}: already exists (pass --overwrite to replace it)")
+    with ray_context(ray_address, progress) as startup:
+        tmp = None
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = temp_sibling(out)
+            (tmp / "staging").mkdir()
+            yield _Job(tmp, ray_address, startup)
+        except BaseException:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: bool, fault: dict | None = None) -> Path:
@@ -155,17 +169,23 @@ def run_ray_build(
     skip_log: str | os.PathLike | None = None,
     ray_address: str | None = None,
     records_per_member: int = DEFAULT_RECORDS_PER_MEMBER,
+    storage_options: dict | None = None,
     _fault: dict | None = None,
 ):
     """Build ``inputs`` on Ray Data into a collection at ``out``; same arguments as ``run_build`` plus
     ``ray_address`` (``None``: join the running Ray of this process or start a local one; ``"auto"``
     or ``ray://host:10001``: a cluster) and ``records_per_member``. ``_fault`` is a test hook.
+
+    Inputs and ``out`` may be URLs (``storage_options`` go to fsspec in the driver, the actors and the
+    write tasks): the actors read remote inputs by ranges, the write tasks upload their members and the
+    driver uploads the collection manifest last (``packfmt.ray.remote``).
     """
     import ray
     from ray.data import ActorPoolStrategy
 
     from ..pipeline import ON_ERROR_POLICIES, BuildResult, writer_args
     from .encode import EncodeUnits
+    from .remote import commit_remote, number_lines, remote_job
     from .sink import MemberSink
 
     if on_error not in ON_ERROR_POLICIES:
@@ -177,20 +197,30 @@ def run_ray_build(
     if records_per_member < 1:
         raise ValueError(f"records_per_member: expected >= 1, found {records_per_member}")
     wargs = writer_args(converter, vocab_size)
-    units = [{**u, "seq": i} for i, u in enumerate(plan_units(list(inputs), fmt, records_per_member))]
+    units = [{**u, "seq": i} for i, u in enumerate(plan_units(list(inputs), fmt, records_per_member,
+                                                                 storage_options))]
+    remote_out = is_remote(str(out))
+    if remote_out:
+        out = str(out).rstrip("/")
+        job_cm = remote_job(out, storage_options, overwrite=overwrite, ray_address=ray_address, progress=progress)
+    else:
+        job_cm = staged_job(Path(local_file(out)), overwrite=overwrite, ray_address=ray_address, progress=progress)
     log_file = None
     try:
-        with staged_job(out, overwrite=overwrite, ray_address=ray_address, progress=progress) as job:
+        with job_cm as job:
             pool = pool_size(ray.cluster_resources().get("CPU", 1), workers)
             t0 = time.perf_counter()
+            number_lines(units, storage_options)  # remote JSONL ranges: first line numbers, counted on the cluster
             returns: list[dict] = []
             if units:
-                ds = ray.data.from_items(units, override_num_blocks=len(units))
+                items = [{"unit": json.dumps(u)} for u in units]
+                ds = ray.data.from_items(items, override_num_blocks=len(units))
                 ds = ds.map_batches(EncodeUnits, fn_constructor_args=(factory, converter.columns, split, glob,
-                                                                      batch_size, _fault),
+                                                                      batch_size, _fault, storage_options),
                                     batch_size=1, batch_format="pyarrow", num_cpus=1,
                                     compute=ActorPoolStrategy(min_size=1, max_size=pool))
-                sink = MemberSink(str(job.staging), wargs, _fault, rows_per_write=records_per_member)
+                sink = MemberSink(str(job.staging), wargs, _fault, rows_per_write=records_per_member,
+                                  storage_options=storage_options)
                 ds.write_datasink(sink)
                 returns = sorted(sink.returns, key=lambda r: r["task_idx"])
             seconds = time.perf_counter() - t0
@@ -217,7 +247,10 @@ def run_ray_build(
                 "ray": {**job.describe(), "units": len(units), "records_per_member": records_per_member,
                         "actor_pool": pool},
             }
-            path = commit(job.tmp, out, returns, report, overwrite, _fault)
+            if remote_out:
+                path = commit_remote(out, storage_options, returns, report, replacing=job.replacing)
+            else:
+                path = commit(job.tmp, out, returns, report, overwrite, _fault)
     finally:
         if log_file is not None:
             log_file.close()

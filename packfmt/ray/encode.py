@@ -9,6 +9,7 @@ The sink applies the rest of the local build's rules (empty tokens, ids out of r
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -42,19 +43,21 @@ class EncodeUnits:
     """Callable class for ``map_batches(compute=ActorPoolStrategy(...))``: units in, record rows out."""
 
     def __init__(self, factory: Callable[[], Any], columns, split: str | None, glob: str, batch_size: int,
-                 fault: dict | None = None) -> None:
+                 fault: dict | None = None, storage_options: dict | None = None) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.converter = factory()
         self.columns, self.split, self.glob, self.batch_size = columns, split, glob, batch_size
-        self.fault = fault
+        self.fault, self.storage_options = fault, storage_options
 
     def __call__(self, batch):
         """Yield one Arrow table per ``CHUNK_ROWS`` records: an actor's memory stays bounded whatever the unit size."""
         from ..pipeline import convert_records
 
         cols: dict[str, list] = {k: [] for k in ROW_SCHEMA_FIELDS}
-        for unit in batch.to_pylist():
-            records = read_unit(unit, columns=self.columns, split=self.split, glob=self.glob)
+        for item in batch.to_pylist():
+            unit = json.loads(item["unit"])  # one JSON column: units of every kind share one block schema
+            records = read_unit(unit, columns=self.columns, split=self.split, glob=self.glob,
+                                storage_options=self.storage_options)  # a remote unit: its range only
             for n, (file, line, doc, failure) in enumerate(convert_records(records, self.converter, self.batch_size)):
                 if n == 1:
                     _fault_once(self.fault, "encode", unit["seq"])

@@ -7,6 +7,13 @@ a Parquet file into row ranges; any other input (JSON array, compressed JSONL, H
 folder) is one unit. Units are read by packfmt's own source readers, so every record (a
 malformed line included) is read and accounted for exactly as in a local build, and the units
 concatenated in order are the input records in input order.
+
+An input in object storage (``s3://...``) is never downloaded by the driver: a JSONL object is cut
+into byte ranges at newlines found by small ranged reads (``packfmt.storage.ranges.line_ranges``;
+each range's first line number comes from newline counts the cluster computes,
+``build.number_lines``), a Parquet object into runs of row groups read from its footer; the actor
+that gets a unit reads only that range or those row groups. Any other remote file is one unit that
+its actor fetches into a temporary folder of its own node.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import itertools
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from ..errors import InputError
 from ..sources import Raw, detect_format, iter_records
 
 __all__ = ["plan_units", "read_unit"]
@@ -44,12 +52,54 @@ def _jsonl_ranges(path: str, records: int) -> list[dict]:
     return units
 
 
-def plan_units(inputs: Sequence[str], fmt: str | None, records: int) -> list[dict]:
+def _remote_units(url: str, fmt: str | None, records: int, so: dict | None) -> list[dict]:
+    """Units of one input in object storage, planned by ranged reads (nothing downloaded)."""
+    from ..storage import ranges
+
+    kind = fmt or remote_format(url)
+    name = url.rsplit("/", 1)[-1].lower()
+    if kind == "jsonl" and name.endswith((".jsonl", ".ndjson")):
+        return [{"path": url, "kind": "jsonl_range", "begin": b, "end": e, "line": None, "remote": True}
+                for b, e in ranges.line_ranges(url, records, so)]
+    if kind == "parquet":
+        units, groups, first, row = [], [], 0, 0
+        for g, n in enumerate(ranges.row_groups(url, so)):
+            groups.append(g)
+            row += n
+            if row - first >= records:
+                units.append({"path": url, "kind": "row_groups", "groups": groups, "row": first, "remote": True})
+                groups, first = [], row
+        if groups:
+            units.append({"path": url, "kind": "row_groups", "groups": groups, "row": first, "remote": True})
+        return units
+    return [{"path": url, "kind": "rows", "fmt": kind, "begin": 0, "end": None, "remote": True}]
+
+
+def remote_format(url: str) -> str:
+    """The source format of a file in object storage, from its name (a remote folder is refused)."""
+    name = url.rstrip("/").rsplit("/", 1)[-1].lower()
+    for suffix in (".gz", ".zst"):
+        name = name.removesuffix(suffix)
+    for ends, kind in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "json"), (".parquet", "parquet"),
+                       (".tar", "webdataset")):
+        if name.endswith(ends):
+            return kind
+    raise InputError(f"{url}: cannot tell the format from the name; with --engine ray an input in object storage is "
+                     "a .jsonl/.ndjson/.json/.parquet/.tar file (a folder: list its files, or build with --engine "
+                     "local)", reason="unknown_format", file=url, expected="a .jsonl, .json, .parquet or .tar object",
+                     found=name)
+
+
+def plan_units(inputs: Sequence[str], fmt: str | None, records: int, storage_options: dict | None = None) -> list[dict]:
     """The units of ``inputs`` in input order; ``records`` is the target records (lines, rows) per unit."""
     from ..sources.parquet import count_rows
+    from ..storage import is_remote
 
     units: list[dict] = []
     for path in inputs:
+        if is_remote(str(path)):
+            units.extend(_remote_units(str(path), fmt, records, storage_options))
+            continue
         kind = fmt or detect_format(path)
         name = Path(path).name.lower()
         if kind == "jsonl" and name.endswith((".jsonl", ".ndjson")) and Path(path).is_file():
@@ -63,15 +113,24 @@ def plan_units(inputs: Sequence[str], fmt: str | None, records: int) -> list[dic
     return units
 
 
-def read_unit(unit: dict, *, columns: Sequence[str] | None, split: str | None, glob: str) -> Iterator[Raw]:
+def read_unit(unit: dict, *, columns: Sequence[str] | None, split: str | None, glob: str,
+              storage_options: dict | None = None) -> Iterator[Raw]:
     """The records of one unit, in order, as the local build's source readers give them."""
     from ..sources.jsonl import parse_line
 
+    if unit.get("remote") and unit["kind"] != "jsonl_range":
+        yield from _read_remote(unit, columns=columns, split=split, glob=glob, storage_options=storage_options)
+        return
     if unit["kind"] == "jsonl_range":
         file, line = unit["path"], unit["line"]
-        with open(file, "rb") as f:
-            f.seek(unit["begin"])
-            data = f.read(unit["end"] - unit["begin"])
+        if unit.get("remote"):
+            from ..storage.ranges import read_range
+
+            data = read_range(file, unit["begin"], unit["end"], storage_options)
+        else:
+            with open(file, "rb") as f:
+                f.seek(unit["begin"])
+                data = f.read(unit["end"] - unit["begin"])
         pieces = data.split(b"\n")
         if pieces and not pieces[-1]:
             pieces.pop()  # the newline ending the range ends its last line
@@ -81,3 +140,42 @@ def read_unit(unit: dict, *, columns: Sequence[str] | None, split: str | None, g
         return
     records = iter_records([unit["path"]], unit["fmt"], columns=columns, split=split, glob=glob)
     yield from itertools.islice(records, unit["begin"], unit["end"])
+
+
+def _read_remote(unit: dict, *, columns, split, glob, storage_options) -> Iterator[Raw]:
+    """A remote Parquet unit (its row groups, by ranged reads) or a whole remote file (fetched to this node)."""
+    url = unit["path"]
+    if unit["kind"] == "row_groups":
+        import pyarrow.parquet as pq
+
+        from ..sources.parquet import BATCH_ROWS, _columns
+        from ..sources.record import missing_columns
+        from ..storage.ranges import open_object
+
+        with open_object(url, storage_options) as fh:
+            pf = pq.ParquetFile(fh)
+            n = sum(pf.metadata.row_group(g).num_rows for g in unit["groups"])
+            if (error := missing_columns(url, columns, pf.schema_arrow.names)) is not None:
+                for row in range(unit["row"] + 1, unit["row"] + n + 1):  # as iter_parquet: every row is bad
+                    yield Raw(url, row, error)
+                return
+            cols, row = _columns(pf.schema_arrow.names, columns), unit["row"]
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=unit["groups"], columns=cols):
+                for obj in batch.to_pylist():
+                    row += 1
+                    yield Raw(url, row, obj)
+        return
+    import shutil
+    import tempfile
+
+    from ..storage.ranges import open_object
+
+    tmp = Path(tempfile.mkdtemp(prefix="packfmt-unit-"))  # this actor's node, removed when the unit is read
+    try:
+        local = tmp / url.rsplit("/", 1)[-1]
+        with open_object(url, storage_options) as src, open(local, "wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+        for raw in iter_records([str(local)], unit["fmt"], columns=columns, split=split, glob=glob):
+            yield Raw(url, raw.line, raw.obj)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

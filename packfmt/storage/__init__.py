@@ -7,6 +7,7 @@ Only this package imports fsspec, and only when a URL is given (``pip install 'p
 * ``verify``: what the cache knows of each mirrored file (markers bound to its stat), kept outside the mirror.
 * ``errors``: back-end and cache failures as one-line ``StorageError``s naming the URL and the fix.
 * ``upload``: outputs written locally and uploaded with the manifest last.
+* ``ranges``: ranged reads of remote inputs (JSONL byte ranges cut at newlines, Parquet row groups) for the Ray build.
 """
 
 from __future__ import annotations

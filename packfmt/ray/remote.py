@@ -1,0 +1,146 @@
+"""A Ray build with inputs or output in object storage: nothing passes through the driver's disk.
+
+* Inputs: ``units.plan_units`` cuts remote JSONL objects into byte ranges by small ranged reads;
+  ``number_lines`` then has the cluster count each range's newlines (one task per range, reading
+  only that range) so that every unit knows its first line number, and ``file:line`` in skip
+  messages and ``--skip-log`` are a local build's. The actors read each range again to convert it:
+  a remote JSONL input is read twice, in parallel on the cluster, and never by the driver.
+* Output (``-o s3://bucket/out``): ``remote_job`` refuses an existing dataset (unless
+  ``overwrite``) and a missing bucket before any work; write tasks upload their members to
+  ``out/members/<task_idx>-<attempt uuid>/`` (``sink.MemberSink``, manifest last); ``commit_remote``
+  (driver, after every write task returned) deletes the manifest it replaces, deletes every object
+  under ``out`` that is not a returned member (killed attempts, the replaced collection), and
+  uploads the collection manifest last (spec/FORMAT.md §5.4, spec/COLLECTION.md). A failed build
+  removes the members it uploaded; a killed driver leaves members without a collection manifest
+  (nothing opens at ``out``; the next build at ``out`` removes them). Without ``overwrite`` only
+  ``out/members/`` is swept: other objects under the prefix ``out`` are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+
+from ..errors import DatasetExistsError
+
+__all__ = ["commit_remote", "number_lines", "remote_job"]
+
+MEMBERS = "members"
+
+
+def number_lines(units: list[dict], storage_options: dict | None) -> None:
+    """Set ``line`` of each remote JSONL range unit: 1 + the newlines before it in its object (counted on the cluster)."""
+    import ray
+
+    todo = [u for u in units if u["kind"] == "jsonl_range" and u.get("line") is None]
+    if not todo:
+        return
+    from ..storage.ranges import count_newlines
+
+    count = ray.remote(num_cpus=1, max_retries=3)(count_newlines)
+    counts = ray.get([count.remote(u["path"], u["begin"], u["end"], storage_options) for u in todo])
+    next_line: dict[str, int] = {}
+    for unit, n in zip(todo, counts):  # units of one object are consecutive and in order
+        unit["line"] = next_line.get(unit["path"], 1)
+        next_line[unit["path"]] = unit["line"] + n
+
+
+def _listed_members(fs, rpath: str) -> set[str]:
+    """The member paths the collection manifest at ``rpath`` lists (empty when there is none or it is no collection)."""
+    from .. import format as F
+
+    try:
+        obj = json.loads(fs.cat_file(f"{rpath}/{F.MANIFEST}"))
+    except FileNotFoundError:
+        return set()
+    except ValueError:
+        return set()
+    members = obj.get("members") if isinstance(obj, dict) else None
+    return {m["path"] for m in members if isinstance(m, dict) and isinstance(m.get("path"), str)} \
+        if isinstance(members, list) else set()
+
+
+def _sweep(fs, rpath: str, keep: set[str], under: str = "") -> None:
+    """Delete every object below ``rpath/under`` that is not inside one of the ``keep`` prefixes (relative paths)."""
+    base = f"{rpath}/{under}".rstrip("/")
+    fs.invalidate_cache(base)
+    try:
+        found = fs.find(base)
+    except FileNotFoundError:
+        return
+    for key in found:
+        rel = key[len(rpath) + 1:]
+        if not any(rel.startswith(k.rstrip("/") + "/") for k in keep):
+            fs.rm_file(key)
+    fs.invalidate_cache(rpath)
+
+
+@contextmanager
+def remote_job(url: str, storage_options: dict | None, *, overwrite: bool, ray_address: str | None, progress: bool):
+    """Refuse an existing dataset at ``url`` (unless ``overwrite``) and a missing bucket, join/start Ray.
+
+    On an exception, the members this job's write tasks uploaded (and any other unlisted member
+    prefix) are removed; a collection already at ``url`` is left as it was.
+    """
+    from ..storage.errors import require_bucket, storage_errors
+    from ..storage.upload import exists
+    from ..storage.uri import filesystem
+    from .build import _Job, ray_context
+
+    with storage_errors(url, storage_options):
+        taken = exists(url, storage_options)
+        fs, rpath = filesystem(url, storage_options)
+        if not taken:  # fail before the work, not at the upload
+            require_bucket(fs, url, storage_options)
+    if taken and not overwrite:
+        raise DatasetExistsError(f"{url}: already exists (pass overwrite=True to replace it)", file=url,
+                                 expected="no existing dataset", found="exists",
+                                 cli=f"{url}: already exists (pass --overwrite to replace it)")
+    with ray_context(ray_address, progress) as startup:
+        job = _Job(None, ray_address, startup, staging=f"{url}/{MEMBERS}")
+        job.replacing = taken
+        try:
+            yield job
+        except BaseException:
+            try:
+                with storage_errors(url, storage_options):
+                    _sweep(fs, rpath, _listed_members(fs, rpath), under=MEMBERS)
+            except Exception as exc:  # noqa: BLE001 - the build's own error is the one to report
+                logging.getLogger(__name__).warning("%s/%s: members of the failed build not removed (%s); the next "
+                                                    "build at %s removes them", url, MEMBERS, exc, url)
+            raise
+
+
+def commit_remote(url: str, storage_options: dict | None, returns: list[dict], report: dict, *,
+                  replacing: bool) -> str:
+    """The collection manifest over the uploaded members, in order; replaced objects removed; manifest uploaded last.
+
+    ``replacing`` (a dataset was at ``url``, ``overwrite``): every object under ``url`` that is not a new
+    member is deleted, as ``upload_tree`` does; otherwise only unlisted prefixes under ``url/members/``
+    are (what killed attempts or a killed build left), never other objects that share the prefix.
+    """
+    from .. import format as F
+    from ..collection.manifest import Member
+    from ..collection.writer import check_members_agree, collection_manifest
+    from ..storage.errors import storage_errors
+    from ..storage.uri import filesystem
+
+    members = []
+    for i, r in enumerate(r for r in returns if r["dir"] is not None):
+        m = r["member"]
+        members.append((Member(f"{i:05d}", f"{url}/{MEMBERS}/{r['dir']}", m["documents"], m["tokens"], m["images"],
+                               m["manifest"]), None, m["shared"]))
+    check_members_agree(members)
+    manifest = collection_manifest(members, url)  # paths relative to url: members/<task>-<attempt>
+    manifest["build_report"] = report
+    keep = {e["path"] for e in manifest["members"]}
+    with storage_errors(url, storage_options):
+        fs, rpath = filesystem(url, storage_options)
+        fs.invalidate_cache(rpath)
+        if fs.exists(f"{rpath}/{F.MANIFEST}"):
+            fs.rm_file(f"{rpath}/{F.MANIFEST}")  # the replaced dataset stops existing first (§5.4)
+        _sweep(fs, rpath, keep, under="" if replacing else MEMBERS)  # killed attempts; the replaced dataset
+        fs.pipe_file(f"{rpath}/{F.MANIFEST}", F.canonical_json(manifest))
+        fs.invalidate_cache(rpath)
+    return url

@@ -1,0 +1,108 @@
+"""Ranged reads of input files in object storage: plan work units without downloading the inputs.
+
+A Ray build cuts its remote inputs on the driver and has each actor read only its own slice, so no
+input file lands anywhere (no shared file system, no driver download). Everything here reads
+through fsspec (``uri.filesystem``; credentials as the back end reads them, plus
+``storage_options``) and only the bytes asked for:
+
+* ``line_ranges``: byte ranges of a JSONL object cut just after a newline, found by small ranged
+  reads near each cut (``WINDOW`` bytes at a time); the range size comes from the average line
+  length of the file's first ``SAMPLE`` bytes, so the cuts are a function of the object alone.
+* ``count_newlines`` / ``read_range``: one range, streamed / whole (a unit's bytes).
+* ``row_groups``: the row count of each row group of a Parquet object, from its footer only.
+
+Failures are one-line ``StorageError``s naming the URL (``errors.storage_errors``).
+"""
+
+from __future__ import annotations
+
+from .errors import StorageError, require_bucket, storage_errors
+from .uri import filesystem
+
+__all__ = ["count_newlines", "line_ranges", "open_object", "read_range", "row_groups"]
+
+#: Bytes read to estimate the average line length of a JSONL object.
+SAMPLE = 1 << 20
+#: Bytes read at a time when looking for the newline after a cut.
+WINDOW = 64 << 10
+#: Bytes per read when a range is streamed (bounded memory).
+STREAM = 8 << 20
+
+
+def _missing(fs, url: str, storage_options: dict | None) -> StorageError:
+    require_bucket(fs, url, storage_options)
+    return StorageError(f"{url}: no such object; check the URL (list it with `aws s3 ls` or fsspec)", file=url,
+                        field="key", expected="an input file", found="missing")
+
+
+def read_range(url: str, begin: int, end: int, storage_options: dict | None = None) -> bytes:
+    """Bytes ``[begin, end)`` of the object at ``url`` (one ranged GET)."""
+    with storage_errors(url, storage_options):
+        fs, path = filesystem(url, storage_options)
+        data = fs.cat_file(path, start=begin, end=end) if end > begin else b""
+    if len(data) != end - begin:
+        raise StorageError(f"{url}: bytes {begin}-{end}: expected {end - begin} bytes, found {len(data)} (the object "
+                           "changed during the build; build again)", file=url, field="bytes",
+                           expected=end - begin, found=len(data))
+    return data
+
+
+def _next_newline(fs, path: str, at: int, size: int) -> int:
+    """The offset of the first newline at or after ``at``, or ``size`` when there is none."""
+    while at < size:
+        chunk = fs.cat_file(path, start=at, end=min(at + WINDOW, size))
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return at + nl
+        at += len(chunk)
+    return size
+
+
+def line_ranges(url: str, records: int, storage_options: dict | None = None) -> list[tuple[int, int]]:
+    """``[(begin, end), ...]`` covering the object, each ending just after a newline (the last: at the end),
+    of about ``records`` lines each (estimated from the average line length of the first ``SAMPLE`` bytes)."""
+    with storage_errors(url, storage_options):
+        fs, path = filesystem(url, storage_options)
+        try:
+            size = int(fs.size(path))
+        except FileNotFoundError:
+            raise _missing(fs, url, storage_options) from None
+        if size == 0:
+            return []
+        sample = fs.cat_file(path, start=0, end=min(SAMPLE, size))
+        per_line = len(sample) / max(1, sample.count(b"\n"))
+        step = max(1, int(records * per_line))
+        out, begin = [], 0
+        while begin < size:
+            target = begin + step
+            end = size if target >= size else min(size, _next_newline(fs, path, target - 1, size) + 1)
+            out.append((begin, end))
+            begin = end
+    return out
+
+
+def count_newlines(url: str, begin: int, end: int, storage_options: dict | None = None) -> int:
+    """How many newlines bytes ``[begin, end)`` hold, streamed ``STREAM`` bytes at a time."""
+    n = 0
+    for at in range(begin, end, STREAM):
+        n += read_range(url, at, min(end, at + STREAM), storage_options).count(b"\n")
+    return n
+
+
+def open_object(url: str, storage_options: dict | None = None):
+    """A seekable binary file object reading ``url`` by ranges (for a Parquet footer and row groups)."""
+    with storage_errors(url, storage_options):
+        fs, path = filesystem(url, storage_options)
+        try:
+            return fs.open(path, "rb")
+        except FileNotFoundError:
+            raise _missing(fs, url, storage_options) from None
+
+
+def row_groups(url: str, storage_options: dict | None = None) -> list[int]:
+    """The row count of each row group of the Parquet object at ``url`` (reads its footer only)."""
+    import pyarrow.parquet as pq
+
+    with open_object(url, storage_options) as fh, storage_errors(url, storage_options):
+        md = pq.ParquetFile(fh).metadata
+        return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
