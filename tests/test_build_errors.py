@@ -143,6 +143,37 @@ def test_worker_killed_from_outside_is_noticed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
+def test_workers_exit_when_the_build_is_killed(tmp_path):
+    """SIGKILL of the build itself (no cleanup can run): its workers see their task pipes end and exit, none
+    is left behind blocked on a pipe (each closes the copies of the parent's pipe ends a fork gave it)."""
+    psutil = pytest.importorskip("psutil")
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    root = str(Path(packfmt.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with time_limit(120, "workers of a killed build (orphans?)"):
+        proc = subprocess.Popen([sys.executable, "-m", "packfmt.cli", "build", "text", str(fifo), "-o",
+                                 str(tmp_path / "ds"), "--tokenizer", str(SAMPLE_TOK), "--workers", "2",
+                                 "--batch-size", "4", "--no-progress"], stderr=subprocess.DEVNULL, env=env)
+        try:
+            with open(fifo, "wb") as feed:
+                feed.write(b"".join(json.dumps({"text": f"{GOOD} {k}"}).encode() + b"\n" for k in range(40)))
+                feed.flush()
+                while len(workers := psutil.Process(proc.pid).children()) < 2:
+                    assert proc.poll() is None
+                    time.sleep(0.05)
+                proc.kill()
+                proc.wait()
+                gone, alive = psutil.wait_procs(workers, timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for w in alive:
+        w.kill()
+    assert alive == [] and len(gone) == 2
+
+
 def test_worker_killed_api_error_names_the_options(tmp_path, monkeypatch):
     src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(20)])
     monkeypatch.setenv(KILL_AT_BATCH_ENV, "1")  # read by each worker as it starts (forked from this process)
