@@ -4,7 +4,7 @@ Each batch's ``encode`` sleeps ``--ms`` milliseconds (no CPU, so other users of 
 barely matter) and returns 32 documents of 2 KB; the consumer sleeps ``consume`` ms per batch (the
 writer's share). The ideal wall time is ``max(batches * ms / workers, batches * consume)``: a pool
 that leaves workers idle, or serialises on the parent, shows as the excess. Run it with
-``PYTHONPATH=<other tree>`` to compare pools (``multiprocessing.Pool`` before 0.2). Best of 3.
+``PYTHONPATH=<other tree>`` to compare pools (an older tree builds with ``multiprocessing.Pool``). Best of 3.
 
     .venv/bin/python benchmarks/bench_workers.py [--batches 200] [--ms 20]
 """
