@@ -97,6 +97,25 @@ def test_build_into_a_missing_bucket_fails_before_the_work_and_leaves_nothing(s3
     assert not cache.exists() or not [p for p in cache.rglob("*") if p.is_file()]
 
 
+def test_output_prefix_holding_other_objects_is_refused_and_kept(s3_server, cache):
+    """A local build refuses an existing directory; a remote one must not wipe a prefix that holds
+    objects but no dataset (an upload removes what the new tree lacks), nor write into it."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    url = f"s3://{BUCKET}/e/notes"
+    fs.pipe(f"{BUCKET}/e/notes/README.txt", b"keep me")
+    with pytest.raises(PackfmtError) as exc:
+        build_text([SAMPLE / "text.jsonl"], url, TOK, limit=3)
+    _assert_one_line(exc.value, url, "not a packfmt dataset", "overwrite")
+    fs.invalidate_cache()
+    assert fs.cat(f"{BUCKET}/e/notes/README.txt") == b"keep me"
+    assert not fs.exists(f"{BUCKET}/e/notes/manifest.json")
+    build_text([SAMPLE / "text.jsonl"], url, TOK, limit=3, overwrite=True)  # the user said so: replaced whole
+    fs.invalidate_cache()
+    assert fs.exists(f"{BUCKET}/e/notes/manifest.json") and not fs.exists(f"{BUCKET}/e/notes/README.txt")
+
+
 def test_cache_folder_that_cannot_be_created(s3_server, store, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -59,6 +59,16 @@ def upload_tree(local: Path, url: str, storage_options: dict | None = None, subd
     return len(rels)
 
 
+def _objects_under(url: str, storage_options: dict | None) -> int:
+    """How many objects lie under the prefix ``url`` (0 when none)."""
+    fs, rpath = uri.filesystem(url, storage_options)
+    fs.invalidate_cache(rpath)
+    try:
+        return len(fs.find(rpath))
+    except FileNotFoundError:
+        return 0
+
+
 @contextmanager
 def remote_output(url: str, storage_options: dict | None = None, *, overwrite: bool = False, cache_dir=None):
     """Yield the local directory to write the dataset at ``url`` into; upload it when the block succeeds.
@@ -68,12 +78,19 @@ def remote_output(url: str, storage_options: dict | None = None, *, overwrite: b
     url = url.rstrip("/")
     with storage_errors(url, storage_options):
         taken = exists(url, storage_options)
+        others = 0
         if not taken:  # fail before the work, not at the upload
             require_bucket(uri.filesystem(url, storage_options)[0], url, storage_options)
+            others = _objects_under(url, storage_options)
     if taken and not overwrite:
         raise DatasetExistsError(f"{url}: already exists (pass overwrite=True to replace it)", file=url,
                                  expected="no existing dataset", found="exists",
                                  cli=f"{url}: already exists (pass --overwrite to replace it)")
+    if others and not overwrite:  # the upload removes what the new tree lacks: never someone else's objects
+        what = f"{url}: holds {others} object(s) but is not a packfmt dataset (no {F.MANIFEST})"
+        raise DatasetExistsError(f"{what}; write to an empty prefix, or pass overwrite=True to replace them",
+                                 file=url, expected="an empty prefix", found=f"{others} object(s)",
+                                 cli=f"{what}; write to an empty prefix, or pass --overwrite to replace them")
     local = mirror_path(url, storage_options, cache_dir)
     root = cache_root(cache_dir)
     with storage_errors(url, storage_options, root):
