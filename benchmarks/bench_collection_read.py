@@ -6,7 +6,11 @@ shuffled document order, so consecutive segments come from different members). E
 every pack in batches of 8 through ``PackedDataset.__getitems__`` + ``collate_varlen`` in this
 process (warm page cache; best of ``--repeat`` runs, the two cases interleaved), and reports tokens/s and the ratio to one store.
 
-    python benchmarks/bench_collection_read.py [--docs 200000] [--members 100] [--repeat 3]
+With ``--mixed`` every store has a loss mask except every other member, which has none (a
+collection 1.2 that unifies text with chat, COLLECTION.md §2.3): the kernels then read ones for those
+members' tokens; the baseline store holds the same mask with ones written out.
+
+    python benchmarks/bench_collection_read.py [--docs 200000] [--members 100] [--repeat 3] [--mixed]
 """
 
 from __future__ import annotations
@@ -29,19 +33,26 @@ from packfmt.torch.testing import next_fit_segments, write_flat_dataset, write_p
 CAPACITY, BATCH = 4096, 8
 
 
-def make(root: Path, n_docs: int, members: int) -> tuple[Path, Path]:
+def make(root: Path, n_docs: int, members: int, mixed: bool = False) -> tuple[Path, Path]:
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(5.0, 1.0, n_docs).astype(np.int64), 1, 8192)
     offsets = np.zeros(n_docs + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint16)
-    single = write_flat_dataset(root / "single", tokens, offsets, vocab_size=50_000)
     cuts = np.linspace(0, n_docs, members + 1).astype(np.int64)
+    mask = None
+    if mixed:  # chat-like masks on even members, none (all trained) on odd ones
+        mask = rng.integers(0, 2, int(offsets[-1]), dtype=np.uint8)
+        for m in range(1, members, 2):
+            mask[offsets[cuts[m]]:offsets[cuts[m + 1]]] = 1
+    single = write_flat_dataset(root / "single", tokens, offsets, vocab_size=50_000, loss_mask=mask)
     paths = []
     for m in range(members):
         a, b = cuts[m], cuts[m + 1]
         paths.append(root / f"m{m:05d}")
-        write_flat_dataset(paths[-1], tokens[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], vocab_size=50_000)
+        own = None if mask is None or m % 2 else mask[offsets[a]:offsets[b]]
+        write_flat_dataset(paths[-1], tokens[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], vocab_size=50_000,
+                           loss_mask=own)
     coll = write_collection(root / "coll", [(None, p) for p in paths])
     segs, po = next_fit_segments(lengths, CAPACITY, order=rng.permutation(n_docs))
     write_pack_index(single, segs, po, capacity=CAPACITY, name="p")
@@ -65,10 +76,12 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=200_000)
     ap.add_argument("--members", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mixed", action="store_true", help="every other member without a loss mask")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_coll_") as tmp:
-        single, coll = make(Path(tmp), args.docs, args.members)
-        cases = (("one store", single), (f"collection of {args.members}", coll))
+        single, coll = make(Path(tmp), args.docs, args.members, args.mixed)
+        kind = " (every other member without a mask)" if args.mixed else ""
+        cases = (("one store", single), (f"collection of {args.members}{kind}", coll))
         best = {case: (float("inf"), 0) for case, _ in cases}
         for _ in range(args.repeat):  # interleaved, so that a change of machine load hits both cases alike
             for case, path in cases:
@@ -79,7 +92,7 @@ def main() -> None:
         row["vs_one_store"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
     print_table(rows, ["case", "documents", "tokens", "seconds", "tokens_per_s", "vs_one_store"],
                 title=f"PackedDataset batches of {BATCH} packs (capacity {CAPACITY}), best of {args.repeat}")
-    write_json(RESULTS_DIR / "bench_collection_read.json", {"rows": rows, "machine": machine_info(), "args": vars(args)})
+    write_json(RESULTS_DIR / f"bench_collection_read{'_mixed' if args.mixed else ''}.json", {"rows": rows, "machine": machine_info(), "args": vars(args)})
 
 
 if __name__ == "__main__":
