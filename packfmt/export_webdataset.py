@@ -217,7 +217,7 @@ def export_webdataset(dataset, out: str | os.PathLike, *, index: str | None = No
         shard_bytes: largest shard (tar bytes); a sample larger than it gets a shard of its own.
         overwrite: replace an existing ``out`` (atomically).
     """
-    from .reader import open_dataset
+    from .opening import open_dataset
 
     if shard_bytes < _BLOCK * 4:
         raise InputError(f"shard_bytes: expected >= {_BLOCK * 4}, found {shard_bytes}", reason="invalid_option",

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from . import format as F
-from .reader import PackIndex, Store
+from .index import PackIndex
+from .reader import Store
 
 __all__ = ["summarize", "length_stats", "padding_costs", "index_summary", "documents_per_pack", "format_summary",
            "format_pack", "load_decoder", "plot_summary", "batch_grids"]
@@ -249,7 +250,7 @@ def summarize(store: Store | str | os.PathLike, *, progress: bool = False, batch
         batch_size: rows per batch of the pad-to-longest baseline.
     """
     if not hasattr(store, "index_binding"):
-        from .reader import open_dataset
+        from .opening import open_dataset
 
         store = open_dataset(store)
     if not isinstance(store, Store):

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError, WriteError
-from .reader import Store, open_dataset
+from .opening import open_dataset
+from .reader import Store
 from .writer import DatasetWriter
 
 __all__ = ["read_megatron_index", "import_megatron", "export_megatron", "loss_mask_prefix", "MEGATRON_DTYPES"]

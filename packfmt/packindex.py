@@ -17,7 +17,9 @@ from . import format as F
 from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling, write_durably
 from ._resident import narrow_lengths
 from .errors import FormatError, WriteError
-from .reader import PackIndex, Store, open_dataset
+from .index import PackIndex
+from .opening import open_dataset
+from .reader import Store
 from .version import __version__
 
 __all__ = ["build_pack_index", "index_stats", "doc_summary", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",

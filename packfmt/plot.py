@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from .inspect import DEFAULT_BATCH, _pct
-from .reader import PackIndex, Store
+from .index import PackIndex
+from .reader import Store
 
 __all__ = ["batch_grids", "sample_packs", "draw_summary", "plot_summary", "CELL_CLASSES"]
 

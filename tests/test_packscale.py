@@ -24,7 +24,7 @@ from packfmt._io import HashedFile
 from packfmt.inspect import documents_per_pack, row_lengths
 from packfmt.packindex import build_pack_index
 from packfmt.packing import segment_documents
-from packfmt.reader import PackIndex
+from packfmt.index import PackIndex
 from packfmt.torch.testing import write_flat_dataset, write_pack_index
 from packfmt.validate import validate
 

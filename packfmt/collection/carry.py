@@ -15,7 +15,7 @@ from typing import Callable
 
 from .. import format as F
 from .._io import HashedFile
-from ..reader import list_pack_indexes
+from ..index import list_pack_indexes
 from .manifest import is_collection, member_list_checksum, parse_collection_manifest
 from .physical import _In, copy_verified
 

@@ -25,7 +25,8 @@ import xxhash
 from .. import format as F
 from .._io import CHUNK_BYTES, HashedFile, publish_dir, temp_sibling, write_durably
 from ..errors import ChecksumError, FormatError
-from ..reader import Store, _check_files_table
+from ..mapped import check_files_table
+from ..reader import Store
 from ..version import __version__
 from .manifest import is_collection
 from .writer import check_members_agree, prepare_destination, resolve_members
@@ -52,7 +53,7 @@ def _head(path: str | os.PathLike) -> _Head:
                           file=str(path / F.MANIFEST), field="format", expected="'packfmt' (a store)",
                           found="'packfmt-collection'")
     manifest = F.parse_manifest(obj, file=str(path / F.MANIFEST))
-    _check_files_table(path, manifest.files, F.expected_layout(manifest), where=f"{path}/")
+    check_files_table(path, manifest.files, F.expected_layout(manifest), where=f"{path}/")
     return _Head(path, manifest)
 
 
@@ -282,10 +283,12 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
 
     sources = [s if isinstance(s, tuple) else (None, s) for s in sources]
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
+        from ..opening import open_dataset
         from ..storage.upload import merge_remote
 
-        return merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,
+        done = merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,
                             physical=True, storage_options=storage_options, on_bytes=on_bytes)
+        return done if done is not None else open_dataset(str(dst), storage_options=storage_options)
     t0 = time.perf_counter()
     dst = Path(dst)
     pairs = _normalize(sources)

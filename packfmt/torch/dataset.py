@@ -22,7 +22,9 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import FormatError
-from ..reader import PackIndex, Store, open_dataset
+from ..index import PackIndex
+from ..opening import open_dataset
+from ..reader import Store
 from ._arena import _ALIGN, _TORCH_OF, _Arena, _alloc
 from ._kernels import BATCH_SLOTS, ROW_DIDS, ROW_IDS, ROW_POS, fill_item, fill_packs, pack_length, plan_batch
 from ._sources import _ImageIndex, _segment_sums, _token_source

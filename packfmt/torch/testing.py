@@ -12,7 +12,9 @@ import numpy as np
 from .. import format as F
 from .._io import HashedFile, publish_dir, temp_sibling
 from ..errors import WriteError
-from ..reader import PackIndex, Store, open_dataset
+from ..index import PackIndex
+from ..opening import open_dataset
+from ..reader import Store
 from ..writer import DatasetWriter
 from ..version import __version__
 
