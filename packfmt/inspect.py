@@ -26,7 +26,7 @@ import numpy as np
 
 from . import format as F
 from .index import PackIndex
-from .reader import Store
+from .dataset import Dataset
 
 __all__ = ["summarize", "length_stats", "padding_costs", "index_summary", "documents_per_pack", "format_summary",
            "format_pack", "load_decoder", "plot_summary", "batch_grids"]
@@ -117,7 +117,7 @@ def _mask_fraction(mask: np.ndarray, progress: bool) -> float:
     return ones / n
 
 
-def _image_summary(store: Store) -> dict | None:
+def _image_summary(store: Dataset) -> dict | None:
     images = store.images
     if images is None:
         return None
@@ -220,13 +220,9 @@ def documents_per_pack(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndar
 
 def _images_per_pack(index: PackIndex, segs: np.ndarray, po: np.ndarray) -> dict | None:
     """Images whose token span starts inside each pack's segments (spans are globally sorted)."""
-    if isinstance(index.store, Store):
-        images = index.store.images
-        spans = None if images is None else np.asarray(images.token_spans)
-    else:  # a collection: every member's spans in collection token offsets
-        from .collection.arrays import image_token_spans
+    from .collection.arrays import image_token_spans
 
-        spans = image_token_spans(index.store)
+    spans = image_token_spans(index.store)  # every member's, in dataset token offsets
     if spans is None:
         return None
     off = np.asarray(index.store.doc_offsets)
@@ -240,7 +236,7 @@ def _images_per_pack(index: PackIndex, segs: np.ndarray, po: np.ndarray) -> dict
             "total": int(per_seg.sum())}
 
 
-def summarize(store: Store | str | os.PathLike, *, progress: bool = False, batch_size: int = DEFAULT_BATCH) -> dict:
+def summarize(store: Dataset | str | os.PathLike, *, progress: bool = False, batch_size: int = DEFAULT_BATCH) -> dict:
     """Everything ``packfmt inspect`` prints, as a JSON-ready dict.
 
     Args:
@@ -249,11 +245,10 @@ def summarize(store: Store | str | os.PathLike, *, progress: bool = False, batch
         progress: tqdm bars on stderr for scans that take more than about a second.
         batch_size: rows per batch of the pad-to-longest baseline.
     """
-    if not hasattr(store, "index_binding"):
-        from .opening import open_dataset
+    from .opening import as_dataset
 
-        store = open_dataset(store)
-    if not isinstance(store, Store):
+    store = as_dataset(store)
+    if hasattr(store, "members"):  # a collection's summary also has a members table
         from .collection.inspect import summarize_collection
 
         return summarize_collection(store, progress=progress, batch_size=batch_size)

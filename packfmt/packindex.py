@@ -17,12 +17,12 @@ from . import format as F
 from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling, write_durably
 from ._resident import narrow_lengths
 from .errors import FormatError, WriteError
+from .collection.arrays import relative_image_spans, token_sources
 from .index import PackIndex
-from .opening import open_dataset
-from .reader import Store
+from .opening import as_dataset
 from .version import __version__
 
-__all__ = ["build_pack_index", "index_stats", "doc_summary", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
+__all__ = ["build_pack_index", "index_stats", "doc_summary", "default_index_name", "lost_tokens", "LostTokensWarning",
            "DEFAULT_MAX_LOST_FRACTION"]
 
 #: Share of a dataset's tokens that ``oversize="truncate"`` / ``"drop"`` may lose before a warning.
@@ -50,20 +50,6 @@ def default_index_name(algorithm: str, capacity: int, seed: int | None, weights:
         key = F.canonical_json({**asked, "seed": seed or 0})
         name += "-mix" + xxhash.xxh3_64(key).hexdigest()[:8]
     return name
-
-
-def relative_image_spans(store) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Image token spans relative to their document start, and the doc->image CSR offsets (store or collection)."""
-    if not isinstance(store, Store):
-        from .collection.arrays import relative_image_spans as collection_spans
-
-        return collection_spans(store)
-    images = store.images
-    if images is None:
-        return None, None
-    doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(images.doc_image_offsets))
-    spans = np.asarray(images.token_spans, dtype=np.int64) - store.doc_offsets[doc_of_image][:, None]
-    return spans, np.asarray(images.doc_image_offsets, dtype=np.int64)
 
 
 def build_pack_index(
@@ -111,8 +97,8 @@ def build_pack_index(
     """
     from .packing import pack_items, segment_documents
 
-    store = dataset if hasattr(dataset, "index_binding") else open_dataset(dataset, storage_options=storage_options)
-    is_collection = not isinstance(store, Store)
+    store = as_dataset(dataset, storage_options=storage_options)
+    is_collection = hasattr(store, "members")  # mixing needs named members: only a collection has them
     if weights is not None and proportions is not None:
         raise WriteError("weights= and proportions= are two ways to mix; give one (weights: copies of each document; "
                          "proportions with tokens=: shares of the packed tokens)", field="proportions=",
@@ -385,7 +371,6 @@ def _materialize(store, tmp: Path, seg, order: np.ndarray, pack_tokens: np.ndarr
     return their ``files`` entries. The segments' rows are built one chunk at a time (as for
     ``segments.bin``), and each chunk is gathered in runs of about ``_MATERIALIZE_CHUNK_TOKENS``."""
     from ._resident import release
-    from .collection.arrays import token_sources
 
     pack_token_offsets = np.zeros(pack_tokens.shape[0] + 1, dtype=np.int64)
     np.cumsum(pack_tokens, out=pack_token_offsets[1:])

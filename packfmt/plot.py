@@ -21,7 +21,7 @@ import numpy as np
 
 from .inspect import DEFAULT_BATCH, _pct
 from .index import PackIndex
-from .reader import Store
+from .dataset import Dataset
 
 __all__ = ["batch_grids", "sample_packs", "draw_summary", "plot_summary", "CELL_CLASSES"]
 
@@ -49,7 +49,7 @@ def sample_packs(index: PackIndex, k: int, seed: int = SAMPLE_SEED) -> np.ndarra
     return np.sort(rng.choice(pool, size=k, replace=False)).astype(np.int64)
 
 
-def _token_classes(store: Store, segs: np.ndarray, first_colour: int) -> np.ndarray:
+def _token_classes(store: Dataset, segs: np.ndarray, first_colour: int) -> np.ndarray:
     """Per-token cell classes of the segments ``(doc, begin, end)`` laid end to end."""
     off = np.asarray(store.doc_offsets)
     mask, images = store.loss_mask, store.images
@@ -80,7 +80,7 @@ def _paint(rows: list[np.ndarray], slots: list[int], cap: int, width: int) -> np
     return grid
 
 
-def batch_grids(store: Store, index: PackIndex | None, rows: int = DEFAULT_BATCH, capacity: int | None = None,
+def batch_grids(store: Dataset, index: PackIndex | None, rows: int = DEFAULT_BATCH, capacity: int | None = None,
                 width: int = MAX_WIDTH, seed: int = SAMPLE_SEED) -> dict:
     """Token grids of one batch under three layouts, on the same tokens.
 
@@ -124,7 +124,7 @@ def _eff(tokens: int, slots: int) -> float:
 
 
 # ----------------------------------------------------------------------------- the figure
-def draw_summary(store: Store, summary: dict, index_name: str | None = None, batch_size: int | None = None):
+def draw_summary(store: Dataset, summary: dict, index_name: str | None = None, batch_size: int | None = None):
     """The matplotlib Figure for ``summary`` (``summarize(store, ...)``). Tick labels aside, every number
     in its text is one that ``format_summary(summary)`` prints, formatted the same way."""
     import matplotlib
@@ -169,7 +169,7 @@ def draw_summary(store: Store, summary: dict, index_name: str | None = None, bat
     return fig
 
 
-def plot_summary(store: Store, summary: dict, path: str | os.PathLike, index_name: str | None = None,
+def plot_summary(store: Dataset, summary: dict, path: str | os.PathLike, index_name: str | None = None,
                  batch_size: int | None = None) -> Path:
     """Write ``draw_summary``'s figure as a PNG at ``path``."""
     import matplotlib.pyplot as plt
@@ -223,7 +223,7 @@ def _plot_lengths(ax, lengths: np.ndarray, summary: dict, ix: dict | None) -> No
     ax.set_ylabel("documents")
 
 
-def _plot_fill(ax, store: Store, summary: dict) -> None:
+def _plot_fill(ax, store: Dataset, summary: dict) -> None:
     names = list(summary["pack_indexes"])
     if not names:
         ax.text(0.5, 0.5, "no pack index", ha="center", va="center", transform=ax.transAxes)

@@ -142,7 +142,7 @@ def key_shares(mixture: dict) -> dict:
 
 def collection_kept(coll, capacity: int, oversize: str) -> np.ndarray:
     """int64 ``(documents,)``: the tokens ``oversize`` keeps of each collection document at ``capacity``."""
-    from ..packindex import relative_image_spans
+    from .arrays import relative_image_spans
     from ..packing import segment_documents
 
     lengths = np.asarray(coll.doc_lengths, dtype=np.int64)
