@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .dataset import Dataset
 from .errors import FormatError, WriteError
 from .opening import as_dataset
-from .dataset import Dataset
 from .writer import DatasetWriter
 
 __all__ = ["read_megatron_index", "import_megatron", "export_megatron", "loss_mask_prefix", "MEGATRON_DTYPES"]

@@ -14,10 +14,16 @@ from pathlib import Path
 import numpy as np
 
 from . import format as F
-from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling, write_durably
+from ._io import (
+    HashedFile,
+    publish_dir,
+    remove_stale_temps,
+    temp_sibling,
+    write_durably,
+)
 from ._resident import narrow_lengths
-from .errors import FormatError, WriteError
 from .collection.arrays import relative_image_spans, token_sources
+from .errors import FormatError, WriteError
 from .index import PackIndex
 from .opening import as_dataset
 from .version import __version__
@@ -140,7 +146,8 @@ def build_pack_index(
         weights = mixture.check_weights(weights)
         resolved = mixture.member_weights([m.name for m in store.members], weights)
     if proportions is not None:
-        from .collection import mixture, proportions as by_share
+        from .collection import mixture
+        from .collection import proportions as by_share
 
         proportions, tokens = by_share.check_proportions(proportions), by_share.check_tokens(tokens)
     name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .inspect import DEFAULT_BATCH, _pct
-from .index import PackIndex
 from .dataset import Dataset
+from .index import PackIndex
+from .render import pct
+from .summary import DEFAULT_BATCH
 
 __all__ = ["batch_grids", "sample_packs", "draw_summary", "plot_summary", "CELL_CLASSES"]
 
@@ -189,11 +190,11 @@ def _grid_titles(ix: dict | None, name: str | None, batch_size: int) -> dict:
     sample = (f"{min(batch_size, ix['packs']):,} of {ix['packs']:,} packs drawn at random (seed {SAMPLE_SEED})"
               if batch_size < ix["packs"] else f"all {ix['packs']:,} packs")
     return {
-        "pad_to_longest": f"pad to longest (batches of {batch_size}): efficiency {_pct(pad['pad_to_longest']['efficiency'])}"
+        "pad_to_longest": f"pad to longest (batches of {batch_size}): efficiency {pct(pad['pad_to_longest']['efficiency'])}"
                           f" on the whole dataset; the documents of the packs below, one batch between lines",
-        "pad_to_capacity": f"pad every document to capacity: efficiency {_pct(pad['pad_to_capacity']['efficiency'])}"
+        "pad_to_capacity": f"pad every document to capacity: efficiency {pct(pad['pad_to_capacity']['efficiency'])}"
                            " on the whole dataset; same documents",
-        "packed": f"packed (index {name!r}): fill efficiency {_pct(ix['fill_efficiency'])} on the whole index; "
+        "packed": f"packed (index {name!r}): fill efficiency {pct(ix['fill_efficiency'])} on the whole index; "
                   f"{sample}",
     }
 
@@ -237,7 +238,7 @@ def _plot_fill(ax, store: Dataset, summary: dict) -> None:
         cum = np.concatenate([[0], np.cumsum(seg[:, 2] - seg[:, 1])])
         fill = (cum[po[1:]] - cum[po[:-1]]) / index.capacity
         ax.hist(fill, bins=bins, histtype="step", linewidth=1.5,
-                label=f"{name}: fill efficiency {_pct(summary['pack_indexes'][name]['fill_efficiency'])}")
+                label=f"{name}: fill efficiency {pct(summary['pack_indexes'][name]['fill_efficiency'])}")
     ax.set_title("pack fill (tokens / capacity) per index", fontsize=10, loc="left")
     ax.set_xlabel("fill")
     ax.set_ylabel("packs")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from packfmt import format as F
 from packfmt import packindex
 from packfmt._io import HashedFile
-from packfmt.inspect import documents_per_pack, row_lengths
+from packfmt.summary import documents_per_pack, row_lengths
 from packfmt.packindex import build_pack_index
 from packfmt.packing import segment_documents
 from packfmt.index import PackIndex

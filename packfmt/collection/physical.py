@@ -277,9 +277,8 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     members and the pack indexes carried (spec/COLLECTION.md §7). Memory is O(chunk): independent
     of the number and size of the members. Returns the new store, opened.
     """
-    from .carry import carry_indexes
-
     from ..storage import is_url
+    from .carry import carry_indexes
 
     sources = [s if isinstance(s, tuple) else (None, s) for s in sources]
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage

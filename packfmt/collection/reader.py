@@ -20,7 +20,12 @@ from .._io import checksum_file
 from ..dataset import Dataset, running_sum
 from ..errors import FormatError
 from ..reader import Store
-from .manifest import CollectionManifest, Member, member_list_checksum, parse_collection_manifest
+from .manifest import (
+    CollectionManifest,
+    Member,
+    member_list_checksum,
+    parse_collection_manifest,
+)
 from .unify import member_differences, ones_needed
 
 __all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]

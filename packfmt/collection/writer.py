@@ -10,7 +10,13 @@ from .._io import checksum_file, publish_dir, remove_stale_temps, staging, write
 from ..errors import DatasetExistsError, WriteError
 from ..reader import Store
 from ..version import __version__
-from .manifest import COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, Member, check_member_name, is_collection
+from .manifest import (
+    COLLECTION_FORMAT_NAME,
+    COLLECTION_VERSION_STR,
+    Member,
+    check_member_name,
+    is_collection,
+)
 from .reader import Collection
 from .unify import SHARED_KEYS, unify
 

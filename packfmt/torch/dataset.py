@@ -21,12 +21,21 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..dataset import Dataset as Source
 from ..errors import FormatError
 from ..index import PackIndex
 from ..opening import as_dataset, open_dataset
-from ..dataset import Dataset
-from ._arena import _ALIGN, _TORCH_OF, _Arena, _alloc
-from ._kernels import BATCH_SLOTS, ROW_DIDS, ROW_IDS, ROW_POS, fill_item, fill_packs, pack_length, plan_batch
+from ._arena import _ALIGN, _TORCH_OF, _alloc, _Arena
+from ._kernels import (
+    BATCH_SLOTS,
+    ROW_DIDS,
+    ROW_IDS,
+    ROW_POS,
+    fill_item,
+    fill_packs,
+    pack_length,
+    plan_batch,
+)
 from ._sources import _ImageIndex, _segment_sums, _token_source
 from .batch import PackBatch, _batch_slots
 
@@ -90,7 +99,7 @@ class PackedDataset(Dataset):
 
     def __init__(
         self,
-        path_or_store: str | os.PathLike | Dataset,
+        path_or_store: str | os.PathLike | Source,
         index: str | PackIndex | None = None,
         *,
         pad_to_capacity: bool = False,
@@ -128,7 +137,7 @@ class PackedDataset(Dataset):
                               f"(pad_to_capacity=True; cu_seqlens are int32), found {idx.capacity}. Read this index "
                               "without pad_to_capacity, or pack again with a smaller --capacity.",
                               file=str(idx.path / "index.json"), field="capacity", expected="< 2**31", found=idx.capacity)
-        self._store: Dataset | None = store
+        self._store: Source | None = store
         self._index: PackIndex | None = idx
         self._arrays: dict[str, Any] | None = None  # ndarray views of the memmaps, per process
         self._hf_room = False  # reserve collate_hf's labels in batch buffers (set by collate_hf)
@@ -150,7 +159,7 @@ class PackedDataset(Dataset):
         self._hf_room = False
 
     @property
-    def store(self) -> Dataset:
+    def store(self) -> Source:
         if self._store is None:
             self._store = open_dataset(self.path)
         return self._store
@@ -247,7 +256,7 @@ class PackedDataset(Dataset):
                                 *(where.get(name, (0, 0)) for name in ("input_ids", "position_ids", "doc_ids")))
         return self._arrays
 
-    def _ids_np(self, store: Dataset):
+    def _ids_np(self, store: Source):
         """numpy dtype of ``input_ids``."""
         if self.input_ids_dtype is None:
             return INDEX_DTYPES[self.index_dtype]

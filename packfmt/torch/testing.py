@@ -7,6 +7,7 @@ engine), so tests can exercise split documents, shuffled segment orders and odd 
 from __future__ import annotations
 
 import os
+
 import numpy as np
 
 from .. import format as F
@@ -15,8 +16,8 @@ from ..errors import WriteError
 from ..index import PackIndex
 from ..opening import open_dataset
 from ..reader import Store
-from ..writer import DatasetWriter
 from ..version import __version__
+from ..writer import DatasetWriter
 
 __all__ = ["next_fit_segments", "write_pack_index", "write_flat_dataset"]
 
