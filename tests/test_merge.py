@@ -257,9 +257,24 @@ def test_offsets_breaking_v13_with_a_matching_checksum_are_refused(tmp_path):
     manifest = json.loads((a / F.MANIFEST).read_text())
     manifest["files"][F.DOC_OFFSETS]["checksum"] = checksum_file(a / F.DOC_OFFSETS)
     (a / F.MANIFEST).write_bytes(F.canonical_json(manifest))
-    with pytest.raises(FormatError, match=r"doc_offsets\.bin: V13: expected strictly increasing"):
+    with pytest.raises(FormatError, match=r"doc_offsets\.bin: V13 \[1:3\]: expected strictly increasing \(every document has >= 1 token\), found 5 then 3"):
         merge_physical([a], tmp_path / "m")
     assert not (tmp_path / "m").exists()
+
+
+def test_overlapping_image_spans_with_a_matching_checksum_are_refused_as_the_reader_refuses_them(tmp_path):
+    """The streamed V19 check of a merge is packfmt.checks' own: same rule, same element named as when opening."""
+    a = write_docs(tmp_path / "a", [(3, 0, 1), (6, 2, 2)])
+    (a / F.IMAGE_TOKEN_SPANS).write_bytes(np.array([[3, 6], [4, 5]], dtype="<i8").tobytes())  # image 1 inside image 0
+    manifest = json.loads((a / F.MANIFEST).read_text())
+    manifest["files"][F.IMAGE_TOKEN_SPANS]["checksum"] = checksum_file(a / F.IMAGE_TOKEN_SPANS)
+    (a / F.MANIFEST).write_bytes(F.canonical_json(manifest))
+    with pytest.raises(FormatError, match=r"image_token_spans\.bin: V19 \[0:2\]: expected spans of one document sorted"
+                                          r" and not overlapping, found a span ending at 6 then \[4, 5\)"):
+        merge_physical([a], tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(FormatError, match=r"image_token_spans\.bin: \[0:2\]: expected spans of one document sorted"):
+        packfmt.open(a)
 
 
 def test_changed_collection_member_is_refused(tmp_path):

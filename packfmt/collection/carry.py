@@ -17,7 +17,7 @@ from .. import format as F
 from .._io import HashedFile
 from ..index import list_pack_indexes
 from .manifest import is_collection, member_list_checksum, parse_collection_manifest
-from .physical import _In, copy_verified
+from .streams import VerifiedReader, copy_verified
 
 __all__ = ["carry_indexes"]
 
@@ -61,7 +61,7 @@ def _copy_index(src: Path, out: Path, raw: dict, parsed, binding: dict, buf: byt
     out.mkdir(parents=True)
     for fname, entry in sorted(parsed.files.items()):
         f = HashedFile(out / fname)
-        copy_verified(_In(src / fname, entry), f, buf, on_bytes)
+        copy_verified(VerifiedReader(src / fname, entry), f, buf, on_bytes)
         f.close()
     index = {k: v for k, v in raw.items() if k != "collection"}
     index["format_version"] = F.FORMAT_VERSION_STR
