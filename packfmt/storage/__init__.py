@@ -2,7 +2,8 @@
 
 Only this package imports fsspec, and only when a URL is given (``pip install 'packfmt[s3]'``).
 
-* ``uri``: local path or URL; the fsspec file system of a URL; input files fetched to a temp dir.
+* ``uri``: local path or URL; the fsspec file system of a URL.
+* ``inputs``: build inputs in object storage fetched to a temp dir.
 * ``cache``: remote datasets mirrored whole-file into a verified, locked, bounded node-local cache.
 * ``verify``: what the cache knows of each mirrored file (markers bound to its stat), kept outside the mirror.
 * ``errors``: back-end and cache failures as one-line ``StorageError``s naming the URL and the fix.
@@ -32,6 +33,6 @@ def remote_output(url, storage_options=None, *, overwrite=False, cache_dir=None)
 
 def download_inputs(paths, storage_options=None):
     """Build inputs: URLs downloaded (files or folders) into a fresh temp dir; ``(local paths, temp dir or None)``."""
-    from .uri import download_inputs as dl
+    from .inputs import download_inputs as dl
 
     return dl(paths, storage_options)  # (a failure removes the temp dir and is one line)
