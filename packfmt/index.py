@@ -14,6 +14,7 @@ import numpy as np
 
 from . import checks
 from . import format as F
+from . import index_format as IF
 from .errors import FormatError
 from .mapped import check_files_table, map_file
 
@@ -67,17 +68,17 @@ class PackIndex:
         written with the pack lengths it computed: the segment and pack bounds hold by construction
         there, so they are not read back (everything else, index.json and the file sizes, is)."""
         self.store = store
-        self.name = F.check_index_name(name)
+        self.name = IF.check_index_name(name)
         self.path = store.path / F.PACKS_DIR / name
         self._label = f"{F.PACKS_DIR}/{name}/"
-        self.manifest = F.parse_pack_index_manifest(
+        self.manifest = IF.parse_pack_index_manifest(
             F.read_json(self.path / F.PACK_INDEX_JSON, file=self._label + F.PACK_INDEX_JSON), file=self._label + F.PACK_INDEX_JSON)
         self._check_binding(store.index_binding())
         if self.manifest.name != name:
             raise FormatError(file=self._label + F.PACK_INDEX_JSON, field="name", expected=repr(name) + " (the directory name)",
                               found=repr(self.manifest.name))
         n_packed = self.manifest.raw["counts"]["packed_tokens"]
-        self._layout = F.pack_index_layout(self.manifest, store.np_token_dtype, store.has_loss_mask, n_packed)
+        self._layout = IF.pack_index_layout(self.manifest, store.np_token_dtype, store.has_loss_mask, n_packed)
         for fname in self._layout:
             if fname not in self.manifest.files:
                 raise FormatError(f"{self._label}{F.PACK_INDEX_JSON}: files.{fname}: required entry missing",

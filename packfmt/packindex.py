@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import format as F
+from . import index_format as IF
 from ._io import (
     HashedFile,
     publish_dir,
@@ -81,7 +82,7 @@ def build_pack_index(
 
     Args:
         capacity: tokens per pack (the training sequence length).
-        algorithm: one of ``format.ALGORITHM_NAMES`` (see spec/packing.md).
+        algorithm: one of ``index_format.ALGORITHM_NAMES`` (see spec/packing.md).
         seed: seed of the shuffled algorithms (recorded for all).
         max_docs_per_pack: at most this many segments per pack.
         max_images_per_pack: at most this many images per pack (the image budget).
@@ -122,17 +123,17 @@ def build_pack_index(
                          expected="a collection", found="a store",
                          cli=f"{store.path}: --{mixing} mixes the members of a collection; this is a single store "
                              "(make one with `packfmt merge`)")
-    if algorithm not in F.ALGORITHM_NAMES:
-        raise WriteError(field="algorithm", expected=f"one of {list(F.ALGORITHM_NAMES)}", found=repr(algorithm))
-    if oversize not in F.OVERSIZE_POLICIES:
-        raise WriteError(field="oversize", expected=f"one of {list(F.OVERSIZE_POLICIES)}", found=repr(oversize))
+    if algorithm not in IF.ALGORITHM_NAMES:
+        raise WriteError(field="algorithm", expected=f"one of {list(IF.ALGORITHM_NAMES)}", found=repr(algorithm))
+    if oversize not in IF.OVERSIZE_POLICIES:
+        raise WriteError(field="oversize", expected=f"one of {list(IF.OVERSIZE_POLICIES)}", found=repr(oversize))
     if not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise WriteError(field="capacity", expected="integer >= 1", found=capacity)
     if not 0 <= max_lost_fraction <= 1:
         raise WriteError(field="max_lost_fraction", expected="a fraction in [0, 1]", found=max_lost_fraction)
     capacity = int(capacity)
     try:
-        seed = F.check_seed(seed, field="seed=")
+        seed = IF.check_seed(seed, field="seed=")
     except FormatError as exc:
         raise WriteError(field="seed=", expected="None or an integer in [0, 2**63) (spec §4.1)", found=exc.found) from None
     for key, limit in (("max_docs_per_pack", max_docs_per_pack), ("max_images_per_pack", max_images_per_pack)):
@@ -150,7 +151,7 @@ def build_pack_index(
         from .collection import proportions as by_share
 
         proportions, tokens = by_share.check_proportions(proportions), by_share.check_tokens(tokens)
-    name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
+    name = IF.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
     t0 = time.perf_counter()
     # int32 when every document fits (4 bytes per document, kept as is by segment_documents and
     # pack_items); the offsets' pages are handed back once read (packfmt._resident)
