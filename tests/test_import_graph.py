@@ -148,3 +148,16 @@ def test_no_import_cycles():
                                                        ("collection.reader", "collection", False)])
 def test_front_door_rule(importer, imported, allowed):
     assert _front_door(importer, imported) is allowed
+
+
+def test_readme_lists_the_same_floors():
+    """README "Repository" names every prefix of FLOORS on its floor's line (``a.b`` written ``a/b``)."""
+    import re
+
+    text = (PKG.parent / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Repository"):]
+    floors = dict(re.findall(r"^(\d)\. (\*\*.*?)(?=^\d\. \*\*|^\s*$)", section, re.M | re.S))
+    assert sorted(floors) == [str(i) for i in range(len(FLOORS))], f"README floors: {sorted(floors)}"
+    missing = [f"{i}: {name}" for i, names in enumerate(FLOORS) for name in names
+               if not re.search(rf"`{re.escape(name.replace('.', '/'))}/?`", floors[str(i)])]
+    assert not missing, f"README 'Repository' does not list these on their floor (floor: module): {missing}"
