@@ -132,9 +132,10 @@ def image_spans(spans: np.ndarray, doc_image_offsets: np.ndarray, doc_offsets: n
 
 
 def image_span_rows(spans: np.ndarray, doc: np.ndarray, doc_offsets: np.ndarray, *, file: str, at: int = 0,
-                    prev: tuple[int, int] = (-1, 0)) -> list[Finding]:
+                    prev: tuple[int, int] = (-1, 0), doc_base: int = 0) -> list[Finding]:
     """V19 of images ``at, at + 1, ...`` (``spans`` rows) of documents ``doc`` (``doc_offsets`` indexed by
-    them); ``prev`` is ``(document, end)`` of image ``at - 1`` (none: ``(-1, 0)``), for a stream of rows."""
+    them; document ``doc_base + doc`` of the store); ``prev`` is ``(doc, end)`` of image ``at - 1`` (none:
+    ``(-1, 0)``), for a stream of rows."""
     spans = np.asarray(spans)
     begin, end = spans[:, 0], spans[:, 1]
     lo, hi = doc_offsets[doc], doc_offsets[doc + 1]
@@ -142,7 +143,7 @@ def image_span_rows(spans: np.ndarray, doc: np.ndarray, doc_offsets: np.ndarray,
     outside = np.flatnonzero((begin < lo) | (end > hi) | (begin >= end))
     if outside.size:
         k = int(outside[0])
-        out.append(Finding("V19", file, f"[{at + k}]", f"doc_start <= begin < end <= doc_end of document {int(doc[k])} = "
+        out.append(Finding("V19", file, f"[{at + k}]", f"doc_start <= begin < end <= doc_end of document {doc_base + int(doc[k])} = "
                            f"[{int(lo[k])}, {int(hi[k])})", f"[{int(begin[k])}, {int(end[k])}) ({outside.size} image(s) "
                            f"outside their document or empty: {listed(outside + at)})"))
     prev_end = np.concatenate(([prev[1]], end[:-1]))

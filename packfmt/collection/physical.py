@@ -166,7 +166,7 @@ class _Merger:
                 _check_chunk(dio, "V15", prev_dio, img_ends, at=at, strict=False, top=m.num_images,
                              unit="images per document")
                 self.out[F.DOC_IMAGE_OFFSETS].write_array(img_ends + self.num_images, F.OFFSET_DTYPE)
-                self._spans(spans, np.concatenate(([prev_do], ends)), np.concatenate(([prev_dio], img_ends)))
+                self._spans(spans, np.concatenate(([prev_do], ends)), np.concatenate(([prev_dio], img_ends)), at - 1)
                 prev_dio = int(img_ends[-1])
             elif self.images:  # a member without images: its documents have none
                 self.out[F.DOC_IMAGE_OFFSETS].write_array(np.full(n, self.num_images), F.OFFSET_DTYPE)
@@ -180,8 +180,8 @@ class _Merger:
             if src is not None:
                 src.close()
 
-    def _spans(self, src: VerifiedReader, doc_off: np.ndarray, img_off: np.ndarray) -> None:
-        """V19 for the images of one chunk of documents, read in bounded sub-chunks of rows."""
+    def _spans(self, src: VerifiedReader, doc_off: np.ndarray, img_off: np.ndarray, first_doc: int) -> None:
+        """V19 for the images of one chunk of documents (the first is ``first_doc``), read in bounded sub-chunks of rows."""
         first, stop, step = int(img_off[0]), int(img_off[-1]), _OFFSET_ROWS // 2
         last_doc, last_end = -1, 0  # the previous image (none: a chunk of documents starts a new document)
         for a in range(first, stop, step):
@@ -189,7 +189,7 @@ class _Merger:
             rows = src.array(self.bufs[2], 2 * k).reshape(k, 2)
             doc = np.searchsorted(img_off, np.arange(a, a + k), side="right") - 1
             _raise(src, checks.image_span_rows(rows, doc, doc_off, file=src.path.name, at=a,
-                                               prev=(last_doc, last_end)))
+                                               prev=(last_doc, last_end), doc_base=first_doc))
             self.out[F.IMAGE_TOKEN_SPANS].write_array(rows + self.tokens, F.OFFSET_DTYPE)
             last_doc, last_end = int(doc[-1]), int(rows[-1, 1])
             self.tick(16 * k)
