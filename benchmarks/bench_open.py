@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
 
 from packfmt import checks  # noqa: E402
-from packfmt.reader import PackIndex, Store  # noqa: E402
+from packfmt.index import PackIndex
+from packfmt.reader import Store  # noqa: E402
 from packfmt.torch import PackedDataset  # noqa: E402
 from packfmt.torch.testing import write_flat_dataset, write_pack_index  # noqa: E402
 

@@ -69,7 +69,7 @@ def real_dataset_lengths(limit: int | None = None) -> tuple[np.ndarray, str]:
     import tempfile
 
     from packfmt.build import build_text
-    from packfmt.reader import open_dataset
+    from packfmt.opening import open_dataset
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     tok = Path(__file__).resolve().parents[1] / "packfmt" / "sample_data" / "tokenizer"
@@ -93,7 +93,7 @@ def distributions(real_path: str | None, quick: bool = False) -> list[dict]:
     if real_path:
         path = Path(real_path)
         if path.is_dir():  # a packfmt dataset
-            from packfmt.reader import open_dataset
+            from packfmt.opening import open_dataset
 
             base, label = np.array(open_dataset(path).doc_lengths), f"real lengths of the dataset {real_path}"
         else:

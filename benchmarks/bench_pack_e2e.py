@@ -62,7 +62,7 @@ FLOOR_DOCS = 1000
 PACK_ONLY = """
 import json, sys, time
 t0 = time.perf_counter()
-from packfmt.reader import open_dataset
+from packfmt.opening import open_dataset
 from packfmt.packing import pack_items, segment_documents
 store = open_dataset(sys.argv[1])
 lengths = store.doc_lengths

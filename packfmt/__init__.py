@@ -21,8 +21,8 @@ from .version import __version__
 #: Public names imported on first use (PEP 562), so that ``import packfmt.cli`` installs the CLI's
 #: signal handlers before numpy loads: a Ctrl-C in the first instant exits 130 quietly too.
 _LAZY = {
-    "open": ("reader", "open_dataset"), "open_dataset": ("reader", "open_dataset"), "Store": ("reader", "Store"),
-    "ImageStore": ("reader", "ImageStore"), "PackIndex": ("reader", "PackIndex"),
+    "open": ("opening", "open_dataset"), "open_dataset": ("opening", "open_dataset"), "Store": ("reader", "Store"),
+    "ImageStore": ("reader", "ImageStore"), "PackIndex": ("index", "PackIndex"),
     "DatasetWriter": ("writer", "DatasetWriter"), "ImageRecord": ("writer", "ImageRecord"),
     "FORMAT_VERSION_STR": ("format", "FORMAT_VERSION_STR"),
 }

@@ -11,9 +11,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .engines import engine as engine_named
 from .errors import InputError
 from .pipeline import ON_ERROR_POLICIES, BuildResult, Doc, Failure, run_build
-from .sources import count_records, describe_sources, is_path, iter_records
+from .sources import (
+    count_records,
+    describe_sources,
+    is_path,
+    iter_records,
+    remote_format,
+)
 from .sources.hf import is_dataset_object
 from .storage.uri import is_remote, is_url, local_file
 from .tokenize import TextEncoder, TokenizerSpec
@@ -138,14 +145,11 @@ def build_text(
                           engine=engine, **kw)
 
 
-def _run_engine(engine: str, inputs, fmt, split, glob, converter, factory, out, base: dict, kw: dict) -> BuildResult:
-    if engine != "ray":
-        raise ValueError(f"engine: expected one of ('local', 'ray'), found {engine!r}")
-    from .ray.build import run_ray_build
-
-    # inputs and output may be URLs: the actors read remote inputs by ranges and the write tasks upload
+def _run_engine(name: str, inputs, fmt, split, glob, converter, factory, out, base: dict, kw: dict) -> BuildResult:
+    """An engine other than ``"local"``, found by name (``packfmt.engines``; ``"ray"``: ``packfmt.ray.build``)."""
+    # inputs and output may be URLs: the Ray actors read remote inputs by ranges and the write tasks upload
     # their members; the driver downloads nothing and commits the collection manifest last
-    return run_ray_build(inputs, converter, factory, out, fmt=fmt, split=split, glob=glob, report_base=base, **kw)
+    return engine_named(name)(inputs, converter, factory, out, fmt=fmt, split=split, glob=glob, report_base=base, **kw)
 
 
 def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: dict | Callable, glob: str = "*.txt",
@@ -175,8 +179,6 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
     settings = {**settings, "batch_size": kw.get("batch_size", 256),
                 "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
     if remote_ray:  # the Ray engine reads remote inputs in its actors: the driver only names them
-        from .ray.units import remote_format
-
         sources = [{"path": p, "format": fmt or remote_format(p)} if is_remote(p) else source_report([p], fmt, split)[0]
                    for p in inputs]
         return _run_engine(engine, inputs, fmt, split, glob, converter, factory, out,

@@ -7,7 +7,9 @@ slicing use lies inside its array: no byte of a dataset can make the reader read
 allocate more than a pack's ``capacity`` per pack, or loop past its arrays.
 
 Each function takes plain arrays (memmaps included), scans them in bounded chunks with vectorised
-numpy, and returns a list of ``Finding`` (empty when the invariant holds). Cost: one pass over each
+numpy, and returns a list of ``Finding`` (empty when the invariant holds). ``offsets_chunk`` and
+``image_span_rows`` are the same rules over an array read as a stream (``collection.physical``
+checks each member's files while it copies them). Cost: one pass over each
 array; at 10^7 segments a small fraction of a second (``benchmarks/bench_open.py``).
 """
 
@@ -20,7 +22,8 @@ import numpy as np
 
 from .errors import FormatError
 
-__all__ = ["Finding", "raise_first", "offsets", "image_spans", "segments", "packs", "MAX_LISTED"]
+__all__ = ["Finding", "raise_first", "offsets", "offsets_chunk", "image_spans", "image_span_rows", "segments", "packs",
+           "MAX_LISTED"]
 
 #: Elements per chunk of a scan: bounded temporaries whatever the file size.
 CHUNK = 1 << 20
@@ -91,16 +94,33 @@ def offsets(arr: np.ndarray, *, rule: str, file: str, last: int, last_what: str,
         out.append(Finding(rule, file, "[0]", 0, int(arr[0])))
     if int(arr[-1]) != last:
         out.append(Finding(rule, file, f"[{n - 1}]", f"{last} ({last_what})", int(arr[-1])))
+    return out + _steps(arr, 0, rule=rule, file=file, strict=strict, unit=unit)
+
+
+def offsets_chunk(chunk: np.ndarray, *, prev: int, at: int, top: int, rule: str, file: str, strict: bool,
+                  unit: str) -> list[Finding]:
+    """``offsets`` of an array read as a stream: ``chunk`` holds elements ``at, at + 1, ...`` and ``prev`` is
+    element ``at - 1``. Increasing from ``prev`` and at most ``top``; the caller checks the first element (0)
+    and the last (the total), which it sees."""
+    chunk = np.asarray(chunk)
+    out = _steps(np.concatenate(([prev], chunk)), at - 1, rule=rule, file=file, strict=strict, unit=unit)
+    if not out and chunk.shape[0] and int(chunk[-1]) > top:
+        out.append(Finding(rule, file, f"[{at + chunk.shape[0] - 1}]", f"<= {top}", int(chunk[-1])))
+    return out
+
+
+def _steps(arr: np.ndarray, base: int, *, rule: str, file: str, strict: bool, unit: str) -> list[Finding]:
+    """Every step of ``arr`` (element ``base`` onwards) increasing, strictly or not, scanned in chunks."""
     bad = _First()
-    for a, b in _chunks(n - 1):
+    for a, b in _chunks(arr.shape[0] - 1):
         nxt, cur = arr[a + 1:b + 1], arr[a:b]
         bad.add(nxt <= cur if strict else nxt < cur, a)
-    if bad.first is not None:
-        i = bad.first
-        kind = "strictly increasing" if strict else "non-decreasing"
-        out.append(Finding(rule, file, f"[{i}:{i + 2}]", f"{kind} ({unit})",
-                           f"{int(arr[i])} then {int(arr[i + 1])} ({bad.count} bad step{'s' if bad.count > 1 else ''} in all)"))
-    return out
+    if bad.first is None:
+        return []
+    i = bad.first
+    kind = "strictly increasing" if strict else "non-decreasing"
+    return [Finding(rule, file, f"[{base + i}:{base + i + 2}]", f"{kind} ({unit})",
+                    f"{int(arr[i])} then {int(arr[i + 1])} ({bad.count} bad step{'s' if bad.count > 1 else ''} in all)")]
 
 
 def image_spans(spans: np.ndarray, doc_image_offsets: np.ndarray, doc_offsets: np.ndarray, *, file: str) -> list[Finding]:
@@ -108,23 +128,31 @@ def image_spans(spans: np.ndarray, doc_image_offsets: np.ndarray, doc_offsets: n
     document sorted and disjoint. Needs V13 and V15 to hold."""
     dio = np.asarray(doc_image_offsets)
     doc = np.repeat(np.arange(dio.shape[0] - 1, dtype=np.int64), np.diff(dio))
+    return image_span_rows(spans, doc, np.asarray(doc_offsets), file=file)
+
+
+def image_span_rows(spans: np.ndarray, doc: np.ndarray, doc_offsets: np.ndarray, *, file: str, at: int = 0,
+                    prev: tuple[int, int] = (-1, 0), doc_base: int = 0) -> list[Finding]:
+    """V19 of images ``at, at + 1, ...`` (``spans`` rows) of documents ``doc`` (``doc_offsets`` indexed by
+    them; document ``doc_base + doc`` of the store); ``prev`` is ``(doc, end)`` of image ``at - 1`` (none:
+    ``(-1, 0)``), for a stream of rows."""
     spans = np.asarray(spans)
     begin, end = spans[:, 0], spans[:, 1]
-    off = np.asarray(doc_offsets)
-    lo, hi = off[doc], off[doc + 1]
+    lo, hi = doc_offsets[doc], doc_offsets[doc + 1]
     out = []
     outside = np.flatnonzero((begin < lo) | (end > hi) | (begin >= end))
     if outside.size:
         k = int(outside[0])
-        out.append(Finding("V19", file, f"[{k}]", f"doc_start <= begin < end <= doc_end of document {int(doc[k])} = "
+        out.append(Finding("V19", file, f"[{at + k}]", f"doc_start <= begin < end <= doc_end of document {doc_base + int(doc[k])} = "
                            f"[{int(lo[k])}, {int(hi[k])})", f"[{int(begin[k])}, {int(end[k])}) ({outside.size} image(s) "
-                           f"outside their document or empty: {listed(outside)})"))
-    same_doc = doc[1:] == doc[:-1]
-    overlap = np.flatnonzero(same_doc & (begin[1:] < end[:-1]))
+                           f"outside their document or empty: {listed(outside + at)})"))
+    prev_end = np.concatenate(([prev[1]], end[:-1]))
+    same_doc = doc == np.concatenate(([prev[0]], doc[:-1]))
+    overlap = np.flatnonzero(same_doc & (begin < prev_end))
     if overlap.size:
         k = int(overlap[0])
-        out.append(Finding("V19", file, f"[{k}:{k + 2}]", "spans of one document sorted and not overlapping",
-                           f"[{int(begin[k])}, {int(end[k])}) then [{int(begin[k + 1])}, {int(end[k + 1])}) "
+        out.append(Finding("V19", file, f"[{at + k - 1}:{at + k + 1}]", "spans of one document sorted and not overlapping",
+                           f"a span ending at {int(prev_end[k])} then [{int(begin[k])}, {int(end[k])}) "
                            f"({overlap.size} in all)"))
     return out
 

@@ -64,15 +64,16 @@ def _tar_size(members: list[tuple[str, bytes]]) -> int:
 
 
 class _Gather:
-    """A pack's tokens, mask, cut labels and images, from a store's arrays (plain ndarray views: no memmap
-    per-call overhead) or through a collection's public interface (``document``, ``document_loss_mask``,
-    ``token_sources``, ``member``), so every member reads as the collection says it does."""
+    """A pack's tokens, mask, cut labels and images through the dataset interface (``document``,
+    ``document_loss_mask``, ``token_sources``, ``locate``, ``member``; a store is a collection of one), so every
+    member reads as the dataset says it does. One member with its own mask reads as plain ndarray views
+    (no per-document call)."""
 
     def __init__(self, store) -> None:
         from .collection.arrays import token_sources
 
         self.store = store
-        self.flat = not hasattr(store, "locate")
+        self.flat = store.num_members == 1 and not store.all_trained[0]
         self.offsets = np.asarray(store.doc_offsets)  # a collection's is computed once: 8 bytes per document
         tokens, mask = token_sources(store)  # indexable by (collection-wide) token offset
         self.tokens = np.asarray(tokens) if self.flat else tokens
@@ -104,11 +105,9 @@ class _Gather:
 
     def images(self, d: int):
         """``(image_store, local ids, spans relative to document d, first collection-wide id of the member)``."""
-        store, base = self.store, 0
-        if not self.flat:  # a collection: the member store holds the document and its images
-            m, d = store.locate(d)
-            base = int(store.image_start[m])
-            store = store.member(m)
+        m, d = self.store.locate(d)  # the member store holds the document and its images
+        base = int(self.store.image_start[m])
+        store = self.store.member(m)
         images = store.images
         if images is None:
             return None, range(0), None, base
@@ -217,13 +216,13 @@ def export_webdataset(dataset, out: str | os.PathLike, *, index: str | None = No
         shard_bytes: largest shard (tar bytes); a sample larger than it gets a shard of its own.
         overwrite: replace an existing ``out`` (atomically).
     """
-    from .reader import open_dataset
+    from .opening import as_dataset
 
     if shard_bytes < _BLOCK * 4:
         raise InputError(f"shard_bytes: expected >= {_BLOCK * 4}, found {shard_bytes}", reason="invalid_option",
                          field="shard_bytes", expected=f">= {_BLOCK * 4}", found=shard_bytes,
                          cli=f"--shard-bytes: expected >= {_BLOCK * 4}, found {shard_bytes}")
-    store = dataset if hasattr(dataset, "pack_index") else open_dataset(dataset)
+    store = as_dataset(dataset)
     idx = store.pack_index(index)
     target = Path(out)
     if (target.exists() or target.is_symlink()) and not overwrite:  # before the work, not after it

@@ -1,4 +1,5 @@
-"""The single source of truth for packfmt bytes on disk (spec/FORMAT.md, version 1.0).
+"""The single source of truth for packfmt bytes on disk (spec/FORMAT.md, version 1.0): names, dtypes,
+strict JSON, the store manifest and the layout its counts imply (``index_format`` holds ``index.json``).
 
 Nothing else in packfmt spells a file name, a dtype or a manifest key by hand: it imports
 them from here. Every binary file is one little-endian, C-ordered array with no header, so
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -61,7 +62,7 @@ UINT16_VOCAB_LIMIT = 65536  # vocab_size <= this -> uint16 (ids 0..65535)
 MAX_VOCAB_SIZE = 2**32
 
 CHECKSUM_ALGORITHM = "xxh3_64"
-_CHECKSUM_RE = re.compile(r"^xxh3_64:[0-9a-f]{16}$")
+CHECKSUM_RE = re.compile(r"^xxh3_64:[0-9a-f]{16}$")
 
 # Image codecs (uint32 in image_meta.bin column 2).
 CODECS = {1: "png", 2: "jpeg", 3: "webp", 4: "bmp", 5: "gif", 6: "tiff", 16: "rgb8", 17: "rgb8+zstd"}
@@ -152,7 +153,7 @@ class FileEntry:
     checksum: str  # "xxh3_64:<16 hex digits>"
 
 
-def _req(obj: Mapping, key: str, types, *, file: str, prefix: str = "") -> Any:
+def require(obj: Mapping, key: str, types, *, file: str, prefix: str = "") -> Any:
     field = f"{prefix}{key}"
     if key not in obj:
         raise FormatError(f"{file}: {field}: required key missing", file=file, field=field, expected="present", found="missing")
@@ -179,7 +180,7 @@ def _type_names(types) -> str:
 INT64_MAX = 2**63 - 1
 
 
-def _nonneg(value: int, *, file: str, field: str, low: int = 0) -> int:
+def nonneg(value: int, *, file: str, field: str, low: int = 0) -> int:
     if not low <= value <= INT64_MAX:
         raise FormatError(file=file, field=field, expected=f"an integer in [{low}, 2^63 - 1]", found=value)
     return value
@@ -187,7 +188,7 @@ def _nonneg(value: int, *, file: str, field: str, low: int = 0) -> int:
 
 def parse_files_table(obj: Mapping, *, file: str) -> dict[str, FileEntry]:
     """V8 / V24 (spec §2.4): plain file names, ``bytes >= 0``, ``xxh3_64:`` checksums."""
-    files = _req(obj, "files", dict, file=file)
+    files = require(obj, "files", dict, file=file)
     out = {}
     for name, entry in files.items():
         prefix = f"files.{name}."
@@ -195,9 +196,9 @@ def parse_files_table(obj: Mapping, *, file: str) -> dict[str, FileEntry]:
             raise FormatError(file=file, field=f"files.{name}", expected="object", found=repr(entry))
         if "/" in name or "\\" in name or name in ("", ".", "..") or name.startswith("."):
             raise FormatError(file=file, field="files", expected="plain file names", found=repr(name))
-        nbytes = _nonneg(_req(entry, "bytes", int, file=file, prefix=prefix), file=file, field=prefix + "bytes")
-        checksum = _req(entry, "checksum", str, file=file, prefix=prefix)
-        if not _CHECKSUM_RE.match(checksum):
+        nbytes = nonneg(require(entry, "bytes", int, file=file, prefix=prefix), file=file, field=prefix + "bytes")
+        checksum = require(entry, "checksum", str, file=file, prefix=prefix)
+        if not CHECKSUM_RE.match(checksum):
             raise FormatError(file=file, field=prefix + "checksum", expected='"xxh3_64:" + 16 lowercase hex digits', found=repr(checksum))
         out[name] = FileEntry(name, nbytes, checksum)
     return out
@@ -232,33 +233,33 @@ def parse_manifest(obj: dict, *, file: str = MANIFEST) -> Manifest:
     fmt = obj.get("format")
     if fmt != FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(FORMAT_NAME), found=repr(fmt))
-    version = parse_version(_req(obj, "format_version", str, file=file), file=file)  # V2
-    producer = _req(obj, "producer", dict, file=file)
-    _req(producer, "name", str, file=file, prefix="producer.")
-    _req(producer, "version", str, file=file, prefix="producer.")
-    vocab_size = _req(obj, "vocab_size", int, file=file)
+    version = parse_version(require(obj, "format_version", str, file=file), file=file)  # V2
+    producer = require(obj, "producer", dict, file=file)
+    require(producer, "name", str, file=file, prefix="producer.")
+    require(producer, "version", str, file=file, prefix="producer.")
+    vocab_size = require(obj, "vocab_size", int, file=file)
     if not 1 <= vocab_size <= MAX_VOCAB_SIZE:  # V4
         raise FormatError(file=file, field="vocab_size", expected=f"integer in [1, {MAX_VOCAB_SIZE}]", found=vocab_size)
-    token_dtype = _req(obj, "token_dtype", str, file=file)
+    token_dtype = require(obj, "token_dtype", str, file=file)
     expected_dtype = token_dtype_for_vocab(vocab_size)
     if token_dtype != expected_dtype:
         raise FormatError(file=file, field="token_dtype", expected=f"{expected_dtype!r} for vocab_size {vocab_size}", found=repr(token_dtype))
-    tokenizer = _req(obj, "tokenizer", dict, file=file)
-    _req(tokenizer, "name", str, file=file, prefix="tokenizer.")
-    tok_hash = _req(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")  # V5
+    tokenizer = require(obj, "tokenizer", dict, file=file)
+    require(tokenizer, "name", str, file=file, prefix="tokenizer.")
+    tok_hash = require(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")  # V5
     if tok_hash is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", tok_hash):
         raise FormatError(file=file, field="tokenizer.hash", expected='null or "sha256:" + 64 hex digits', found=repr(tok_hash))
-    special = _req(obj, "special_tokens", dict, file=file)  # V6
+    special = require(obj, "special_tokens", dict, file=file)  # V6
     for key in SPECIAL_TOKEN_KEYS:
-        value = _req(special, key, (int, type(None)), file=file, prefix="special_tokens.")
+        value = require(special, key, (int, type(None)), file=file, prefix="special_tokens.")
         if value is not None and not 0 <= value < vocab_size:
             raise FormatError(file=file, field=f"special_tokens.{key}", expected=f"null or id in [0, {vocab_size})", found=value)
-    counts = _req(obj, "counts", dict, file=file)  # V7
-    n_docs = _nonneg(_req(counts, "documents", int, file=file, prefix="counts."), file=file, field="counts.documents")
-    n_tokens = _nonneg(_req(counts, "tokens", int, file=file, prefix="counts."), file=file, field="counts.tokens")
-    n_images = _nonneg(_req(counts, "images", int, file=file, prefix="counts."), file=file, field="counts.images")
-    has_mask = _req(obj, "loss_mask", bool, file=file)
-    checksum_alg = _req(obj, "checksum_algorithm", str, file=file)  # V8
+    counts = require(obj, "counts", dict, file=file)  # V7
+    n_docs = nonneg(require(counts, "documents", int, file=file, prefix="counts."), file=file, field="counts.documents")
+    n_tokens = nonneg(require(counts, "tokens", int, file=file, prefix="counts."), file=file, field="counts.tokens")
+    n_images = nonneg(require(counts, "images", int, file=file, prefix="counts."), file=file, field="counts.images")
+    has_mask = require(obj, "loss_mask", bool, file=file)
+    checksum_alg = require(obj, "checksum_algorithm", str, file=file)  # V8
     if checksum_alg != CHECKSUM_ALGORITHM:
         raise FormatError(file=file, field="checksum_algorithm", expected=repr(CHECKSUM_ALGORITHM), found=repr(checksum_alg))
     files = parse_files_table(obj, file=file)
@@ -304,122 +305,3 @@ def expected_layout(m: Manifest) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
 
 def nbytes_of(dtype: np.dtype, shape: tuple[int, ...]) -> int:
     return int(math.prod(shape)) * np.dtype(dtype).itemsize
-
-
-# ----------------------------------------------------------------------------- pack index schema
-ALGORITHM_NAMES = ("ffd", "bfd", "first_fit_shuffle", "shuffle_and_pack", "greedy", "balanced", "pad")
-OVERSIZE_POLICIES = ("split", "truncate", "drop")
-_INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-def check_index_name(name: str) -> str:
-    if not isinstance(name, str) or not _INDEX_NAME_RE.match(name):
-        raise FormatError(field="name", expected="1-128 chars of [A-Za-z0-9_.-], not starting with '.', '_' or '-'", found=repr(name))
-    return name
-
-
-@dataclass(frozen=True)
-class PackIndexManifest:
-    """Parsed ``packs/<name>/index.json`` (spec §4)."""
-
-    version: tuple[int, int]
-    name: str
-    capacity: int
-    algorithm: str
-    seed: int | None
-    oversize: str
-    num_packs: int
-    num_segments: int
-    materialized: bool
-    dataset: dict | None  # the store's checksums (None for a collection's index)
-    files: dict[str, FileEntry]
-    raw: dict
-    binding: dict = field(default_factory=dict)  # {"dataset": {...}} or {"collection": "xxh3_64:..."}
-
-    @property
-    def stats(self) -> dict:
-        return self.raw.get("stats", {})
-
-    @property
-    def params(self) -> dict:
-        return self.raw.get("params", {})
-
-
-def check_seed(seed: Any, *, file: str | None = None, field: str = "seed") -> int | None:
-    """``seed`` of a pack index: null or an integer in ``[0, 2**63)`` (spec §4.1), else FormatError."""
-    if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)
-                             or not 0 <= seed < SEED_LIMIT):
-        raise FormatError(file=file, field=field, expected="null or an integer in [0, 2**63)", found=repr(seed))
-    return None if seed is None else int(seed)
-
-
-def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
-    """Check ``index.json`` (spec §4.1): V21 (format, version) and V22 (keys, types and ranges)."""
-    fmt = obj.get("format")
-    if fmt != PACK_INDEX_FORMAT_NAME:
-        raise UnsupportedVersionError(file=file, field="format", expected=repr(PACK_INDEX_FORMAT_NAME), found=repr(fmt))
-    version = parse_version(_req(obj, "format_version", str, file=file), file=file)
-    producer = _req(obj, "producer", dict, file=file)
-    _req(producer, "name", str, file=file, prefix="producer.")
-    _req(producer, "version", str, file=file, prefix="producer.")
-    name = _req(obj, "name", str, file=file)
-    try:
-        check_index_name(name)
-    except FormatError as exc:
-        raise FormatError(file=file, field="name", expected=exc.expected, found=exc.found) from None
-    capacity = _nonneg(_req(obj, "capacity", int, file=file), file=file, field="capacity", low=1)
-    algorithm = _req(obj, "algorithm", str, file=file)
-    if algorithm not in ALGORITHM_NAMES and version <= KNOWN_VERSION:
-        raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))
-    seed = check_seed(_req(obj, "seed", (int, type(None)), file=file), file=file)
-    oversize = _req(obj, "oversize", str, file=file)
-    if oversize not in OVERSIZE_POLICIES:
-        raise FormatError(file=file, field="oversize", expected=f"one of {list(OVERSIZE_POLICIES)}", found=repr(oversize))
-    params = _req(obj, "params", dict, file=file)
-    for key in ("max_docs_per_pack", "max_images_per_pack"):
-        value = params.get(key)  # an absent key reads as null (no limit), spec §4.1
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise FormatError(file=file, field=f"params.{key}", expected="null or integer >= 1", found=repr(value))
-    _req(obj, "stats", dict, file=file)
-    counts = _req(obj, "counts", dict, file=file)
-    n_packs = _nonneg(_req(counts, "packs", int, file=file, prefix="counts."), file=file, field="counts.packs")
-    n_segments = _nonneg(_req(counts, "segments", int, file=file, prefix="counts."), file=file, field="counts.segments")
-    _nonneg(_req(counts, "packed_tokens", int, file=file, prefix="counts."), file=file, field="counts.packed_tokens")
-    materialized = _req(obj, "materialized", bool, file=file)
-    binding = _parse_binding(obj, version, file=file)
-    files = parse_files_table(obj, file=file)
-    needed = [PACK_OFFSETS, SEGMENTS] + ([PACK_TOKEN_OFFSETS, PACKED_TOKENS] if materialized else [])
-    for fname in needed:
-        if fname not in files:
-            raise FormatError(f"{file}: files.{fname}: required entry missing", file=file, field=f"files.{fname}", expected="present", found="missing")
-    return PackIndexManifest(version, name, capacity, algorithm, seed, oversize, n_packs, n_segments, materialized,
-                             binding.get("dataset"), files, obj, binding)
-
-
-def _parse_binding(obj: dict, version: tuple[int, int], *, file: str) -> dict:
-    """``dataset`` (the store's two checksums, §4.1) or, from 1.1, ``collection`` (spec/COLLECTION.md §4)."""
-    if version >= (1, 1) and "collection" in obj and "dataset" not in obj:
-        value = _req(obj, "collection", str, file=file)
-        if not _CHECKSUM_RE.match(value):
-            raise FormatError(file=file, field="collection", expected="xxh3_64 checksum string", found=repr(value))
-        return {"collection": value}
-    dataset = _req(obj, "dataset", dict, file=file)
-    for key in (TOKENS, DOC_OFFSETS):
-        value = _req(dataset, key, str, file=file, prefix="dataset.")
-        if not _CHECKSUM_RE.match(value):
-            raise FormatError(file=file, field=f"dataset.{key}", expected="xxh3_64 checksum string", found=repr(value))
-    return {"dataset": {TOKENS: dataset[TOKENS], DOC_OFFSETS: dataset[DOC_OFFSETS]}}
-
-
-def pack_index_layout(pm: PackIndexManifest, token_dtype: np.dtype, has_loss_mask: bool, num_packed_tokens: int | None) -> dict:
-    layout = {
-        PACK_OFFSETS: (OFFSET_DTYPE, (pm.num_packs + 1,)),
-        SEGMENTS: (OFFSET_DTYPE, (pm.num_segments, SEGMENT_COLUMNS)),
-    }
-    if pm.materialized:
-        layout[PACK_TOKEN_OFFSETS] = (OFFSET_DTYPE, (pm.num_packs + 1,))
-        if num_packed_tokens is not None:
-            layout[PACKED_TOKENS] = (token_dtype, (num_packed_tokens,))
-            if has_loss_mask:
-                layout[PACKED_LOSS_MASK] = (MASK_DTYPE, (num_packed_tokens,))
-    return layout

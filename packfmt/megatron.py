@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .dataset import Dataset
 from .errors import FormatError, WriteError
-from .reader import Store, open_dataset
+from .opening import as_dataset
 from .writer import DatasetWriter
 
 __all__ = ["read_megatron_index", "import_megatron", "export_megatron", "loss_mask_prefix", "MEGATRON_DTYPES"]
@@ -181,7 +182,7 @@ def _write_indexed(prefix: Path, values, out_dtype: np.dtype, lengths: np.ndarra
     return bin_path, idx_path
 
 
-def export_megatron(dataset: Store | str | os.PathLike, prefix: str | os.PathLike, *, chunk_tokens: int = 1 << 24,
+def export_megatron(dataset: Dataset | str | os.PathLike, prefix: str | os.PathLike, *, chunk_tokens: int = 1 << 24,
                     loss_mask: bool = True) -> tuple[Path, Path]:
     """Write a packfmt dataset or collection as ``PREFIX.bin`` + ``PREFIX.idx`` readable by Megatron-Core's IndexedDataset.
 
@@ -196,7 +197,7 @@ def export_megatron(dataset: Store | str | os.PathLike, prefix: str | os.PathLik
     """
     from .collection.arrays import token_sources
 
-    store = dataset if hasattr(dataset, "pack_index") else open_dataset(dataset)
+    store = as_dataset(dataset)
     if np.dtype(store.np_token_dtype) == np.uint16:
         out_dtype = np.dtype("<u2")
     else:

@@ -14,13 +14,23 @@ from pathlib import Path
 import numpy as np
 
 from . import format as F
-from ._io import HashedFile, publish_dir, remove_stale_temps, temp_sibling, write_durably
+from . import index_format as IF
+from ._io import (
+    HashedFile,
+    publish_dir,
+    remove_stale_temps,
+    temp_sibling,
+    write_durably,
+)
 from ._resident import narrow_lengths
+from .collection.arrays import relative_image_spans
 from .errors import FormatError, WriteError
-from .reader import PackIndex, Store, open_dataset
+from .index import PackIndex
+from .index_writer import write_packed_tokens, write_segments
+from .opening import as_dataset
 from .version import __version__
 
-__all__ = ["build_pack_index", "index_stats", "doc_summary", "relative_image_spans", "default_index_name", "lost_tokens", "LostTokensWarning",
+__all__ = ["build_pack_index", "index_stats", "doc_summary", "default_index_name", "lost_tokens", "LostTokensWarning",
            "DEFAULT_MAX_LOST_FRACTION"]
 
 #: Share of a dataset's tokens that ``oversize="truncate"`` / ``"drop"`` may lose before a warning.
@@ -29,11 +39,6 @@ DEFAULT_MAX_LOST_FRACTION = 0.01
 
 class LostTokensWarning(UserWarning):
     """A pack index left out more than ``max_lost_fraction`` of the dataset's tokens (oversize truncate/drop)."""
-
-#: Segments gathered per chunk when materializing (bounds the temporary index arrays).
-_MATERIALIZE_CHUNK_TOKENS = 1 << 24
-#: Rows of segments.bin built and written per chunk (24 bytes each: bounds the temporary copy).
-_SEGMENT_ROWS_CHUNK = 1 << 20
 
 
 def default_index_name(algorithm: str, capacity: int, seed: int | None, weights: dict | None = None,
@@ -48,20 +53,6 @@ def default_index_name(algorithm: str, capacity: int, seed: int | None, weights:
         key = F.canonical_json({**asked, "seed": seed or 0})
         name += "-mix" + xxhash.xxh3_64(key).hexdigest()[:8]
     return name
-
-
-def relative_image_spans(store) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Image token spans relative to their document start, and the doc->image CSR offsets (store or collection)."""
-    if not isinstance(store, Store):
-        from .collection.arrays import relative_image_spans as collection_spans
-
-        return collection_spans(store)
-    images = store.images
-    if images is None:
-        return None, None
-    doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(images.doc_image_offsets))
-    spans = np.asarray(images.token_spans, dtype=np.int64) - store.doc_offsets[doc_of_image][:, None]
-    return spans, np.asarray(images.doc_image_offsets, dtype=np.int64)
 
 
 def build_pack_index(
@@ -87,7 +78,7 @@ def build_pack_index(
 
     Args:
         capacity: tokens per pack (the training sequence length).
-        algorithm: one of ``format.ALGORITHM_NAMES`` (see spec/packing.md).
+        algorithm: one of ``index_format.ALGORITHM_NAMES`` (see spec/packing.md).
         seed: seed of the shuffled algorithms (recorded for all).
         max_docs_per_pack: at most this many segments per pack.
         max_images_per_pack: at most this many images per pack (the image budget).
@@ -109,8 +100,8 @@ def build_pack_index(
     """
     from .packing import pack_items, segment_documents
 
-    store = dataset if hasattr(dataset, "index_binding") else open_dataset(dataset, storage_options=storage_options)
-    is_collection = not isinstance(store, Store)
+    store = as_dataset(dataset, storage_options=storage_options)
+    is_collection = hasattr(store, "members")  # mixing needs named members: only a collection has them
     if weights is not None and proportions is not None:
         raise WriteError("weights= and proportions= are two ways to mix; give one (weights: copies of each document; "
                          "proportions with tokens=: shares of the packed tokens)", field="proportions=",
@@ -128,17 +119,17 @@ def build_pack_index(
                          expected="a collection", found="a store",
                          cli=f"{store.path}: --{mixing} mixes the members of a collection; this is a single store "
                              "(make one with `packfmt merge`)")
-    if algorithm not in F.ALGORITHM_NAMES:
-        raise WriteError(field="algorithm", expected=f"one of {list(F.ALGORITHM_NAMES)}", found=repr(algorithm))
-    if oversize not in F.OVERSIZE_POLICIES:
-        raise WriteError(field="oversize", expected=f"one of {list(F.OVERSIZE_POLICIES)}", found=repr(oversize))
+    if algorithm not in IF.ALGORITHM_NAMES:
+        raise WriteError(field="algorithm", expected=f"one of {list(IF.ALGORITHM_NAMES)}", found=repr(algorithm))
+    if oversize not in IF.OVERSIZE_POLICIES:
+        raise WriteError(field="oversize", expected=f"one of {list(IF.OVERSIZE_POLICIES)}", found=repr(oversize))
     if not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise WriteError(field="capacity", expected="integer >= 1", found=capacity)
     if not 0 <= max_lost_fraction <= 1:
         raise WriteError(field="max_lost_fraction", expected="a fraction in [0, 1]", found=max_lost_fraction)
     capacity = int(capacity)
     try:
-        seed = F.check_seed(seed, field="seed=")
+        seed = IF.check_seed(seed, field="seed=")
     except FormatError as exc:
         raise WriteError(field="seed=", expected="None or an integer in [0, 2**63) (spec §4.1)", found=exc.found) from None
     for key, limit in (("max_docs_per_pack", max_docs_per_pack), ("max_images_per_pack", max_images_per_pack)):
@@ -152,10 +143,11 @@ def build_pack_index(
         weights = mixture.check_weights(weights)
         resolved = mixture.member_weights([m.name for m in store.members], weights)
     if proportions is not None:
-        from .collection import mixture, proportions as by_share
+        from .collection import mixture
+        from .collection import proportions as by_share
 
         proportions, tokens = by_share.check_proportions(proportions), by_share.check_tokens(tokens)
-    name = F.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
+    name = IF.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
     t0 = time.perf_counter()
     # int32 when every document fits (4 bytes per document, kept as is by segment_documents and
     # pack_items); the offsets' pages are handed back once read (packfmt._resident)
@@ -212,13 +204,13 @@ def build_pack_index(
         f = HashedFile(tmp / F.PACK_OFFSETS)
         f.write_array(pack_offsets, F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
-        files[F.SEGMENTS], pack_tokens = _write_segments(tmp / F.SEGMENTS, seg, result)
+        files[F.SEGMENTS], pack_tokens = write_segments(tmp / F.SEGMENTS, seg, result)
         _check_built(pack_offsets, pack_tokens, result.n_items, capacity, tmp)
         stats = index_stats(stat_lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
         stats["seconds"] = round(seconds, 6)
         packed_tokens = stats["tokens"]
         if materialize:
-            files.update(_materialize(store, tmp, seg, result.order, pack_tokens))
+            files.update(write_packed_tokens(store, tmp, seg, result.order, pack_tokens))
         if plan is not None:  # per member sums: the order of the items does not matter
             mixture_json = mixture.mixture_record(head, seed or 0, [m.name for m in store.members], member_fields,
                                                   store.doc_start, copies, seg.item_docs(), seg.lengths,
@@ -293,50 +285,6 @@ def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT
             "exceeded": fraction > max_lost_fraction}
 
 
-def _write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
-    """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
-
-    One thread writes (and hashes) chunk ``i`` while this one builds chunk ``i + 1`` into the other
-    of two buffers: the file's 24 bytes per segment go to disk at its speed, the building hides
-    behind it. Returns the ``files`` entry and the tokens of each pack, summed from the same chunks
-    (so the statistics need no second gather of the lengths in pack order).
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .packing import Segmentation
-
-    po = result.pack_offsets
-    cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
-    total = 0
-    f = HashedFile(path)
-    rows_per_chunk = min(result.n_items, _SEGMENT_ROWS_CHUNK)
-    # two row buffers, alternating (a mixture's RepeatedSegmentation makes its own rows)
-    buffers = [np.empty((rows_per_chunk, 3), dtype=F.OFFSET_DTYPE) for _ in range(2)] \
-        if isinstance(seg, Segmentation) else None
-    pending = [None, None]  # the write of each buffer still in flight
-    try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packfmt-segments") as writer:
-            for i, a in enumerate(range(0, result.n_items, _SEGMENT_ROWS_CHUNK)):
-                slot = i % 2
-                if pending[slot] is not None:
-                    pending[slot].result()  # its buffer is free again (and a write error surfaces here)
-                idx = result.order[a:a + _SEGMENT_ROWS_CHUNK]
-                rows = seg.rows(idx) if buffers is None else seg.rows(idx, out=buffers[slot])
-                pending[slot] = writer.submit(f.write_array, rows, F.OFFSET_DTYPE)
-                b = a + rows.shape[0]
-                cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
-                lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
-                cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
-                total = int(cum[-1])
-            for fut in pending:
-                if fut is not None:
-                    fut.result()
-    except BaseException:
-        f.abort()
-        raise
-    return f.close(), np.diff(cum_at)
-
-
 def doc_summary(doc_lengths: np.ndarray, capacity: int) -> tuple[int, int]:
     """``(documents, their tokens with each document clipped to capacity)``: what ``index_stats`` reads
     of the document lengths, so a caller may let go of them before packing."""
@@ -376,46 +324,3 @@ def index_stats(doc_lengths, seg, result, capacity: int, image_counts: np.ndarra
         "padding_baseline_efficiency": float(clipped_tokens / max(1, n_docs * capacity)),
     })
     return stats
-
-
-def _materialize(store, tmp: Path, seg, order: np.ndarray, pack_tokens: np.ndarray) -> dict:
-    """Write tokens (and loss mask) in pack order, gathered across members for a collection;
-    return their ``files`` entries. The segments' rows are built one chunk at a time (as for
-    ``segments.bin``), and each chunk is gathered in runs of about ``_MATERIALIZE_CHUNK_TOKENS``."""
-    from ._resident import release
-    from .collection.arrays import token_sources
-
-    pack_token_offsets = np.zeros(pack_tokens.shape[0] + 1, dtype=np.int64)
-    np.cumsum(pack_tokens, out=pack_token_offsets[1:])
-    out = {}
-    f = HashedFile(tmp / F.PACK_TOKEN_OFFSETS)
-    f.write_array(pack_token_offsets, F.OFFSET_DTYPE)
-    out[F.PACK_TOKEN_OFFSETS] = f.close()
-    tokens, mask = token_sources(store)
-    sources = [(F.PACKED_TOKENS, tokens, store.np_token_dtype)]
-    if mask is not None:
-        sources.append((F.PACKED_LOSS_MASK, mask, F.MASK_DTYPE))
-    writers = {fname: HashedFile(tmp / fname) for fname, _, _ in sources}
-    doc_offsets = store.doc_offsets
-    for a in range(0, order.shape[0], _SEGMENT_ROWS_CHUNK):
-        segments = seg.rows(order[a:a + _SEGMENT_ROWS_CHUNK])
-        seg_len = segments[:, 2] - segments[:, 1]
-        seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
-        starts = np.asarray(doc_offsets[segments[:, 0]]) + segments[:, 1]
-        i = 0
-        n = segments.shape[0]
-        while i < n:
-            # take segments until the run holds about _MATERIALIZE_CHUNK_TOKENS tokens
-            j = int(np.searchsorted(seg_tok_offsets, seg_tok_offsets[i] + _MATERIALIZE_CHUNK_TOKENS, side="right"))
-            j = min(max(j - 1, i + 1), n)
-            lens = seg_len[i:j]
-            total = int(lens.sum())
-            # gather index: for each segment, starts[k] + arange(len[k])
-            idx = np.repeat(starts[i:j] - seg_tok_offsets[i:j] + seg_tok_offsets[i], lens) + np.arange(total, dtype=np.int64)
-            for fname, src, dtype in sources:
-                writers[fname].write_array(np.asarray(src[idx]), dtype)
-            i = j
-    release(doc_offsets)
-    for fname, w in writers.items():
-        out[fname] = w.close()
-    return out

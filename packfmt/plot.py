@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .inspect import DEFAULT_BATCH, _pct
-from .reader import PackIndex, Store
+from .dataset import Dataset
+from .index import PackIndex
+from .render import pct
+from .summary import DEFAULT_BATCH
 
 __all__ = ["batch_grids", "sample_packs", "draw_summary", "plot_summary", "CELL_CLASSES"]
 
@@ -48,7 +50,7 @@ def sample_packs(index: PackIndex, k: int, seed: int = SAMPLE_SEED) -> np.ndarra
     return np.sort(rng.choice(pool, size=k, replace=False)).astype(np.int64)
 
 
-def _token_classes(store: Store, segs: np.ndarray, first_colour: int) -> np.ndarray:
+def _token_classes(store: Dataset, segs: np.ndarray, first_colour: int) -> np.ndarray:
     """Per-token cell classes of the segments ``(doc, begin, end)`` laid end to end."""
     off = np.asarray(store.doc_offsets)
     mask, images = store.loss_mask, store.images
@@ -79,7 +81,7 @@ def _paint(rows: list[np.ndarray], slots: list[int], cap: int, width: int) -> np
     return grid
 
 
-def batch_grids(store: Store, index: PackIndex | None, rows: int = DEFAULT_BATCH, capacity: int | None = None,
+def batch_grids(store: Dataset, index: PackIndex | None, rows: int = DEFAULT_BATCH, capacity: int | None = None,
                 width: int = MAX_WIDTH, seed: int = SAMPLE_SEED) -> dict:
     """Token grids of one batch under three layouts, on the same tokens.
 
@@ -123,7 +125,7 @@ def _eff(tokens: int, slots: int) -> float:
 
 
 # ----------------------------------------------------------------------------- the figure
-def draw_summary(store: Store, summary: dict, index_name: str | None = None, batch_size: int | None = None):
+def draw_summary(store: Dataset, summary: dict, index_name: str | None = None, batch_size: int | None = None):
     """The matplotlib Figure for ``summary`` (``summarize(store, ...)``). Tick labels aside, every number
     in its text is one that ``format_summary(summary)`` prints, formatted the same way."""
     import matplotlib
@@ -168,7 +170,7 @@ def draw_summary(store: Store, summary: dict, index_name: str | None = None, bat
     return fig
 
 
-def plot_summary(store: Store, summary: dict, path: str | os.PathLike, index_name: str | None = None,
+def plot_summary(store: Dataset, summary: dict, path: str | os.PathLike, index_name: str | None = None,
                  batch_size: int | None = None) -> Path:
     """Write ``draw_summary``'s figure as a PNG at ``path``."""
     import matplotlib.pyplot as plt
@@ -188,11 +190,11 @@ def _grid_titles(ix: dict | None, name: str | None, batch_size: int) -> dict:
     sample = (f"{min(batch_size, ix['packs']):,} of {ix['packs']:,} packs drawn at random (seed {SAMPLE_SEED})"
               if batch_size < ix["packs"] else f"all {ix['packs']:,} packs")
     return {
-        "pad_to_longest": f"pad to longest (batches of {batch_size}): efficiency {_pct(pad['pad_to_longest']['efficiency'])}"
+        "pad_to_longest": f"pad to longest (batches of {batch_size}): efficiency {pct(pad['pad_to_longest']['efficiency'])}"
                           f" on the whole dataset; the documents of the packs below, one batch between lines",
-        "pad_to_capacity": f"pad every document to capacity: efficiency {_pct(pad['pad_to_capacity']['efficiency'])}"
+        "pad_to_capacity": f"pad every document to capacity: efficiency {pct(pad['pad_to_capacity']['efficiency'])}"
                            " on the whole dataset; same documents",
-        "packed": f"packed (index {name!r}): fill efficiency {_pct(ix['fill_efficiency'])} on the whole index; "
+        "packed": f"packed (index {name!r}): fill efficiency {pct(ix['fill_efficiency'])} on the whole index; "
                   f"{sample}",
     }
 
@@ -222,7 +224,7 @@ def _plot_lengths(ax, lengths: np.ndarray, summary: dict, ix: dict | None) -> No
     ax.set_ylabel("documents")
 
 
-def _plot_fill(ax, store: Store, summary: dict) -> None:
+def _plot_fill(ax, store: Dataset, summary: dict) -> None:
     names = list(summary["pack_indexes"])
     if not names:
         ax.text(0.5, 0.5, "no pack index", ha="center", va="center", transform=ax.transAxes)
@@ -236,7 +238,7 @@ def _plot_fill(ax, store: Store, summary: dict) -> None:
         cum = np.concatenate([[0], np.cumsum(seg[:, 2] - seg[:, 1])])
         fill = (cum[po[1:]] - cum[po[:-1]]) / index.capacity
         ax.hist(fill, bins=bins, histtype="step", linewidth=1.5,
-                label=f"{name}: fill efficiency {_pct(summary['pack_indexes'][name]['fill_efficiency'])}")
+                label=f"{name}: fill efficiency {pct(summary['pack_indexes'][name]['fill_efficiency'])}")
     ax.set_title("pack fill (tokens / capacity) per index", fontsize=10, loc="left")
     ax.set_xlabel("fill")
     ax.set_ylabel("packs")

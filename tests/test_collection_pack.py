@@ -22,7 +22,7 @@ from packfmt.cli import main
 from packfmt.collection import write_collection
 from packfmt.errors import FormatError, WriteError
 from packfmt.packindex import build_pack_index
-from packfmt.reader import PackIndex
+from packfmt.index import PackIndex
 from packfmt.validate import validate
 
 os.environ["HF_HUB_OFFLINE"] = "1"

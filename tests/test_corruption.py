@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from images import png
 
 import packfmt
 from packfmt import format as F
+from packfmt import index_format as IF
 from packfmt._io import checksum_file
 from packfmt.packindex import build_pack_index
-
-from images import png
 
 HERE = Path(__file__).parent
 INT64 = np.iinfo(np.int64)
@@ -82,7 +82,7 @@ def _arrays(root: Path) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
         out.append((F.IMAGE_BLOBS, F.BLOB_DTYPE, (store.manifest.files[F.IMAGE_BLOBS].bytes,)))
     for name in store.pack_index_names():
         pm = store.pack_index(name).manifest
-        layout = F.pack_index_layout(pm, store.manifest.np_token_dtype, store.manifest.has_loss_mask,
+        layout = IF.pack_index_layout(pm, store.manifest.np_token_dtype, store.manifest.has_loss_mask,
                                      pm.raw["counts"]["packed_tokens"])
         out += [(f"{F.PACKS_DIR}/{name}/{fname}", dtype, shape) for fname, (dtype, shape) in layout.items()]
     return out

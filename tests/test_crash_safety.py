@@ -55,6 +55,7 @@ WRITER = textwrap.dedent("""
 
 PACKER = textwrap.dedent("""
     import sys, time
+    import packfmt.index_writer as iw
     import packfmt.packindex as pi
     dataset, pause = sys.argv[1], float(sys.argv[2])
     class SlowFile(pi.HashedFile):
@@ -67,8 +68,8 @@ PACKER = textwrap.dedent("""
         def write(self, data):
             time.sleep(pause)
             super().write(data)
-    pi.HashedFile = SlowFile
-    pi._MATERIALIZE_CHUNK_TOKENS = 256  # many small writes: the build takes a while
+    pi.HashedFile = iw.HashedFile = SlowFile  # packindex writes pack_offsets.bin, index_writer the rest
+    iw.MATERIALIZE_CHUNK_TOKENS = 256  # many small writes: the build takes a while
     pi.build_pack_index(dataset, capacity=128, algorithm="ffd", name="victim", materialize=True)
     print("done", flush=True)
 """)

@@ -13,7 +13,8 @@ import packfmt
 from images import png
 from packfmt import format as F
 from packfmt.cli import main
-from packfmt.inspect import batch_grids, padding_costs, row_lengths, summarize
+from packfmt.inspect import batch_grids, summarize
+from packfmt.summary import padding_costs, row_lengths
 from packfmt.packindex import build_pack_index
 
 LENGTHS = [10, 20, 30, 40]  # 100 tokens

@@ -257,9 +257,37 @@ def test_offsets_breaking_v13_with_a_matching_checksum_are_refused(tmp_path):
     manifest = json.loads((a / F.MANIFEST).read_text())
     manifest["files"][F.DOC_OFFSETS]["checksum"] = checksum_file(a / F.DOC_OFFSETS)
     (a / F.MANIFEST).write_bytes(F.canonical_json(manifest))
-    with pytest.raises(FormatError, match=r"doc_offsets\.bin: V13: expected strictly increasing"):
+    with pytest.raises(FormatError, match=r"doc_offsets\.bin: V13 \[1:3\]: expected strictly increasing \(every document has >= 1 token\), found 5 then 3"):
         merge_physical([a], tmp_path / "m")
     assert not (tmp_path / "m").exists()
+
+
+def test_overlapping_image_spans_with_a_matching_checksum_are_refused_as_the_reader_refuses_them(tmp_path):
+    """The streamed V19 check of a merge is packfmt.checks' own: same rule, same element named as when opening."""
+    a = write_docs(tmp_path / "a", [(3, 0, 1), (6, 2, 2)])
+    (a / F.IMAGE_TOKEN_SPANS).write_bytes(np.array([[3, 6], [4, 5]], dtype="<i8").tobytes())  # image 1 inside image 0
+    manifest = json.loads((a / F.MANIFEST).read_text())
+    manifest["files"][F.IMAGE_TOKEN_SPANS]["checksum"] = checksum_file(a / F.IMAGE_TOKEN_SPANS)
+    (a / F.MANIFEST).write_bytes(F.canonical_json(manifest))
+    with pytest.raises(FormatError, match=r"image_token_spans\.bin: V19 \[0:2\]: expected spans of one document sorted"
+                                          r" and not overlapping, found a span ending at 6 then \[4, 5\)"):
+        merge_physical([a], tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(FormatError, match=r"image_token_spans\.bin: \[0:2\]: expected spans of one document sorted"):
+        packfmt.open(a)
+
+
+def test_an_image_span_outside_its_document_names_the_document_whatever_the_chunk(tmp_path, monkeypatch):
+    """Streamed in chunks of two documents, the bad span of document 2 is named as document 2 (not 0 of its chunk)."""
+    a = write_docs(tmp_path / "a", [(3, 0, 1), (2, 0, 2), (6, 2, 3)])  # document 2: tokens [5, 11), images 0 and 1
+    (a / F.IMAGE_TOKEN_SPANS).write_bytes(np.array([[5, 6], [10, 12]], dtype="<i8").tobytes())  # image 1 ends past it
+    manifest = json.loads((a / F.MANIFEST).read_text())
+    manifest["files"][F.IMAGE_TOKEN_SPANS]["checksum"] = checksum_file(a / F.IMAGE_TOKEN_SPANS)
+    (a / F.MANIFEST).write_bytes(F.canonical_json(manifest))
+    monkeypatch.setattr(physical, "_OFFSET_ROWS", 2)
+    with pytest.raises(FormatError, match=r"image_token_spans\.bin: V19 \[1\]: expected doc_start <= begin < end <= "
+                                          r"doc_end of document 2 = \[5, 11\), found \[10, 12\)"):
+        merge_physical([a], tmp_path / "m")
 
 
 def test_changed_collection_member_is_refused(tmp_path):

@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packfmt import format as F
-from packfmt import packindex
+from packfmt import index_writer
 from packfmt._io import HashedFile
-from packfmt.inspect import documents_per_pack, row_lengths
+from packfmt.index import PackIndex
 from packfmt.packindex import build_pack_index
 from packfmt.packing import segment_documents
-from packfmt.reader import PackIndex
+from packfmt.summary import documents_per_pack, row_lengths
 from packfmt.torch.testing import write_flat_dataset, write_pack_index
 from packfmt.validate import validate
 
@@ -194,11 +194,11 @@ def test_hashed_file_large_write_equals_buffered(tmp_path):
 def test_index_stats_equal_reference(lengths, cap, policy, algorithm, chunk):
     with tempfile.TemporaryDirectory() as tmp:
         store = _store(Path(tmp), lengths)
-        saved, packindex._SEGMENT_ROWS_CHUNK = packindex._SEGMENT_ROWS_CHUNK, chunk  # rows streamed in chunks
+        saved, index_writer.SEGMENT_ROWS_CHUNK = index_writer.SEGMENT_ROWS_CHUNK, chunk  # rows streamed in chunks
         try:
             index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy)
         finally:
-            packindex._SEGMENT_ROWS_CHUNK = saved
+            index_writer.SEGMENT_ROWS_CHUNK = saved
         segs, po = np.asarray(index.segments), np.asarray(index.pack_offsets)
         want = ref_index_stats(segs, po, lengths, cap, policy)
         stats = index.stats
@@ -327,12 +327,12 @@ def test_index_files_equal_reference_bytes(lengths, cap, policy, algorithm, seed
 
     with tempfile.TemporaryDirectory() as tmp:
         store = _store(Path(tmp), lengths)
-        saved, packindex._SEGMENT_ROWS_CHUNK = packindex._SEGMENT_ROWS_CHUNK, chunk
+        saved, index_writer.SEGMENT_ROWS_CHUNK = index_writer.SEGMENT_ROWS_CHUNK, chunk
         try:
             index = build_pack_index(store, capacity=cap, algorithm=algorithm, oversize=policy, seed=seed,
                                      materialize=materialize)
         finally:
-            packindex._SEGMENT_ROWS_CHUNK = saved
+            index_writer.SEGMENT_ROWS_CHUNK = saved
         rows, _ = ref_segments(lengths, cap, policy)
         packs = ref_pack([int(e - b) for _, b, e in rows], cap, algorithm, seed)
         want_segs = np.array([rows[i] for p in packs for i in p], dtype="<i8").reshape(-1, 3).tobytes()
@@ -408,8 +408,9 @@ def test_released_memmap_pages_read_back_the_same(tmp_path):
 
 # ----------------------------------------------------------------------------- validate --deep in runs of packs
 def _image_store(root: Path) -> Path:
-    import packfmt
     from images import png
+
+    import packfmt
 
     rng = np.random.default_rng(3)
     with packfmt.DatasetWriter(root, vocab_size=500, loss_mask=True, special_tokens={"image": 3},

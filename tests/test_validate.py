@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import packfmt
 from packfmt import format as F
+from packfmt import index_format as IF
 from packfmt._io import checksum_file
 from packfmt.cli import main
 from packfmt.packindex import build_pack_index
@@ -375,7 +376,7 @@ def test_bad_mask_value_and_codec_named(ds):
     docs=st.lists(st.integers(1, 60), min_size=1, max_size=25),
     seed=st.integers(0, 2**32 - 1),
     capacity=st.integers(1, 80),
-    oversize=st.sampled_from(F.OVERSIZE_POLICIES),
+    oversize=st.sampled_from(IF.OVERSIZE_POLICIES),
     algorithm=st.sampled_from(["ffd", "bfd", "first_fit_shuffle"]),
 )
 def test_roundtrip_then_validate_deep(vocab, docs, seed, capacity, oversize, algorithm):

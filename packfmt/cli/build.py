@@ -142,7 +142,7 @@ def add_parser(sub) -> None:
 def run_megatron(args: argparse.Namespace) -> int:
     from .. import open as packfmt_open  # a Ray build writes a collection
     from ..megatron import import_megatron
-    from ..reader import open_dataset
+    from ..opening import open_dataset
 
     if args.vocab_size < 1:
         print("packfmt build megatron: error: --vocab-size must be >= 1", file=sys.stderr)

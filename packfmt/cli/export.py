@@ -30,7 +30,7 @@ def run_megatron(args: argparse.Namespace) -> int:
     import sys
 
     from ..megatron import export_megatron, loss_mask_prefix
-    from ..reader import open_dataset
+    from ..opening import open_dataset
 
     store = open_dataset(args.dataset)
     bin_path, idx_path = export_megatron(store, args.prefix, loss_mask=args.loss_mask)

@@ -28,9 +28,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inspect import format_pack, format_summary, summarize, tokenizer_mismatch
+    from ..inspect import format_summary, summarize, tokenizer_mismatch
+    from ..opening import open_dataset
     from ..plot import plot_summary
-    from ..reader import open_dataset
+    from ..render import format_pack
 
     if args.batch_size < 1:
         print(f"packfmt inspect: error: --batch-size must be >= 1, got {args.batch_size}", file=sys.stderr)

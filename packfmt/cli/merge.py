@@ -48,7 +48,7 @@ def _physical(args: argparse.Namespace, sources) -> int:
     from pathlib import Path
 
     from ..collection import merge_physical
-    from ..reader import list_pack_indexes
+    from ..index import list_pack_indexes
 
     store = merge_physical(sources, args.output, overwrite=args.overwrite)
     report = store.manifest.raw["build_report"]

@@ -8,6 +8,7 @@ import sys
 import warnings
 
 from .. import format as F
+from .. import index_format as IF
 
 
 def add_parser(sub) -> None:
@@ -17,7 +18,7 @@ def add_parser(sub) -> None:
     p.add_argument("dataset", help="dataset directory or URL (s3://...; the index is uploaded, index.json last) (a store or a collection: a collection packs every document "
                                    "of every member in one run)")
     p.add_argument("--capacity", type=int, required=True, help="tokens per pack (training sequence length)")
-    p.add_argument("--algorithm", default="ffd", choices=F.ALGORITHM_NAMES, help="packing algorithm (default: ffd)")
+    p.add_argument("--algorithm", default="ffd", choices=IF.ALGORITHM_NAMES, help="packing algorithm (default: ffd)")
     p.add_argument("--name", help="index name (default: ALGORITHM-CAPACITY[-sSEED])")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled algorithms and of the documents "
                                                         "--weights' fractions and --proportions' remainders draw (default: 0)")
@@ -35,7 +36,7 @@ def add_parser(sub) -> None:
                         "that repeat no member)")
     p.add_argument("--max-docs-per-pack", type=int, help="at most K documents (segments) per pack")
     p.add_argument("--max-images-per-pack", type=int, help="at most M images per pack (image budget)")
-    p.add_argument("--oversize", default="split", choices=F.OVERSIZE_POLICIES,
+    p.add_argument("--oversize", default="split", choices=IF.OVERSIZE_POLICIES,
                    help="documents longer than capacity: split into segments (default), truncate, or drop")
     p.add_argument("--max-lost-fraction", type=float, default=0.01, metavar="F",
                    help="warn when --oversize truncate/drop leaves out more than this share of the tokens (default 0.01)")

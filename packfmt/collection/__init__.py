@@ -1,6 +1,12 @@
 """Collections: many packfmt stores read, packed and merged as one dataset (spec/COLLECTION.md)."""
 
-from .manifest import COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, CollectionManifest, Member, member_list_checksum
+from .manifest import (
+           COLLECTION_FORMAT_NAME,
+           COLLECTION_VERSION_STR,
+           CollectionManifest,
+           Member,
+           member_list_checksum,
+)
 from .physical import merge_physical
 from .reader import Collection
 from .writer import parse_source, write_collection

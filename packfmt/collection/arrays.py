@@ -1,8 +1,9 @@
-"""A collection's per-token and per-image arrays read as one, without copying a member's data.
+"""A dataset's per-token and per-image arrays read as one, without copying a member's data.
 
-What packing, materializing and validating a collection need beyond ``Collection`` itself: the
-tokens (and loss mask) gathered by collection-wide token offset across members, and the image
-token spans of all members in collection coordinates.
+What packing, materializing, validating, describing and exporting need beyond the ``Dataset``
+itself (a store is a collection of one): the tokens (and loss mask) by dataset-wide token offset,
+and the image token spans of all members in dataset coordinates. Nothing here asks whether it
+holds a store or a collection.
 """
 
 from __future__ import annotations
@@ -45,13 +46,15 @@ class MemberGather:
 
 
 def token_sources(source) -> tuple[object, object | None]:
-    """``(tokens, loss_mask)`` indexable by collection-wide (or store) token offsets; mask None if absent.
+    """``(tokens, loss_mask)`` indexable by dataset-wide token offsets; mask None if absent.
 
-    In a collection with a loss mask, a member without one gives ones (spec/COLLECTION.md §6)."""
-    if not hasattr(source, "members"):
-        return source.tokens, source.loss_mask
+    One member with its own mask (or none): its memmaps themselves. Otherwise a gather across members,
+    where a member without a mask gives ones in a dataset with one (spec/COLLECTION.md §6)."""
     from .. import format as F
 
+    if source.num_members == 1 and not source.all_trained[0]:
+        store = source.member(0)
+        return store.tokens, store.loss_mask if source.has_loss_mask else None
     tokens = MemberGather(source, "tokens", source.token_start, source.np_token_dtype)
     mask = None
     if source.has_loss_mask:
@@ -59,28 +62,34 @@ def token_sources(source) -> tuple[object, object | None]:
     return tokens, mask
 
 
-def relative_image_spans(coll) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Image token spans relative to their document start, and the doc->image CSR, over all members."""
-    if coll.num_images == 0:
+def _member_images(ds):
+    """``(m, member store)`` of every member that holds images."""
+    for m in range(ds.num_members):
+        if ds.image_start[m + 1] > ds.image_start[m]:
+            yield m, ds.member(m)
+
+
+def relative_image_spans(ds) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Image token spans relative to their document start, and the doc->image CSR offsets, over all members
+    (``(None, None)`` without images)."""
+    if ds.num_images == 0:
         return None, None
-    from ..packindex import relative_image_spans as store_spans
+    spans = [np.zeros((0, 2), dtype=np.int64)]
+    offsets = np.zeros(ds.num_documents + 1, dtype=np.int64)
+    for m, store in _member_images(ds):
+        images = store.images
+        dio = np.asarray(images.doc_image_offsets, dtype=np.int64)
+        doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(dio))
+        spans.append(np.asarray(images.token_spans, dtype=np.int64) - np.asarray(store.doc_offsets)[doc_of_image][:, None])
+        a, b = int(ds.doc_start[m]), int(ds.doc_start[m + 1])
+        offsets[a + 1:b + 1] = dio[1:] + int(ds.image_start[m])
+        offsets[b + 1:] = int(ds.image_start[m + 1])
+    return np.concatenate(spans), offsets
 
-    spans, offsets = [], [np.zeros(1, dtype=np.int64)]
-    for m, entry in enumerate(coll.members):
-        s, dio = store_spans(coll.member(m)) if entry.images else (None, None)
-        if s is None:
-            s, dio = np.zeros((0, 2), dtype=np.int64), np.zeros(entry.documents + 1, dtype=np.int64)
-        spans.append(s)
-        offsets.append(dio[1:] + int(coll.image_start[m]))
-    return np.concatenate(spans), np.concatenate(offsets)
 
-
-def image_token_spans(coll) -> np.ndarray | None:
-    """int64 ``(images, 2)``: every member's image token spans in collection token offsets (sorted)."""
-    if coll.num_images == 0:
+def image_token_spans(ds) -> np.ndarray | None:
+    """int64 ``(images, 2)``: every member's image token spans in dataset token offsets (sorted)."""
+    if ds.num_images == 0:
         return None
-    parts = []
-    for m, entry in enumerate(coll.members):
-        if entry.images:
-            parts.append(np.asarray(coll.member(m).images.token_spans, dtype=np.int64) + int(coll.token_start[m]))
-    return np.concatenate(parts)
+    return np.concatenate([np.asarray(store.images.token_spans, dtype=np.int64) + int(ds.token_start[m])
+                           for m, store in _member_images(ds)])

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Callable
 
 from .. import format as F
+from .. import index_format as IF
 from .._io import HashedFile
-from ..reader import list_pack_indexes
+from ..index import list_pack_indexes
 from .manifest import is_collection, member_list_checksum, parse_collection_manifest
-from .physical import _In, copy_verified
+from .streams import VerifiedReader, copy_verified
 
 __all__ = ["carry_indexes"]
 
@@ -40,7 +41,7 @@ def carry_indexes(sources: list[tuple[str | None, Path]], tmp: Path, binding: di
             index_dir = path / F.PACKS_DIR / name
             label = str(index_dir / F.PACK_INDEX_JSON)
             raw = F.read_json(index_dir / F.PACK_INDEX_JSON, file=label)
-            parsed = F.parse_pack_index_manifest(raw, file=label)
+            parsed = IF.parse_pack_index_manifest(raw, file=label)
             key = name if only else f"{path.name}/{name}"
             if not only:
                 not_carried[key] = ("its collection is one of several sources, so the index covers only part of "
@@ -61,12 +62,12 @@ def _copy_index(src: Path, out: Path, raw: dict, parsed, binding: dict, buf: byt
     out.mkdir(parents=True)
     for fname, entry in sorted(parsed.files.items()):
         f = HashedFile(out / fname)
-        copy_verified(_In(src / fname, entry), f, buf, on_bytes)
+        copy_verified(VerifiedReader(src / fname, entry), f, buf, on_bytes)
         f.close()
     index = {k: v for k, v in raw.items() if k != "collection"}
     index["format_version"] = F.FORMAT_VERSION_STR
     index["dataset"] = dict(binding)
-    F.parse_pack_index_manifest(json.loads(F.canonical_json(index)), file=str(out / F.PACK_INDEX_JSON))
+    IF.parse_pack_index_manifest(json.loads(F.canonical_json(index)), file=str(out / F.PACK_INDEX_JSON))
     with open(out / F.PACK_INDEX_JSON, "wb") as fh:
         fh.write(F.canonical_json(index))
         fh.flush()

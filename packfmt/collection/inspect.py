@@ -1,6 +1,6 @@
 """``packfmt inspect`` of a collection: its members (per member and whole) and its pack indexes.
 
-The whole-collection numbers reuse ``packfmt.inspect`` (length statistics, padding baselines,
+The whole-collection numbers reuse ``packfmt.summary`` (length statistics, padding baselines,
 index summaries); this module adds the members table and, for an index packed with a mixture,
 its weights, tokens per member and effective proportions (spec/COLLECTION.md §5).
 """
@@ -16,7 +16,7 @@ __all__ = ["summarize_collection", "format_collection", "format_mixture"]
 
 def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -> dict:
     """Everything ``packfmt inspect`` prints for a collection, as a JSON-ready dict."""
-    from ..inspect import _mask_fraction, index_summary, length_stats
+    from ..summary import index_summary, length_stats, mask_fraction
 
     raw = coll.manifest.raw
     lengths = np.asarray(coll.doc_lengths)
@@ -46,7 +46,7 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
     }
     if coll.has_loss_mask:
         # a member without a mask of its own reads as all-trained (spec/COLLECTION.md §6)
-        trained = sum((1.0 if coll.all_trained[m] else _mask_fraction(coll.member(m).loss_mask, progress)) * e.tokens
+        trained = sum((1.0 if coll.all_trained[m] else mask_fraction(coll.member(m).loss_mask, progress)) * e.tokens
                       for m, e in enumerate(coll.members))
         out["loss_mask"] = {"trained_fraction": trained / total if total else 0.0, "trained_tokens": int(round(trained))}
     for name in coll.pack_index_names():
@@ -96,7 +96,7 @@ def format_mixture(mixture: dict) -> list[str]:
 
 def format_collection(s: dict) -> str:
     """Human-readable report of ``summarize_collection``'s dict."""
-    from ..inspect import _format_index, _pct, length_and_mask_lines
+    from ..render import format_index, length_and_mask_lines, pct
 
     c = s["counts"]
     tok = s["tokenizer"]
@@ -109,14 +109,14 @@ def format_collection(s: dict) -> str:
         f"  {'name':24s} {'documents':>12s} {'tokens':>14s} {'share':>8s}  path",
     ]
     for m in s["members"]:
-        lines.append(f"  {m['name']:24s} {m['documents']:>12,} {m['tokens']:>14,} {_pct(m['share']):>8s}  {m['path']}")
+        lines.append(f"  {m['name']:24s} {m['documents']:>12,} {m['tokens']:>14,} {pct(m['share']):>8s}  {m['path']}")
     from .unify import MEANING
 
     for key, names in s.get("unified", {}).items():
         lines.append(f"unified   {key}: {', '.join(names)} ({MEANING[key]})")
     lines += length_and_mask_lines(s)
     for name, ix in s["pack_indexes"].items():
-        lines += _format_index(name, ix)
+        lines += format_index(name, ix)
         if "mixture" in ix:
             lines += ["  " + line for line in format_mixture(ix["mixture"])]
     if not s["pack_indexes"]:

@@ -85,8 +85,8 @@ def member_list_checksum(members: list[dict] | tuple[Member, ...]) -> str:
 
 
 def _count(obj: dict, key: str, *, file: str, prefix: str) -> int:
-    value = F._req(obj, key, int, file=file, prefix=prefix)
-    return F._nonneg(value, file=file, field=prefix + key)
+    value = F.require(obj, key, int, file=file, prefix=prefix)
+    return F.nonneg(value, file=file, field=prefix + key)
 
 
 def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> CollectionManifest:
@@ -94,40 +94,40 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
     fmt = obj.get("format")
     if fmt != COLLECTION_FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(COLLECTION_FORMAT_NAME), found=repr(fmt))
-    version = F.parse_version(F._req(obj, "format_version", str, file=file), file=file)
+    version = F.parse_version(F.require(obj, "format_version", str, file=file), file=file)
     if version < OLDEST_COLLECTION_VERSION:
         raise FormatError(file=file, field="format_version", expected=">= 1.1 (collections were added in 1.1)",
                           found=obj["format_version"])
-    producer = F._req(obj, "producer", dict, file=file)
-    F._req(producer, "name", str, file=file, prefix="producer.")
-    F._req(producer, "version", str, file=file, prefix="producer.")
-    vocab = F._req(obj, "vocab_size", int, file=file)
+    producer = F.require(obj, "producer", dict, file=file)
+    F.require(producer, "name", str, file=file, prefix="producer.")
+    F.require(producer, "version", str, file=file, prefix="producer.")
+    vocab = F.require(obj, "vocab_size", int, file=file)
     if not 1 <= vocab <= F.MAX_VOCAB_SIZE:
         raise FormatError(file=file, field="vocab_size", expected=f"integer in [1, {F.MAX_VOCAB_SIZE}]", found=vocab)
-    dtype = F._req(obj, "token_dtype", str, file=file)
+    dtype = F.require(obj, "token_dtype", str, file=file)
     if dtype != F.token_dtype_for_vocab(vocab):
         raise FormatError(file=file, field="token_dtype", expected=repr(F.token_dtype_for_vocab(vocab)), found=repr(dtype))
-    tokenizer = F._req(obj, "tokenizer", dict, file=file)
-    F._req(tokenizer, "name", str, file=file, prefix="tokenizer.")
-    F._req(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")
-    special = F._req(obj, "special_tokens", dict, file=file)
-    F._req(special, "image", (int, type(None)), file=file, prefix="special_tokens.")
-    loss_mask = F._req(obj, "loss_mask", bool, file=file)
-    counts = F._req(obj, "counts", dict, file=file)
+    tokenizer = F.require(obj, "tokenizer", dict, file=file)
+    F.require(tokenizer, "name", str, file=file, prefix="tokenizer.")
+    F.require(tokenizer, "hash", (str, type(None)), file=file, prefix="tokenizer.")
+    special = F.require(obj, "special_tokens", dict, file=file)
+    F.require(special, "image", (int, type(None)), file=file, prefix="special_tokens.")
+    loss_mask = F.require(obj, "loss_mask", bool, file=file)
+    counts = F.require(obj, "counts", dict, file=file)
     totals = {k: _count(counts, k, file=file, prefix="counts.") for k in ("members", "documents", "tokens", "images")}
-    raw_members = F._req(obj, "members", list, file=file)
+    raw_members = F.require(obj, "members", list, file=file)
     members, names = [], set()
     for i, entry in enumerate(raw_members):
         where = f"members[{i}]."
         if not isinstance(entry, dict):
             raise FormatError(file=file, field=f"members[{i}]", expected="object", found=repr(entry))
-        name = check_member_name(F._req(entry, "name", str, file=file, prefix=where), file=file, field=where + "name")
+        name = check_member_name(F.require(entry, "name", str, file=file, prefix=where), file=file, field=where + "name")
         if name in names:
             raise FormatError(file=file, field=where + "name", expected="a name no other member has", found=repr(name))
         names.add(name)
-        path = check_member_path(F._req(entry, "path", str, file=file, prefix=where), file=file, field=where + "path")
-        digest = F._req(entry, "manifest", str, file=file, prefix=where)
-        if not F._CHECKSUM_RE.match(digest):
+        path = check_member_path(F.require(entry, "path", str, file=file, prefix=where), file=file, field=where + "path")
+        digest = F.require(entry, "manifest", str, file=file, prefix=where)
+        if not F.CHECKSUM_RE.match(digest):
             raise FormatError(file=file, field=where + "manifest", expected='"xxh3_64:" + 16 lowercase hex digits',
                               found=repr(digest))
         members.append(Member(name, path, *(_count(entry, k, file=file, prefix=where)

@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
-import xxhash
 
+from .. import checks
 from .. import format as F
 from .._io import CHUNK_BYTES, HashedFile, publish_dir, temp_sibling, write_durably
-from ..errors import ChecksumError, FormatError
-from ..reader import Store, _check_files_table
+from ..errors import FormatError
+from ..mapped import check_files_table
+from ..reader import Store
 from ..version import __version__
 from .manifest import is_collection
+from .streams import VerifiedReader, bad_offsets, copy_verified
 from .writer import check_members_agree, prepare_destination, resolve_members
 
 __all__ = ["merge_physical"]
@@ -52,72 +54,20 @@ def _head(path: str | os.PathLike) -> _Head:
                           file=str(path / F.MANIFEST), field="format", expected="'packfmt' (a store)",
                           found="'packfmt-collection'")
     manifest = F.parse_manifest(obj, file=str(path / F.MANIFEST))
-    _check_files_table(path, manifest.files, F.expected_layout(manifest), where=f"{path}/")
+    check_files_table(path, manifest.files, F.expected_layout(manifest), where=f"{path}/")
     return _Head(path, manifest)
 
 
-class _In:
-    """A file read front to back in chunks, hashed as it goes; ``close`` checks its size and checksum."""
-
-    def __init__(self, path: Path, entry: F.FileEntry) -> None:
-        self.path, self.entry = path, entry
-        self._f = open(path, "rb", buffering=0)
-        self._h = xxhash.xxh3_64()
-        self.done = 0
-
-    def read_into(self, buf: bytearray, n: int) -> memoryview:
-        view = memoryview(buf)[:n]
-        got = 0
-        while got < n:
-            k = self._f.readinto(view[got:])
-            if not k:
-                raise _bad(self.path, "size", f"{self.entry.bytes} bytes (its manifest)", f"{self.done + got}")
-            got += k
-        self._h.update(view)
-        self.done += n
-        return view
-
-    def array(self, buf: bytearray, count: int) -> np.ndarray:
-        return np.frombuffer(self.read_into(buf, count * 8), dtype=F.OFFSET_DTYPE)
-
-    def close(self) -> None:
-        self._f.close()
-        found = "xxh3_64:" + self._h.hexdigest()
-        if self.done != self.entry.bytes or found != self.entry.checksum:
-            raise ChecksumError(f"{self.path}: checksum: expected {self.entry.checksum} (its manifest), found {found}: "
-                                f"the file is damaged; run `packfmt validate {self.path.parent}`",
-                                file=str(self.path), field="checksum", expected=self.entry.checksum, found=found)
+def _check_chunk(src: VerifiedReader, rule: str, prev: int, chunk: np.ndarray, *, at: int, strict: bool, top: int,
+                 unit: str) -> None:
+    """``checks.offsets_chunk`` of one streamed chunk, raised as the member's FormatError."""
+    _raise(src, checks.offsets_chunk(chunk, prev=prev, at=at, top=top, rule=rule, file=src.path.name, strict=strict,
+                                     unit=unit))
 
 
-def copy_verified(src: _In, out: HashedFile, buf: bytearray, on_bytes: Callable[[int], None]) -> None:
-    """Stream ``src`` into ``out`` in chunks of ``len(buf)``; its checksum is checked at the end."""
-    left = src.entry.bytes
-    while left:
-        n = min(left, len(buf))
-        out.write(src.read_into(buf, n))
-        left -= n
-        on_bytes(n)
-    src.close()
-
-
-def _bad(path: Path, rule: str, expected, found) -> FormatError:
-    return FormatError(f"{path}: {rule}: expected {expected}, found {found}; run `packfmt validate {path.parent}`",
-                       file=str(path), field=rule, expected=expected, found=found)
-
-
-def _check_step(path: Path, rule: str, prev: int, chunk: np.ndarray, *, strict: bool, top: int) -> None:
-    """One chunk of an offsets array, streamed: increasing from ``prev`` (the chunk before), at most ``top``.
-
-    The same rule as ``packfmt.checks.offsets`` over a whole array; the first element (0) and the
-    last (the total) are checked by the caller, which sees them.
-    """
-    if strict:
-        ok = prev < chunk[0] and not bool(np.any(chunk[1:] <= chunk[:-1]))
-    else:
-        ok = prev <= chunk[0] and not bool(np.any(chunk[1:] < chunk[:-1]))
-    if not ok or chunk[-1] > top:
-        kind = "strictly increasing" if strict else "non-decreasing"
-        raise _bad(path, rule, f"{kind} offsets in [0, {top}]", "a step that is not")
+def _raise(src: VerifiedReader, findings: list) -> None:
+    for f in findings:
+        raise bad_offsets(src.path, f"{f.rule} {f.field}", f.expected, f.found)
 
 
 class _Merger:
@@ -142,7 +92,7 @@ class _Merger:
             self._on_bytes(n)
 
     def _copy(self, head: _Head, name: str) -> None:
-        copy_verified(_In(head.path / name, head.manifest.files[name]), self.out[name], self.bufs[0], self.tick)
+        copy_verified(VerifiedReader(head.path / name, head.manifest.files[name]), self.out[name], self.bufs[0], self.tick)
 
     def add(self, head: _Head) -> None:
         """Append one member: its bytes copied, its offsets shifted by the bases, then the bases advanced."""
@@ -175,75 +125,73 @@ class _Merger:
     def _image_offsets(self, head: _Head) -> None:
         """V14, chunk by chunk: 0, strictly increasing, ending at the blob size; shifted by the bytes before."""
         m = head.manifest
-        src, blobs = _In(head.path / F.IMAGE_OFFSETS, m.files[F.IMAGE_OFFSETS]), m.files[F.IMAGE_BLOBS].bytes
+        src, blobs = VerifiedReader(head.path / F.IMAGE_OFFSETS, m.files[F.IMAGE_OFFSETS]), m.files[F.IMAGE_BLOBS].bytes
         prev = int(src.array(self.bufs[0], 1)[0])
         if prev != 0:
-            raise _bad(src.path, "V14 [0]", 0, prev)
+            raise bad_offsets(src.path, "V14 [0]", 0, prev)
         left = m.num_images
         while left:
             n = min(left, _OFFSET_ROWS)
             chunk = src.array(self.bufs[0], n)
-            _check_step(src.path, "V14", prev, chunk, strict=True, top=blobs)
+            _check_chunk(src, "V14", prev, chunk, at=m.num_images + 1 - left, strict=True, top=blobs,
+                         unit="every image has >= 1 byte")
             self.out[F.IMAGE_OFFSETS].write_array(chunk + self.blob_bytes, F.OFFSET_DTYPE)
             prev, left = int(chunk[-1]), left - n
             self.tick(8 * n)
         if prev != blobs:
-            raise _bad(src.path, "V14 last", f"{blobs} (size of {F.IMAGE_BLOBS})", prev)
+            raise bad_offsets(src.path, "V14 last", f"{blobs} (size of {F.IMAGE_BLOBS})", prev)
         src.close()
 
     def _documents(self, head: _Head) -> None:
         """doc_offsets (V13) and, with images, doc_image_offsets (V15) and image_token_spans (V19) in lockstep."""
         m = head.manifest
-        do = _In(head.path / F.DOC_OFFSETS, m.files[F.DOC_OFFSETS])
-        dio = _In(head.path / F.DOC_IMAGE_OFFSETS, m.files[F.DOC_IMAGE_OFFSETS]) if m.num_images else None
-        spans = _In(head.path / F.IMAGE_TOKEN_SPANS, m.files[F.IMAGE_TOKEN_SPANS]) if m.num_images else None
+        do = VerifiedReader(head.path / F.DOC_OFFSETS, m.files[F.DOC_OFFSETS])
+        dio = VerifiedReader(head.path / F.DOC_IMAGE_OFFSETS, m.files[F.DOC_IMAGE_OFFSETS]) if m.num_images else None
+        spans = VerifiedReader(head.path / F.IMAGE_TOKEN_SPANS, m.files[F.IMAGE_TOKEN_SPANS]) if m.num_images else None
         prev_do = int(do.array(self.bufs[0], 1)[0])
         if prev_do != 0:
-            raise _bad(do.path, "V13 [0]", 0, prev_do)
+            raise bad_offsets(do.path, "V13 [0]", 0, prev_do)
         prev_dio = int(dio.array(self.bufs[1], 1)[0]) if dio else 0
         if prev_dio != 0:
-            raise _bad(dio.path, "V15 [0]", 0, prev_dio)
+            raise bad_offsets(dio.path, "V15 [0]", 0, prev_dio)
         left = m.num_documents
         while left:
             n = min(left, _OFFSET_ROWS)
-            ends = do.array(self.bufs[0], n)
-            _check_step(do.path, "V13", prev_do, ends, strict=True, top=m.num_tokens)
+            ends, at = do.array(self.bufs[0], n), m.num_documents + 1 - left
+            _check_chunk(do, "V13", prev_do, ends, at=at, strict=True, top=m.num_tokens,
+                         unit="every document has >= 1 token")
             self.out[F.DOC_OFFSETS].write_array(ends + self.tokens, F.OFFSET_DTYPE)
             if dio is not None:
                 img_ends = dio.array(self.bufs[1], n)
-                _check_step(dio.path, "V15", prev_dio, img_ends, strict=False, top=m.num_images)
+                _check_chunk(dio, "V15", prev_dio, img_ends, at=at, strict=False, top=m.num_images,
+                             unit="images per document")
                 self.out[F.DOC_IMAGE_OFFSETS].write_array(img_ends + self.num_images, F.OFFSET_DTYPE)
-                self._spans(spans, np.concatenate(([prev_do], ends)), np.concatenate(([prev_dio], img_ends)))
+                self._spans(spans, np.concatenate(([prev_do], ends)), np.concatenate(([prev_dio], img_ends)), at - 1)
                 prev_dio = int(img_ends[-1])
             elif self.images:  # a member without images: its documents have none
                 self.out[F.DOC_IMAGE_OFFSETS].write_array(np.full(n, self.num_images), F.OFFSET_DTYPE)
             prev_do, left = int(ends[-1]), left - n
             self.tick(8 * n)
         if prev_do != m.num_tokens:
-            raise _bad(do.path, "V13 last", f"{m.num_tokens} (counts.tokens)", prev_do)
+            raise bad_offsets(do.path, "V13 last", f"{m.num_tokens} (counts.tokens)", prev_do)
         if dio is not None and prev_dio != m.num_images:
-            raise _bad(dio.path, "V15 last", f"{m.num_images} (counts.images)", prev_dio)
+            raise bad_offsets(dio.path, "V15 last", f"{m.num_images} (counts.images)", prev_dio)
         for src in (do, dio, spans):
             if src is not None:
                 src.close()
 
-    def _spans(self, src: _In, doc_off: np.ndarray, img_off: np.ndarray) -> None:
-        """V19 for the images of one chunk of documents, read in bounded sub-chunks of rows."""
+    def _spans(self, src: VerifiedReader, doc_off: np.ndarray, img_off: np.ndarray, first_doc: int) -> None:
+        """V19 for the images of one chunk of documents (the first is ``first_doc``), read in bounded sub-chunks of rows."""
         first, stop, step = int(img_off[0]), int(img_off[-1]), _OFFSET_ROWS // 2
         last_doc, last_end = -1, 0  # the previous image (none: a chunk of documents starts a new document)
         for a in range(first, stop, step):
             k = min(step, stop - a)
             rows = src.array(self.bufs[2], 2 * k).reshape(k, 2)
             doc = np.searchsorted(img_off, np.arange(a, a + k), side="right") - 1
-            begin, end = rows[:, 0], rows[:, 1]
-            same_doc = doc == np.concatenate(([last_doc], doc[:-1]))
-            prev_end = np.concatenate(([last_end], end[:-1]))
-            if bool(np.any((begin < doc_off[doc]) | (end > doc_off[doc + 1]) | (begin >= end)
-                           | (same_doc & (begin < prev_end)))):
-                raise _bad(src.path, "V19", "image runs inside their document, non-empty, sorted and disjoint",
-                           "a run that is not")
+            _raise(src, checks.image_span_rows(rows, doc, doc_off, file=src.path.name, at=a,
+                                               prev=(last_doc, last_end), doc_base=first_doc))
             self.out[F.IMAGE_TOKEN_SPANS].write_array(rows + self.tokens, F.OFFSET_DTYPE)
-            last_doc, last_end = int(doc[-1]), int(end[-1])
+            last_doc, last_end = int(doc[-1]), int(rows[-1, 1])
             self.tick(16 * k)
 
     def close(self) -> dict:
@@ -276,16 +224,17 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     members and the pack indexes carried (spec/COLLECTION.md §7). Memory is O(chunk): independent
     of the number and size of the members. Returns the new store, opened.
     """
-    from .carry import carry_indexes
-
     from ..storage import is_url
+    from .carry import carry_indexes
 
     sources = [s if isinstance(s, tuple) else (None, s) for s in sources]
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
+        from ..opening import open_dataset
         from ..storage.upload import merge_remote
 
-        return merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,
+        done = merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,
                             physical=True, storage_options=storage_options, on_bytes=on_bytes)
+        return done if done is not None else open_dataset(str(dst), storage_options=storage_options)
     t0 = time.perf_counter()
     dst = Path(dst)
     pairs = _normalize(sources)

@@ -142,8 +142,8 @@ def key_shares(mixture: dict) -> dict:
 
 def collection_kept(coll, capacity: int, oversize: str) -> np.ndarray:
     """int64 ``(documents,)``: the tokens ``oversize`` keeps of each collection document at ``capacity``."""
-    from ..packindex import relative_image_spans
     from ..packing import segment_documents
+    from .arrays import relative_image_spans
 
     lengths = np.asarray(coll.doc_lengths, dtype=np.int64)
     spans, doc_image_offsets = relative_image_spans(coll)

@@ -17,9 +17,15 @@ import numpy as np
 
 from .. import format as F
 from .._io import checksum_file
+from ..dataset import Dataset, running_sum
 from ..errors import FormatError
 from ..reader import Store
-from .manifest import CollectionManifest, Member, member_list_checksum, parse_collection_manifest
+from .manifest import (
+    CollectionManifest,
+    Member,
+    member_list_checksum,
+    parse_collection_manifest,
+)
 from .unify import member_differences, ones_needed
 
 __all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]
@@ -28,7 +34,7 @@ __all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]
 DEFAULT_OPEN_MEMBERS = 64
 
 
-class Collection:
+class Collection(Dataset):
     """A packfmt collection directory opened for reading.
 
     Attributes:
@@ -43,9 +49,9 @@ class Collection:
         self.manifest: CollectionManifest = parse_collection_manifest(
             F.read_json(self.path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
         m = self.manifest.members
-        self.doc_start = _running_sum([x.documents for x in m])
-        self.token_start = _running_sum([x.tokens for x in m])
-        self.image_start = _running_sum([x.images for x in m])
+        self.doc_start = running_sum([x.documents for x in m])
+        self.token_start = running_sum([x.tokens for x in m])
+        self.image_start = running_sum([x.images for x in m])
         self.max_open_members = max(1, int(max_open_members))
         self._open: OrderedDict[int, Store] = OrderedDict()
         #: Per member: True when it has no loss mask of its own and reads as all ones (§2.3, §6).
@@ -62,45 +68,12 @@ class Collection:
         return (f"Collection({str(self.path)!r}, members={len(self.members)}, documents={self.num_documents}, "
                 f"tokens={self.num_tokens}, dtype={self.token_dtype})")
 
-    # -- what a Store also says
     @property
     def members(self) -> tuple[Member, ...]:
         return self.manifest.members
 
-    @property
-    def num_documents(self) -> int:
-        return self.manifest.num_documents
-
-    @property
-    def num_tokens(self) -> int:
-        return self.manifest.num_tokens
-
-    @property
-    def num_images(self) -> int:
-        return self.manifest.num_images
-
-    @property
-    def vocab_size(self) -> int:
-        return self.manifest.shared["vocab_size"]
-
-    @property
-    def token_dtype(self) -> str:
-        return self.manifest.shared["token_dtype"]
-
-    @property
-    def np_token_dtype(self) -> np.dtype:
-        return F.TOKEN_DTYPES[self.token_dtype]
-
-    @property
-    def has_loss_mask(self) -> bool:
-        return self.manifest.shared["loss_mask"]
-
-    @property
-    def special_tokens(self) -> dict:
-        return self.manifest.shared["special_tokens"]
-
-    def __len__(self) -> int:
-        return self.num_documents
+    def _shared(self) -> dict:
+        return self.manifest.shared
 
     def index_binding(self) -> dict:
         """What a pack index of this collection records to bind to it (spec/COLLECTION.md §4)."""
@@ -135,18 +108,6 @@ class Collection:
         if problems:
             raise problems[0]
         return store
-
-    def member_of(self, docs: np.ndarray | int) -> np.ndarray | int:
-        """Member of each collection document id (vectorised; ids must be in range)."""
-        return np.searchsorted(self.doc_start, docs, side="right") - 1
-
-    def locate(self, g: int) -> tuple[int, int]:
-        """``(member, local document)`` of collection document ``g``."""
-        if not -self.num_documents <= g < self.num_documents:
-            raise IndexError(f"document {g} out of range [0, {self.num_documents})")
-        g = int(g) % self.num_documents
-        m = int(self.member_of(g))
-        return m, g - int(self.doc_start[m])
 
     # -- documents
     def document(self, g: int) -> np.ndarray:
@@ -184,17 +145,6 @@ class Collection:
         out = np.zeros(self.num_documents + 1, dtype=np.int64)
         np.cumsum(self.doc_lengths, out=out[1:])
         return out
-
-    # -- pack indexes
-    def pack_index_names(self) -> list[str]:
-        from ..reader import list_pack_indexes
-
-        return list_pack_indexes(self.path)
-
-    def pack_index(self, name: str | None = None):
-        from ..reader import open_pack_index
-
-        return open_pack_index(self, name)
 
 
 def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F.Manifest, where: Path) -> list:
@@ -250,10 +200,3 @@ def nested_collection_error(root: Path, m: int, entry: Member) -> FormatError | 
                        "store; a member must be a store (spec/COLLECTION.md C2): to combine collections, "
                        "`packfmt merge` their paths (it lists their stores)", file=F.MANIFEST,
                        field=f"members[{m}].path", expected="a store (C2)", found=f"a collection{cycle}")
-
-
-def _running_sum(values: list[int]) -> np.ndarray:
-    out = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(values, dtype=np.int64), out=out[1:])
-    return out
-

@@ -18,21 +18,22 @@ import numpy as np
 from .. import format as F
 from .._io import checksum_file
 from ..errors import PackfmtError, UnsupportedVersionError
+from ..validation.directory import index_dirs, validate_store
 from ..validation.index import _IndexChecks
+from ..validation.report import WARNING, Problem, _Collector, _version_problem
 
 __all__ = ["validate_collection"]
 
 
 def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool):
     """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``."""
-    from .. import validate as V
     from .manifest import parse_collection_manifest
 
-    out = V._Collector(report)
+    out = _Collector(report)
     try:
         cm = parse_collection_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)  # C1
     except UnsupportedVersionError as exc:
-        V._version_problem(exc, out, F.MANIFEST)
+        _version_problem(exc, out, F.MANIFEST)
         return report
     except PackfmtError as exc:
         out.from_error(exc, F.MANIFEST)
@@ -42,9 +43,9 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     members_ok = all([_check_member(root, cm, m, out, deep, progress, decode_images) for m in range(len(cm.members))])
     for p in sorted(root.iterdir()):
         if p.name not in (F.MANIFEST, F.PACKS_DIR, "members"):  # members/: where a Ray build keeps its stores (§1)
-            out.add(p.name, None, severity=V.WARNING, detail="unknown entry in a collection directory; readers ignore it")
+            out.add(p.name, None, severity=WARNING, detail="unknown entry in a collection directory; readers ignore it")
     view = _CollectionView(root, cm, out, members_ok)
-    indexes = [_CollectionIndexChecks(view, name) for name in V._index_dirs(root, out)]
+    indexes = [_CollectionIndexChecks(view, name) for name in index_dirs(root, out)]
     for ix in indexes:
         ix.structural()
     report.checked["pack_indexes"] = len(indexes)
@@ -56,7 +57,6 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
 
 def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decode_images: bool) -> bool:
     """C2, C3 and the member's own checks (C4 when ``deep``); True when the member has no error."""
-    from .. import validate as V
     from .reader import member_problems, nested_collection_error
 
     entry = cm.members[m]
@@ -66,10 +66,10 @@ def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decod
         out.from_error(nested, F.MANIFEST)
         return False
     before = len(out.report.errors)
-    sub = V.validate(path, deep=deep, progress=progress, decode_images=decode_images)
+    sub = validate_store(path, deep=deep, progress=progress, decode_images=decode_images)
     for p in sub.problems:
         file = f"{entry.path}/{p.file}"
-        out.report.problems.append(V.Problem(file, p.field, p.expected, p.found,
+        out.report.problems.append(Problem(file, p.field, p.expected, p.found,
                                              f"member {entry.name!r} ({entry.path}): {p.message}", p.severity))
     if (path / F.MANIFEST).is_file():
         try:

@@ -108,14 +108,23 @@ class Concatenated:
 
 
 def concatenate_members(coll) -> Concatenated:
-    """Every member of ``coll`` (a ``Collection``) mapped end to end, each member checked on the way."""
+    """Every member of ``coll`` (a ``Dataset``) mapped end to end, each member checked on the way.
+
+    One member with its own mask (or none), a store above all, is its own memmaps: nothing is mapped again."""
     from .. import format as F
 
+    if coll.num_members == 1 and not coll.all_trained[0]:
+        store = coll.member(0)
+        one = np.zeros(1, dtype=np.int64)
+        mask = store.loss_mask if coll.has_loss_mask else None
+        return Concatenated(np.asarray(store.tokens), None if mask is None else np.asarray(mask),
+                            (np.asarray(store.doc_offsets), np.asarray(coll.doc_start, dtype=np.int64), one, one,
+                             np.array([mask is not None], dtype=np.uint8)))
     paths, counts = [], []
-    for m, member in enumerate(coll.members):
+    for m in range(coll.num_members):
         store = coll.member(m)  # opens and checks it (C2, C3, V13)
         paths.append(store.path)
-        counts.append((member.tokens, member.documents + 1))
+        counts.append((int(coll.token_start[m + 1] - coll.token_start[m]), int(coll.doc_start[m + 1] - coll.doc_start[m]) + 1))
     tokens, token_base = map_end_to_end([(p / F.TOKENS, t) for p, (t, _) in zip(paths, counts)], coll.np_token_dtype)
     mask = None
     member_mask = np.array([coll.has_loss_mask and not ones for ones in coll.all_trained], dtype=np.uint8)

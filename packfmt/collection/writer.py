@@ -10,7 +10,13 @@ from .._io import checksum_file, publish_dir, remove_stale_temps, staging, write
 from ..errors import DatasetExistsError, WriteError
 from ..reader import Store
 from ..version import __version__
-from .manifest import COLLECTION_FORMAT_NAME, COLLECTION_VERSION_STR, Member, check_member_name, is_collection
+from .manifest import (
+    COLLECTION_FORMAT_NAME,
+    COLLECTION_VERSION_STR,
+    Member,
+    check_member_name,
+    is_collection,
+)
 from .reader import Collection
 from .unify import SHARED_KEYS, unify
 
@@ -116,10 +122,12 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     from ..storage import is_url
 
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
+        from ..opening import open_dataset
         from ..storage.upload import merge_remote
 
-        return merge_remote(lambda s, d, **kw: write_collection(d, s, **kw), sources, dst, overwrite=overwrite,
+        done = merge_remote(lambda s, d, **kw: write_collection(d, s, **kw), sources, dst, overwrite=overwrite,
                             physical=False, storage_options=storage_options)
+        return done if done is not None else open_dataset(str(dst), storage_options=storage_options)
     dst = Path(dst)
     members = resolve_members(sources)
     check_members_agree(members)

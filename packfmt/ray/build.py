@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._io import publish_dir, remove_stale_temps, temp_sibling
+from ..engines import register
 from ..errors import DatasetExistsError, InputError
 from ..skips import Tally
 from ..storage.uri import is_remote, local_file
+from .context import Job, ray_context
 from .encode import _fault_once
 from .units import plan_units
 
@@ -52,50 +54,6 @@ def pool_size(cpus: float, workers: int | None) -> int:
     """Tokenizer actors: ``workers`` when given (> 1), else every CPU but one; always below the CPU count."""
     cap = max(1, int(cpus) - 1)
     return min(cap, workers) if workers and workers > 1 else cap
-
-
-def _connect(address: str | None) -> tuple[bool, float]:
-    """Start or join Ray; ``(whether this call started it, seconds)``."""
-    import ray
-
-    t0 = time.perf_counter()
-    if ray.is_initialized():
-        return False, 0.0
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    return True, time.perf_counter() - t0
-
-
-class _Job:
-    def __init__(self, tmp: Path | None, address: str | None, startup: float, staging=None) -> None:
-        self.tmp, self.address, self.startup = tmp, address, startup
-        self.staging = staging if staging is not None else tmp / "staging"
-
-    def describe(self) -> dict:
-        import ray
-
-        return {"address": self.address, "cluster_cpus": ray.cluster_resources().get("CPU", 0),
-                "startup_seconds": round(self.startup, 3), "preserve_order": True}
-
-
-@contextmanager
-def ray_context(ray_address: str | None, progress: bool):
-    """Join/start Ray and keep order for the block (``seconds`` to start); restore the settings, shut down
-    Ray if this call started it."""
-    from ray.data import DataContext
-
-    started, startup = _connect(ray_address)
-    ctx = DataContext.get_current()
-    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
-    try:
-        ctx.execution_options.preserve_order = True  # write tasks in input order: members = records in order
-        ctx.enable_progress_bars = progress
-        yield startup
-    finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
 @contextmanager
@@ -116,7 +74,7 @@ def staged_job(out: Path, *, overwrite: bool, ray_address: str | None, progress:
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = temp_sibling(out)
             (tmp / "staging").mkdir()
-            yield _Job(tmp, ray_address, startup)
+            yield Job(tmp, ray_address, startup)
         except BaseException:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -126,7 +84,11 @@ def staged_job(out: Path, *, overwrite: bool, ray_address: str | None, progress:
 def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: bool, fault: dict | None = None) -> Path:
     """Rename the returned stores to ``members/``, drop staging, write the manifest last, publish."""
     from .. import format as F
-    from ..collection.writer import check_members_agree, collection_manifest, resolve_members
+    from ..collection.writer import (
+        check_members_agree,
+        collection_manifest,
+        resolve_members,
+    )
 
     members_dir = tmp / "members"
     members_dir.mkdir()
@@ -255,3 +217,6 @@ def run_ray_build(
         if log_file is not None:
             log_file.close()
     return BuildResult(path, report)
+
+
+register("ray", run_ray_build)  # build_text(..., engine="ray") finds it by name (packfmt.engines)

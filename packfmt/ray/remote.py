@@ -86,7 +86,7 @@ def remote_job(url: str, storage_options: dict | None, *, overwrite: bool, ray_a
     from ..storage.errors import require_bucket, storage_errors
     from ..storage.upload import exists
     from ..storage.uri import filesystem
-    from .build import _Job, ray_context
+    from .context import Job, ray_context
 
     with storage_errors(url, storage_options):
         taken = exists(url, storage_options)
@@ -98,7 +98,7 @@ def remote_job(url: str, storage_options: dict | None, *, overwrite: bool, ray_a
                                  expected="no existing dataset", found="exists",
                                  cli=f"{url}: already exists (pass --overwrite to replace it)")
     with ray_context(ray_address, progress) as startup:
-        job = _Job(None, ray_address, startup, staging=f"{url}/{MEMBERS}")
+        job = Job(None, ray_address, startup, staging=f"{url}/{MEMBERS}")
         job.replacing = taken
         try:
             yield job

@@ -22,8 +22,7 @@ import itertools
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import InputError
-from ..sources import Raw, detect_format, iter_records
+from ..sources import Raw, detect_format, iter_records, remote_format
 
 __all__ = ["plan_units", "read_unit"]
 
@@ -73,21 +72,6 @@ def _remote_units(url: str, fmt: str | None, records: int, so: dict | None) -> l
             units.append({"path": url, "kind": "row_groups", "groups": groups, "row": first, "remote": True})
         return units
     return [{"path": url, "kind": "rows", "fmt": kind, "begin": 0, "end": None, "remote": True}]
-
-
-def remote_format(url: str) -> str:
-    """The source format of a file in object storage, from its name (a remote folder is refused)."""
-    name = url.rstrip("/").rsplit("/", 1)[-1].lower()
-    for suffix in (".gz", ".zst"):
-        name = name.removesuffix(suffix)
-    for ends, kind in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "json"), (".parquet", "parquet"),
-                       (".tar", "webdataset")):
-        if name.endswith(ends):
-            return kind
-    raise InputError(f"{url}: cannot tell the format from the name; with --engine ray an input in object storage is "
-                     "a .jsonl/.ndjson/.json/.parquet/.tar file (a folder: list its files, or build with --engine "
-                     "local)", reason="unknown_format", file=url, expected="a .jsonl, .json, .parquet or .tar object",
-                     found=name)
 
 
 def plan_units(inputs: Sequence[str], fmt: str | None, records: int, storage_options: dict | None = None) -> list[dict]:

@@ -35,7 +35,7 @@ from typing import Any, Iterator, Sequence
 from ..errors import InputError
 from .record import Raw, ReadOptions, is_path, missing_columns
 
-__all__ = ["Raw", "ReadOptions", "FORMATS", "SOURCES", "detect_format", "iter_records", "count_records",
+__all__ = ["Raw", "ReadOptions", "FORMATS", "SOURCES", "detect_format", "remote_format", "iter_records", "count_records",
            "describe_sources", "missing_columns"]
 
 #: format name -> module of this package implementing it (``read`` / ``count`` / ``describe``).
@@ -76,6 +76,21 @@ def detect_format(path: Any) -> str:
     raise InputError(f"{p}: cannot tell the format from the name (pass fmt= one of {list(FORMATS)})",
                      reason="unknown_format", file=str(p), expected=f"one of {list(FORMATS)}", found=p.suffix or "no suffix",
                      cli=f"{p}: cannot tell the format from the name (pass --format {{{','.join(FORMATS)}}})")
+
+
+def remote_format(url: str) -> str:
+    """The source format of a file in object storage, from its name (a remote folder is refused)."""
+    name = url.rstrip("/").rsplit("/", 1)[-1].lower()
+    for suffix in (".gz", ".zst"):
+        name = name.removesuffix(suffix)
+    for ends, kind in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "json"), (".parquet", "parquet"),
+                       (".tar", "webdataset")):
+        if name.endswith(ends):
+            return kind
+    raise InputError(f"{url}: cannot tell the format from the name; with --engine ray an input in object storage is "
+                     "a .jsonl/.ndjson/.json/.parquet/.tar file (a folder: list its files, or build with --engine "
+                     "local)", reason="unknown_format", file=url, expected="a .jsonl, .json, .parquet or .tar object",
+                     found=name)
 
 
 def source_module(kind: str, inp: Any = None):

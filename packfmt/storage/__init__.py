@@ -2,7 +2,8 @@
 
 Only this package imports fsspec, and only when a URL is given (``pip install 'packfmt[s3]'``).
 
-* ``uri``: local path or URL; the fsspec file system of a URL; input files fetched to a temp dir.
+* ``uri``: local path or URL; the fsspec file system of a URL.
+* ``inputs``: build inputs in object storage fetched to a temp dir.
 * ``cache``: remote datasets mirrored whole-file into a verified, locked, bounded node-local cache.
 * ``verify``: what the cache knows of each mirrored file (markers bound to its stat), kept outside the mirror.
 * ``errors``: back-end and cache failures as one-line ``StorageError``s naming the URL and the fix.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from .uri import MissingExtraError, is_remote, is_url, local_file
 
-__all__ = ["is_url", "is_remote", "local_file", "MissingExtraError", "open_url", "remote_output", "fetch_dataset",
+__all__ = ["is_url", "is_remote", "local_file", "MissingExtraError", "remote_output", "fetch_dataset",
            "download_inputs"]
 
 
@@ -30,26 +31,8 @@ def remote_output(url, storage_options=None, *, overwrite=False, cache_dir=None)
     return out(url, storage_options, overwrite=overwrite, cache_dir=cache_dir)
 
 
-def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify=None, **kw):
-    """``packfmt.open`` of a URL: mirror it into the cache, open the mirror, keep it pinned while the object lives.
-
-    ``verify``: ``"stat"`` (default) or ``"full"`` (hash every cached file on every open); ``$PACKFMT_CACHE_VERIFY``.
-    """
-    from ..reader import open_dataset
-
-    fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit, verify)
-    from .verify import FETCHED
-
-    ds = open_dataset(fetched.path, cache_verify=FETCHED, **kw)  # its files were just checked as `verify` says
-    ds._storage_pins = fetched.pins
-    ds._storage_options = storage_options
-    ds._storage_cache = fetched.root
-    ds.url = url.rstrip("/")
-    return ds
-
-
 def download_inputs(paths, storage_options=None):
     """Build inputs: URLs downloaded (files or folders) into a fresh temp dir; ``(local paths, temp dir or None)``."""
-    from .uri import download_inputs as dl
+    from .inputs import download_inputs as dl
 
     return dl(paths, storage_options)  # (a failure removes the temp dir and is one line)

@@ -45,6 +45,7 @@ from pathlib import Path
 import xxhash
 
 from .. import format as F
+from .. import index_format as IF
 from .._io import CHUNK_BYTES, fsync_dir
 from ..errors import ChecksumError, FormatError
 from . import uri
@@ -220,7 +221,7 @@ class _Fetcher:
                 continue
             present.add(name)
             label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"
-            idx = F.parse_pack_index_manifest(json.loads(raw), file=label)
+            idx = IF.parse_pack_index_manifest(json.loads(raw), file=label)
             ldir = local / F.PACKS_DIR / name
             ldir.mkdir(parents=True, exist_ok=True)
             _drop_legacy(ldir)
@@ -288,7 +289,7 @@ def mark_verified(local: Path, cache_dir=None) -> int:
         obj = json.loads(man.read_bytes())
         if obj.get("format") == "packfmt-collection":
             continue
-        parse = F.parse_manifest if man.name == F.MANIFEST else F.parse_pack_index_manifest
+        parse = F.parse_manifest if man.name == F.MANIFEST else IF.parse_pack_index_manifest
         for name, entry in parse(obj, file=str(man)).files.items():
             path = man.parent / name
             if path.is_file() and V.status(root, path, entry) != V.OK:

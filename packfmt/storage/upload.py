@@ -121,7 +121,8 @@ def merge_remote(write, sources, dst, *, overwrite: bool, physical: bool, storag
     """``write_collection`` / ``merge_physical`` where a source or ``dst`` is a URL.
 
     Remote sources are fetched into the cache; a remote ``dst`` is written where the cache mirrors it and
-    uploaded (manifest last). A collection records member paths relative to itself, so a collection in
+    uploaded (manifest last), and None is returned (the caller opens ``dst``); a local ``dst`` returns what
+    ``write`` returned. A collection records member paths relative to itself, so a collection in
     object storage lists only members on the same file system, and a local one lists no remote member.
     """
     from ..errors import WriteError
@@ -158,6 +159,4 @@ def merge_remote(write, sources, dst, *, overwrite: bool, physical: bool, storag
         return write(local_sources, uri.local_file(dst), overwrite=overwrite, **kw)
     with remote_output(str(dst), storage_options, overwrite=overwrite) as local:
         write(local_sources, local, overwrite=False, **kw)
-    from ..reader import open_dataset
-
-    return open_dataset(str(dst), storage_options=storage_options)
+    return None  # written to the URL ``dst``: the caller opens it (packfmt.opening; storage never opens a dataset)

@@ -21,10 +21,21 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..dataset import Dataset as Source
 from ..errors import FormatError
-from ..reader import PackIndex, Store, open_dataset
-from ._arena import _ALIGN, _TORCH_OF, _Arena, _alloc
-from ._kernels import BATCH_SLOTS, ROW_DIDS, ROW_IDS, ROW_POS, fill_item, fill_packs, pack_length, plan_batch
+from ..index import PackIndex
+from ..opening import as_dataset, open_dataset
+from ._arena import _ALIGN, _TORCH_OF, _alloc, _Arena
+from ._kernels import (
+    BATCH_SLOTS,
+    ROW_DIDS,
+    ROW_IDS,
+    ROW_POS,
+    fill_item,
+    fill_packs,
+    pack_length,
+    plan_batch,
+)
 from ._sources import _ImageIndex, _segment_sums, _token_source
 from .batch import PackBatch, _batch_slots
 
@@ -45,7 +56,7 @@ class PackedDataset(Dataset):
     """One pack per item, with labels, per-segment positions and segment ids.
 
     Args:
-        path_or_store: a dataset directory, a URL (``s3://...``: fetched into the cache, see ``packfmt.open``), or an open ``Store``.
+        path_or_store: a dataset directory, a URL (``s3://...``: fetched into the cache, see ``packfmt.open``), or an open ``Store`` or ``Collection``.
         index: pack index name (default: the only index of the dataset) or an open ``PackIndex``.
         pad_to_capacity: pad every pack to ``capacity`` tokens (padding: ``pad`` token or 0,
             label -100, ``doc_ids`` -1, positions 0..pad_len-1 so it forms its own isolated run).
@@ -88,7 +99,7 @@ class PackedDataset(Dataset):
 
     def __init__(
         self,
-        path_or_store: str | os.PathLike | Store,
+        path_or_store: str | os.PathLike | Source,
         index: str | PackIndex | None = None,
         *,
         pad_to_capacity: bool = False,
@@ -108,7 +119,7 @@ class PackedDataset(Dataset):
         if input_ids_dtype is not None and input_ids_dtype != "native" and input_ids_dtype not in INDEX_DTYPES:
             raise ValueError(f"input_ids_dtype: expected None, torch.int64, torch.int32 or 'native', "
                              f"found {input_ids_dtype!r}")
-        store = path_or_store if isinstance(path_or_store, Store) else open_dataset(path_or_store, storage_options=storage_options)
+        store = as_dataset(path_or_store, storage_options=storage_options)
         idx = index if isinstance(index, PackIndex) else store.pack_index(index)
         self.path = str(Path(store.path))
         self.index_name = idx.name
@@ -126,7 +137,7 @@ class PackedDataset(Dataset):
                               f"(pad_to_capacity=True; cu_seqlens are int32), found {idx.capacity}. Read this index "
                               "without pad_to_capacity, or pack again with a smaller --capacity.",
                               file=str(idx.path / "index.json"), field="capacity", expected="< 2**31", found=idx.capacity)
-        self._store: Store | None = store
+        self._store: Source | None = store
         self._index: PackIndex | None = idx
         self._arrays: dict[str, Any] | None = None  # ndarray views of the memmaps, per process
         self._hf_room = False  # reserve collate_hf's labels in batch buffers (set by collate_hf)
@@ -148,7 +159,7 @@ class PackedDataset(Dataset):
         self._hf_room = False
 
     @property
-    def store(self) -> Store:
+    def store(self) -> Source:
         if self._store is None:
             self._store = open_dataset(self.path)
         return self._store
@@ -245,7 +256,7 @@ class PackedDataset(Dataset):
                                 *(where.get(name, (0, 0)) for name in ("input_ids", "position_ids", "doc_ids")))
         return self._arrays
 
-    def _ids_np(self, store: Store):
+    def _ids_np(self, store: Source):
         """numpy dtype of ``input_ids``."""
         if self.input_ids_dtype is None:
             return INDEX_DTYPES[self.index_dtype]

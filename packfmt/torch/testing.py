@@ -7,14 +7,17 @@ engine), so tests can exercise split documents, shuffled segment orders and odd 
 from __future__ import annotations
 
 import os
+
 import numpy as np
 
 from .. import format as F
 from .._io import HashedFile, publish_dir, temp_sibling
 from ..errors import WriteError
-from ..reader import PackIndex, Store, open_dataset
-from ..writer import DatasetWriter
+from ..index import PackIndex
+from ..opening import open_dataset
+from ..reader import Store
 from ..version import __version__
+from ..writer import DatasetWriter
 
 __all__ = ["next_fit_segments", "write_pack_index", "write_flat_dataset"]
 
@@ -46,7 +49,7 @@ def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pac
                      name: str = "test", materialize: bool = False, algorithm: str = "greedy",
                      oversize: str = "split") -> PackIndex:
     """Store a hand-made pack index under ``packs/<name>`` (same files as ``build_pack_index``)."""
-    from ..packindex import _materialize
+    from ..index_writer import write_packed_tokens
     from ..packing import Segmentation
 
     store = open_dataset(store) if isinstance(store, (str, os.PathLike)) else store  # a Store or a Collection
@@ -62,7 +65,7 @@ def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pac
         files[fname] = f.close()
     if materialize:  # the rows as they are, in file order; the tokens of each pack summed as a reader would
         cum = np.concatenate([[0], np.cumsum(segments[:, 2] - segments[:, 1])])
-        files.update(_materialize(store, tmp, Segmentation(segments, None), np.arange(segments.shape[0]),
+        files.update(write_packed_tokens(store, tmp, Segmentation(segments, None), np.arange(segments.shape[0]),
                                   np.diff(cum[pack_offsets])))
     packed = int((segments[:, 2] - segments[:, 1]).sum())
     binding = store.index_binding()

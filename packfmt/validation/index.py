@@ -6,9 +6,17 @@ import numpy as np
 
 from .. import checks
 from .. import format as F
+from .. import index_format as IF
 from ..errors import PackfmtError, UnsupportedVersionError
-from .report import (CHUNK_ELEMS, WARNING, _check_offsets, _listed, _map_file, _minor_version_note,
-                     _version_problem)
+from .report import (
+    CHUNK_ELEMS,
+    WARNING,
+    _check_offsets,
+    _listed,
+    _map_file,
+    _minor_version_note,
+    _version_problem,
+)
 from .segment_rows import CoverageRows, image_rows, segments_in_chunks
 from .store import _check_checksum, _check_file_size, _DatasetChecks
 
@@ -21,7 +29,7 @@ class _IndexChecks:
         self.ds, self.name, self.out = ds, name, ds.out
         self.dir = ds.root / F.PACKS_DIR / name
         self.label = f"{F.PACKS_DIR}/{name}/"
-        self.pm: F.PackIndexManifest | None = None
+        self.pm: IF.PackIndexManifest | None = None
         self.layout: dict = {}
         self.sizes_ok: dict[str, bool] = {}
         self.offsets_ok = False
@@ -34,7 +42,7 @@ class _IndexChecks:
     def structural(self) -> None:
         json_label = self.file(F.PACK_INDEX_JSON)
         try:
-            self.pm = F.parse_pack_index_manifest(F.read_json(self.dir / F.PACK_INDEX_JSON, file=json_label), file=json_label)
+            self.pm = IF.parse_pack_index_manifest(F.read_json(self.dir / F.PACK_INDEX_JSON, file=json_label), file=json_label)
         except UnsupportedVersionError as exc:
             _version_problem(exc, self.out, json_label)
             return
@@ -50,7 +58,7 @@ class _IndexChecks:
         if self.pm.materialized and not (isinstance(n_packed, int) and n_packed >= 0):
             self.out.add(json_label, "counts.packed_tokens", "an integer >= 0 (materialized index)", repr(n_packed))
             n_packed = None
-        self.layout = F.pack_index_layout(self.pm, m.np_token_dtype, m.has_loss_mask, n_packed)
+        self.layout = IF.pack_index_layout(self.pm, m.np_token_dtype, m.has_loss_mask, n_packed)
         for fname, entry in sorted(self.pm.files.items()):  # V24
             source = "counts.packs" if fname in (F.PACK_OFFSETS, F.PACK_TOKEN_OFFSETS) else (
                 "counts.segments" if fname == F.SEGMENTS else "counts.packed_tokens")

@@ -1,0 +1,109 @@
+"""The files of a pack index written from a packing: ``segments.bin`` in pack order and, materialized,
+the tokens (and loss mask) in pack order (spec/FORMAT.md §4.2), both streamed in bounded chunks.
+
+``build_pack_index`` (``packfmt.packindex``) and hand-made test indexes (``packfmt.torch.testing``)
+write them the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import format as F
+from ._io import HashedFile
+from .collection.arrays import token_sources
+
+__all__ = ["write_segments", "write_packed_tokens", "SEGMENT_ROWS_CHUNK", "MATERIALIZE_CHUNK_TOKENS"]
+
+#: Segments gathered per chunk when materializing (bounds the temporary index arrays).
+MATERIALIZE_CHUNK_TOKENS = 1 << 24
+#: Rows of segments.bin built and written per chunk (24 bytes each: bounds the temporary copy).
+SEGMENT_ROWS_CHUNK = 1 << 20
+
+
+def write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
+    """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
+
+    One thread writes (and hashes) chunk ``i`` while this one builds chunk ``i + 1`` into the other
+    of two buffers: the file's 24 bytes per segment go to disk at its speed, the building hides
+    behind it. Returns the ``files`` entry and the tokens of each pack, summed from the same chunks
+    (so the statistics need no second gather of the lengths in pack order).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .packing import Segmentation
+
+    po = result.pack_offsets
+    cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
+    total = 0
+    f = HashedFile(path)
+    rows_per_chunk = min(result.n_items, SEGMENT_ROWS_CHUNK)
+    # two row buffers, alternating (a mixture's RepeatedSegmentation makes its own rows)
+    buffers = [np.empty((rows_per_chunk, 3), dtype=F.OFFSET_DTYPE) for _ in range(2)] \
+        if isinstance(seg, Segmentation) else None
+    pending = [None, None]  # the write of each buffer still in flight
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packfmt-segments") as writer:
+            for i, a in enumerate(range(0, result.n_items, SEGMENT_ROWS_CHUNK)):
+                slot = i % 2
+                if pending[slot] is not None:
+                    pending[slot].result()  # its buffer is free again (and a write error surfaces here)
+                idx = result.order[a:a + SEGMENT_ROWS_CHUNK]
+                rows = seg.rows(idx) if buffers is None else seg.rows(idx, out=buffers[slot])
+                pending[slot] = writer.submit(f.write_array, rows, F.OFFSET_DTYPE)
+                b = a + rows.shape[0]
+                cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
+                lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
+                cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
+                total = int(cum[-1])
+            for fut in pending:
+                if fut is not None:
+                    fut.result()
+    except BaseException:
+        f.abort()
+        raise
+    return f.close(), np.diff(cum_at)
+
+
+def write_packed_tokens(store, tmp: Path, seg, order: np.ndarray, pack_tokens: np.ndarray) -> dict:
+    """Write tokens (and loss mask) in pack order, gathered across members for a collection;
+    return their ``files`` entries. The segments' rows are built one chunk at a time (as for
+    ``segments.bin``), and each chunk is gathered in runs of about ``MATERIALIZE_CHUNK_TOKENS``."""
+    from ._resident import release
+
+    pack_token_offsets = np.zeros(pack_tokens.shape[0] + 1, dtype=np.int64)
+    np.cumsum(pack_tokens, out=pack_token_offsets[1:])
+    out = {}
+    f = HashedFile(tmp / F.PACK_TOKEN_OFFSETS)
+    f.write_array(pack_token_offsets, F.OFFSET_DTYPE)
+    out[F.PACK_TOKEN_OFFSETS] = f.close()
+    tokens, mask = token_sources(store)
+    sources = [(F.PACKED_TOKENS, tokens, store.np_token_dtype)]
+    if mask is not None:
+        sources.append((F.PACKED_LOSS_MASK, mask, F.MASK_DTYPE))
+    writers = {fname: HashedFile(tmp / fname) for fname, _, _ in sources}
+    doc_offsets = store.doc_offsets
+    for a in range(0, order.shape[0], SEGMENT_ROWS_CHUNK):
+        segments = seg.rows(order[a:a + SEGMENT_ROWS_CHUNK])
+        seg_len = segments[:, 2] - segments[:, 1]
+        seg_tok_offsets = np.concatenate([[0], np.cumsum(seg_len)])
+        starts = np.asarray(doc_offsets[segments[:, 0]]) + segments[:, 1]
+        i = 0
+        n = segments.shape[0]
+        while i < n:
+            # take segments until the run holds about MATERIALIZE_CHUNK_TOKENS tokens
+            j = int(np.searchsorted(seg_tok_offsets, seg_tok_offsets[i] + MATERIALIZE_CHUNK_TOKENS, side="right"))
+            j = min(max(j - 1, i + 1), n)
+            lens = seg_len[i:j]
+            total = int(lens.sum())
+            # gather index: for each segment, starts[k] + arange(len[k])
+            idx = np.repeat(starts[i:j] - seg_tok_offsets[i:j] + seg_tok_offsets[i], lens) + np.arange(total, dtype=np.int64)
+            for fname, src, dtype in sources:
+                writers[fname].write_array(np.asarray(src[idx]), dtype)
+            i = j
+    release(doc_offsets)
+    for fname, w in writers.items():
+        out[fname] = w.close()
+    return out

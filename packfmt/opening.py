@@ -1,0 +1,64 @@
+"""The one door: a path or URL becomes a dataset (``packfmt.open``).
+
+It decides what ``path`` is (a local store, a local collection, or a URL mirrored through
+``packfmt.storage``) and returns a ``Store`` or a ``Collection``, both read through the same
+``Dataset`` interface. Storage only ever returns local paths and pins; opening them happens here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import format as F
+from .collection.manifest import is_collection
+from .collection.reader import Collection
+from .dataset import Dataset
+from .reader import Store
+
+__all__ = ["open_dataset", "open_url", "as_dataset"]
+
+
+def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
+                 cache_verify: str | None = None):
+    """Open a packfmt store (a ``Store``) or collection (a ``Collection``): manifest, sizes and offsets checked.
+
+    ``path`` may be a URL (``s3://``, ``gs://``, ``file://`` ...; ``packfmt.storage``): its files are
+    fetched whole into the node-local cache (``cache_dir=``, else ``$PACKFMT_CACHE``; at most
+    ``cache_limit`` bytes), verified against the manifest's sizes and checksums, and mapped from there.
+    ``storage_options`` go to fsspec (credentials, ``endpoint_url`` ...). A cached file is hashed again when its
+    stat changed since it was verified; ``cache_verify="full"`` (or ``$PACKFMT_CACHE_VERIFY=full``) on every open.
+    """
+    from .storage import is_remote, local_file
+
+    if is_remote(path):
+        return open_url(path, storage_options, cache_dir, cache_limit, cache_verify)
+    path = Path(local_file(path))
+    from .storage.verify import check_mirror
+
+    check_mirror(path, cache_verify)  # a mirror in the remote cache: changed files hashed again (packfmt.storage)
+    if (path / F.MANIFEST).is_file() and is_collection(F.read_json(path / F.MANIFEST, file=F.MANIFEST)):
+        return Collection(path)
+    return Store(path)
+
+
+def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
+    """``packfmt.open`` of a URL: mirror it into the cache, open the mirror, keep it pinned while the object lives.
+
+    ``verify``: ``"stat"`` (default) or ``"full"`` (hash every cached file on every open); ``$PACKFMT_CACHE_VERIFY``.
+    """
+    from .storage import fetch_dataset
+    from .storage.verify import FETCHED
+
+    fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit, verify)
+    ds = open_dataset(fetched.path, cache_verify=FETCHED)  # its files were just checked as `verify` says
+    ds._storage_pins = fetched.pins
+    ds._storage_options = storage_options
+    ds._storage_cache = fetched.root
+    ds.url = url.rstrip("/")
+    return ds
+
+
+def as_dataset(dataset, *, storage_options: dict | None = None) -> Dataset:
+    """``dataset`` itself when it is already open (a ``Store`` or a ``Collection``), else ``open_dataset`` of it."""
+    return dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options=storage_options)

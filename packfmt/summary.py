@@ -1,0 +1,256 @@
+"""The numbers ``packfmt inspect`` reports, for one store or across a dataset's members (spec GLOSSARY).
+
+Padding baselines (``padding_costs``) work on *rows*: each document cut into pieces of at most
+``capacity`` tokens, in data order (so nothing is dropped):
+
+* ``pad_to_capacity``: every row padded to ``capacity`` tokens.
+* ``pad_to_longest``: consecutive rows in batches of ``batch_size``, each padded to the longest
+  row of its batch.
+* ``packed``: the index's packs, ``capacity`` slots each.
+
+Efficiency = real tokens / token slots. ``packfmt.render`` turns these dicts into text and
+``packfmt.inspect`` is the front door (a store's summary or a collection's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import format as F
+from .collection.arrays import image_token_spans
+from .index import PackIndex
+
+__all__ = ["length_stats", "row_lengths", "padding_costs", "mask_fraction", "index_summary", "documents_per_pack",
+           "summarize_store", "DEFAULT_BATCH"]
+
+#: Percentiles reported for document lengths (linear interpolation, numpy's default).
+PERCENTILES = (50, 90, 99)
+#: Rows per batch of the pad-to-longest baseline.
+DEFAULT_BATCH = 8
+#: Scan the loss mask in chunks of this many bytes; show a bar above PROGRESS_MIN_TOKENS.
+_CHUNK = 1 << 24
+PROGRESS_MIN_TOKENS = 1 << 28
+
+
+
+def length_stats(lengths: np.ndarray) -> dict:
+    """min / mean / p50 / p90 / p99 / max of a 1-D array (percentiles: numpy linear interpolation)."""
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        return {"count": 0}
+    out = {"count": int(lengths.size), "total": int(lengths.sum()), "min": int(lengths.min()),
+           "mean": float(lengths.mean())}
+    for q, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES)):
+        out[f"p{q}"] = float(v)
+    out["max"] = int(lengths.max())
+    return out
+
+
+def row_lengths(doc_lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """Documents cut into rows of at most ``capacity`` tokens, in data order. int64 ``(n_rows,)``.
+
+    When every document is non-empty and fits, the rows are the documents: returned without a copy.
+    """
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    if doc_lengths.size == 0 or (doc_lengths.min() >= 1 and doc_lengths.max() <= capacity):
+        return doc_lengths
+    full, rem = np.divmod(doc_lengths, capacity)
+    per_doc = full + (rem > 0)
+    rows = np.full(int(per_doc.sum()), capacity, dtype=np.int64)
+    last = np.cumsum(per_doc) - 1
+    has_rem = rem > 0
+    rows[last[has_rem]] = rem[has_rem]
+    return rows
+
+
+def padding_costs(doc_lengths: np.ndarray, capacity: int, batch_size: int = DEFAULT_BATCH,
+                  num_packs: int | None = None, packed_tokens: int | None = None) -> dict:
+    """Token slots and efficiency of the padding baselines (and of packing, when given).
+
+    Returns ``{"pad_to_capacity": {...}, "pad_to_longest": {...}[, "packed": {...}]}``, each with
+    ``rows``, ``slots`` (token positions fed to the model), ``padding`` and ``efficiency``.
+    """
+    rows = row_lengths(doc_lengths, capacity)
+    real = int(rows.sum())
+    n = rows.shape[0]
+    n_full = n // batch_size * batch_size
+    longest = rows[:n_full].reshape(-1, batch_size).max(axis=1).sum() * batch_size if n_full else 0
+    if n > n_full:
+        longest += int(rows[n_full:].max()) * (n - n_full)
+
+    def entry(n_rows: int, slots: int, tokens: int) -> dict:
+        return {"rows": int(n_rows), "slots": int(slots), "tokens": int(tokens), "padding": int(slots - tokens),
+                "efficiency": float(tokens / slots) if slots else 1.0}
+
+    out = {"pad_to_capacity": entry(n, n * capacity, real),
+           "pad_to_longest": dict(entry(n, int(longest), real), batch_size=batch_size)}
+    if num_packs is not None and packed_tokens is not None:
+        out["packed"] = entry(num_packs, num_packs * capacity, packed_tokens)
+    return out
+
+
+def mask_fraction(mask: np.ndarray, progress: bool) -> float:
+    n = mask.shape[0]
+    if n == 0:
+        return 0.0
+    bar = None
+    if progress and n >= PROGRESS_MIN_TOKENS:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, unit="tok", unit_scale=True, desc="loss mask", leave=False)
+    ones = 0
+    for a in range(0, n, _CHUNK):
+        chunk = mask[a:a + _CHUNK]
+        ones += int(np.count_nonzero(chunk))
+        if bar is not None:
+            bar.update(chunk.shape[0])
+    if bar is not None:
+        bar.close()
+    return ones / n
+
+
+def _image_summary(store) -> dict | None:
+    images = store.images
+    if images is None:
+        return None
+    meta = np.asarray(images.meta)
+    per_doc = np.diff(np.asarray(images.doc_image_offsets))
+    codes, counts = np.unique(meta[:, 2], return_counts=True)
+    spans = np.asarray(images.token_spans)
+    span_len = spans[:, 1] - spans[:, 0]
+    return {
+        "count": int(meta.shape[0]),
+        "bytes": int(images.blobs.shape[0]),
+        "codecs": {F.CODECS.get(int(c), f"unknown({int(c)})"): int(k) for c, k in zip(codes, counts)},
+        "width": {"min": int(meta[:, 0].min()), "max": int(meta[:, 0].max())},
+        "height": {"min": int(meta[:, 1].min()), "max": int(meta[:, 1].max())},
+        "tokens_per_image": {"min": int(span_len.min()), "mean": float(span_len.mean()), "max": int(span_len.max())},
+        "per_document": {"mean": float(per_doc.mean()) if per_doc.size else 0.0,
+                         "max": int(per_doc.max()) if per_doc.size else 0,
+                         "documents_with_images": int(np.count_nonzero(per_doc))},
+    }
+
+
+def _build_report(raw: dict) -> dict | None:
+    """The manifest's ``build_report`` plus a check that records read = written + skipped."""
+    report = raw.get("build_report")
+    if not isinstance(report, dict):
+        return None
+    out = dict(report)
+    read = report.get("records_read")
+    written = report.get("documents_written", report.get("records_written"))
+    skipped = report.get("skipped")
+    if isinstance(read, int) and isinstance(written, int) and isinstance(skipped, dict):
+        total_skipped = sum(v for v in skipped.values() if isinstance(v, int))
+        out["skipped_total"] = total_skipped
+        out["consistent"] = read == written + total_skipped
+    return out
+
+
+def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = DEFAULT_BATCH) -> dict:
+    """Packing numbers of one index, with the padding baselines on the same documents."""
+    po = np.asarray(index.pack_offsets)
+    segs = np.asarray(index.segments)
+    seg_len = segs[:, 2] - segs[:, 1]
+    packed = int(seg_len.sum())
+    n_packs = int(po.shape[0] - 1)
+    cap = index.capacity
+    cum = np.zeros(seg_len.shape[0] + 1, dtype=np.int64)
+    np.cumsum(seg_len, out=cum[1:])
+    totals = cum[po[1:]] - cum[po[:-1]]
+    docs_per_pack = documents_per_pack(segs, po, len(doc_lengths))
+    stats = index.stats
+    out = {
+        "algorithm": index.algorithm,
+        "capacity": cap,
+        "oversize": index.manifest.oversize,
+        "seed": index.manifest.seed,
+        "params": index.manifest.params,
+        "materialized": index.manifest.materialized,
+        "packs": n_packs,
+        "segments": int(segs.shape[0]),
+        "packed_tokens": packed,
+        "fill_efficiency": float(packed / (n_packs * cap)) if n_packs else 1.0,
+        "documents_per_pack": {"mean": float(docs_per_pack.mean()) if n_packs else 0.0,
+                               "max": int(docs_per_pack.max()) if n_packs else 0},
+        "segments_per_pack": {"mean": float(np.diff(po).mean()) if n_packs else 0.0,
+                              "max": int(np.diff(po).max()) if n_packs else 0},
+        "pack_tokens": length_stats(totals),
+        "oversize_counts": {k: int(stats.get(k, 0)) for k in ("split_documents", "truncated_documents",
+                                                               "truncated_tokens", "dropped_documents", "dropped_tokens")},
+        "padding": padding_costs(doc_lengths, cap, batch_size, n_packs, packed),
+    }
+    images = _images_per_pack(index, segs, po)
+    if images is not None:
+        out["images_per_pack"] = images
+    return out
+
+
+def documents_per_pack(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndarray:
+    """Distinct documents in each pack, int64 ``(n_packs,)``, in O(n_segments + n_docs).
+
+    A pack can hold a document twice only through a document with several segments, so only
+    those segments are sorted (by pack, then document) to find the repeats.
+    """
+    per_pack = np.diff(po).astype(np.int64)
+    if segs.shape[0] == 0:
+        return per_pack
+    doc = segs[:, 0]
+    per_doc = np.bincount(doc, minlength=n_docs)
+    if per_doc.max() <= 1:  # no document has two segments: nothing can repeat
+        return per_pack
+    several = np.flatnonzero(per_doc[doc] > 1)
+    if several.size:
+        pack = np.searchsorted(po, several, side="right") - 1
+        d = doc[several]
+        order = np.lexsort((d, pack))
+        pack, d = pack[order], d[order]
+        repeat = (pack[1:] == pack[:-1]) & (d[1:] == d[:-1])
+        per_pack -= np.bincount(pack[1:][repeat], minlength=per_pack.shape[0])
+    return per_pack
+
+
+def _images_per_pack(index: PackIndex, segs: np.ndarray, po: np.ndarray) -> dict | None:
+    """Images whose token span starts inside each pack's segments (spans are globally sorted)."""
+    spans = image_token_spans(index.store)  # every member's, in dataset token offsets
+    if spans is None:
+        return None
+    off = np.asarray(index.store.doc_offsets)
+    starts = spans[:, 0]
+    g_begin = off[segs[:, 0]] + segs[:, 1]
+    g_end = off[segs[:, 0]] + segs[:, 2]
+    per_seg = np.searchsorted(starts, g_end, side="left") - np.searchsorted(starts, g_begin, side="left")
+    cum = np.concatenate([[0], np.cumsum(per_seg)])
+    per_pack = cum[po[1:]] - cum[po[:-1]]
+    return {"mean": float(per_pack.mean()) if per_pack.size else 0.0, "max": int(per_pack.max()) if per_pack.size else 0,
+            "total": int(per_seg.sum())}
+
+
+def summarize_store(store, *, progress: bool = False, batch_size: int = DEFAULT_BATCH) -> dict:
+    """``packfmt.inspect.summarize`` of a store: manifest, lengths, images, loss mask, build report, indexes."""
+    m = store.manifest
+    lengths = np.asarray(store.doc_lengths)
+    out: dict[str, Any] = {
+        "path": str(store.path),
+        "format_version": m.raw.get("format_version"),
+        "producer": m.raw.get("producer"),
+        "counts": {"documents": m.num_documents, "tokens": m.num_tokens, "images": m.num_images},
+        "token_dtype": m.token_dtype,
+        "vocab_size": m.vocab_size,
+        "tokenizer": dict(m.tokenizer),
+        "special_tokens": dict(m.special_tokens),
+        "bytes": sum(e.bytes for e in m.files.values()),
+        "document_lengths": length_stats(lengths),
+        "images": _image_summary(store),
+        "loss_mask": None,
+        "build_report": _build_report(m.raw),
+        "pack_indexes": {},
+    }
+    if store.loss_mask is not None:
+        frac = mask_fraction(store.loss_mask, progress)
+        out["loss_mask"] = {"trained_fraction": frac, "trained_tokens": int(round(frac * m.num_tokens))}
+    for name in store.pack_index_names():
+        out["pack_indexes"][name] = index_summary(store.pack_index(name), lengths, batch_size)
+    return out

@@ -1,0 +1,163 @@
+"""The package's import graph is layered: no module imports a module of a higher floor, and no two
+modules import each other, directly or through others (README "Repository" is the map).
+
+The graph is read from the source (``ast``), so an import inside a function or under
+``TYPE_CHECKING`` counts: a lazy import hides a cycle from Python, not from a reader of the code.
+A package's ``__init__`` that re-exports its own submodules is its front door, above them; a
+module importing its own package front is a cycle like any other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "packfmt"
+
+#: Floors, lowest first; a module may import modules of its own floor or below (never in a cycle).
+#: A module's floor is that of its longest listed prefix.
+FLOORS: list[tuple[str, ...]] = [
+    # 0. foundation: errors, bytes and schemas, every invariant, pure algorithms; nothing here reads a dataset
+    ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize",
+     "chat", "skips", "energon", "packing", "collection.manifest", "collection.unify"),
+    # 1. where bytes live: local paths or object storage (never opens a dataset)
+    ("storage",),
+    # 2. one store read or written; its pack indexes; what every dataset is
+    ("reader", "writer", "index", "dataset"),
+    # 3. many stores read as one (a store is a collection of one)
+    ("collection.reader", "collection.arrays", "collection.vmap"),
+    # 4. the door: a path or URL becomes a dataset
+    ("opening",),
+    # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
+    ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
+     "megatron", "sources", "workers", "pipeline", "engines", "build"),
+    # 6. frameworks
+    ("torch", "ray"),
+    # 7. the command line
+    ("cli",),
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = list(path.relative_to(PKG).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("packfmt"):
+                target = node.module.removeprefix("packfmt").lstrip(".")
+            else:
+                continue
+            subs = [f"{target}.{a.name}" if target else a.name for a in node.names]
+            hit = [s for s in subs if s in modules]
+            found.update(hit if hit else [target])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("packfmt."):
+                    found.add(alias.name.removeprefix("packfmt."))
+    return {m for m in found if m in modules and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def floor_of(module: str) -> int | None:
+    if module == "":  # packfmt/__init__.py: errors and version eagerly, the rest on first use (PEP 562)
+        return 0
+    best, floor = -1, None
+    for i, names in enumerate(FLOORS):
+        for prefix in names:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, floor = len(prefix), i
+    return floor
+
+
+def _front_door(importer: str, imported: str) -> bool:
+    """A package's __init__ importing its own submodules (its re-exports)."""
+    return imported.startswith(importer + ".") if importer else True
+
+
+def test_every_module_has_a_floor():
+    missing = sorted(m for m in _modules() if m and floor_of(m) is None)
+    assert not missing, f"modules on no floor of tests/test_import_graph.py FLOORS (add them): {missing}"
+
+
+def test_no_module_imports_a_higher_floor():
+    upward = []
+    for importer, targets in _graph().items():
+        if not importer:
+            continue
+        for target in targets:
+            if _front_door(importer, target):
+                continue
+            if floor_of(target) > floor_of(importer):
+                upward.append(f"{importer} (floor {floor_of(importer)}) imports {target} (floor {floor_of(target)})")
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t in ts if not _front_door(m, t)} for m, ts in _graph().items() if m}
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("importer,imported,allowed", [("collection", "collection.reader", True),
+                                                       ("collection.reader", "collection", False)])
+def test_front_door_rule(importer, imported, allowed):
+    assert _front_door(importer, imported) is allowed
+
+
+def test_readme_lists_the_same_floors():
+    """README "Repository" names every prefix of FLOORS on its floor's line (``a.b`` written ``a/b``)."""
+    import re
+
+    text = (PKG.parent / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Repository"):]
+    floors = dict(re.findall(r"^(\d)\. (\*\*.*?)(?=^\d\. \*\*|^\s*$)", section, re.M | re.S))
+    assert sorted(floors) == [str(i) for i in range(len(FLOORS))], f"README floors: {sorted(floors)}"
+    missing = [f"{i}: {name}" for i, names in enumerate(FLOORS) for name in names
+               if not re.search(rf"`{re.escape(name.replace('.', '/'))}/?`", floors[str(i)])]
+    assert not missing, f"README 'Repository' does not list these on their floor (floor: module): {missing}"
