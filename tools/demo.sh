@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the main job on the bundled sample data:
 # build -> pack -> validate -> inspect -> read a few batches, for text, chat and multimodal data,
-# and a weighted mixture of two text sources as one collection.
+# and a weighted mixture of text, chat and image-text stores as one collection.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -25,14 +25,15 @@ $PF pack "$OUT/text" --capacity 1024 --algorithm greedy --overwrite
 $PF pack "$OUT/chat" --capacity 1024 --algorithm bfd --materialize --overwrite
 $PF pack "$OUT/vqa" --capacity 256 --algorithm balanced --max-images-per-pack 8 --overwrite
 
-step "collection: two text sources as one dataset, packed globally with books weighted 2x"
+step "collection: text + chat + image-text of one tokenizer as one dataset, packed globally with books weighted 2x"
 head -n 30 packfmt/sample_data/text.jsonl > "$OUT/web.jsonl"
 tail -n 30 packfmt/sample_data/text.jsonl > "$OUT/books.jsonl"
 for src in web books; do
   $PF build text "$OUT/$src.jsonl" -o "$OUT/$src" --tokenizer "$TOK" --overwrite --no-progress > /dev/null
 done
-$PF merge web="$OUT/web" books="$OUT/books" -o "$OUT/mix" --overwrite
-$PF pack "$OUT/mix" --capacity 1024 --algorithm ffd --weights web=1,books=2 --name mix-1024 --overwrite
+# the text stores have no loss mask (read as all-trained), chat has one, vqa has images: the collection records it
+$PF merge web="$OUT/web" books="$OUT/books" chat="$OUT/chat" vqa="$OUT/vqa" -o "$OUT/mix" --overwrite
+$PF pack "$OUT/mix" --capacity 1024 --algorithm ffd --weights web=1,books=2,vqa=0.5 --name mix-1024 --overwrite
 
 step "validate --deep"
 for d in text chat vqa mix; do $PF validate "$OUT/$d" --deep; done
