@@ -26,17 +26,18 @@ def length_and_mask_lines(s: dict) -> list[str]:
     return lines
 
 
+def counts_lines(s: dict) -> list[str]:
+    """The counts and tokenizer lines of a store's or a collection's summary."""
+    c, tok = s["counts"], s["tokenizer"]
+    return [f"counts    {c['documents']:,} documents, {c['tokens']:,} tokens, {c['images']:,} images",
+            f"tokens    {s['token_dtype']}, vocab_size {s['vocab_size']:,}; tokenizer {tok.get('name')!r} "
+            f"{tok.get('hash') or '(no hash)'}"]
+
+
 def format_store(s: dict) -> str:
     """Human-readable report of a store's summary (``summary.summarize_store``)."""
-    c = s["counts"]
-    tok = s["tokenizer"]
-    lines = [
-        f"dataset   {s['path']}  (packfmt {s['format_version']}, {s['bytes']:,} bytes)",
-        f"counts    {c['documents']:,} documents, {c['tokens']:,} tokens, {c['images']:,} images",
-        f"tokens    {s['token_dtype']}, vocab_size {s['vocab_size']:,}; tokenizer {tok.get('name')!r} "
-        f"{tok.get('hash') or '(no hash)'}",
-        "special   " + ", ".join(f"{k}={v}" for k, v in s["special_tokens"].items()),
-    ]
+    lines = [f"dataset   {s['path']}  (packfmt {s['format_version']}, {s['bytes']:,} bytes)", *counts_lines(s),
+             "special   " + ", ".join(f"{k}={v}" for k, v in s["special_tokens"].items())]
     lines += length_and_mask_lines(s)
     im = s["images"]
     if im:

@@ -24,8 +24,9 @@ from packfmt.errors import WriteError
 from packfmt.packindex import build_pack_index
 from packfmt.validate import validate
 
+from test_collection_pack import reference_u  # u(seed, d) of spec/COLLECTION.md §5, written once
+
 SAMPLE = Path(packfmt.__file__).parent / "sample_data"
-MASK64 = (1 << 64) - 1
 SHARES = {"web": 0.6, "code": 0.3, "books": 0.1}
 
 
@@ -45,16 +46,6 @@ def sources(tmp_path_factory) -> Path:
 @pytest.fixture
 def coll(sources, tmp_path):
     return write_collection(tmp_path / "mix", [(None, sources / n) for n in ("web", "code", "books")])
-
-
-def reference_u(seed: int, d: int) -> float:
-    def splitmix64(x: int) -> int:
-        z = (x + 0x9E3779B97F4A7C15) & MASK64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-        return z ^ (z >> 31)
-
-    return (splitmix64(splitmix64(seed) ^ d) >> 11) * 2.0 ** -53
 
 
 def reference_kept(length: int, capacity: int, oversize: str) -> int:

@@ -96,15 +96,11 @@ def format_mixture(mixture: dict) -> list[str]:
 
 def format_collection(s: dict) -> str:
     """Human-readable report of ``summarize_collection``'s dict."""
-    from ..render import format_index, length_and_mask_lines, pct
+    from ..render import counts_lines, format_index, length_and_mask_lines, pct
 
-    c = s["counts"]
-    tok = s["tokenizer"]
     lines = [
-        f"collection {s['path']}  (packfmt {s['format_version']}, {c['members']:,} members)",
-        f"counts    {c['documents']:,} documents, {c['tokens']:,} tokens, {c['images']:,} images",
-        f"tokens    {s['token_dtype']}, vocab_size {s['vocab_size']:,}; tokenizer {tok.get('name')!r} "
-        f"{tok.get('hash') or '(no hash)'}",
+        f"collection {s['path']}  (packfmt {s['format_version']}, {s['counts']['members']:,} members)",
+        *counts_lines(s),
         "members:",
         f"  {'name':24s} {'documents':>12s} {'tokens':>14s} {'share':>8s}  path",
     ]
