@@ -381,7 +381,7 @@ class PackIndex:
 
 
 def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
-                 cache_verify: str | None = None):
+                 cache_verify: str | None = None, stream: bool = False):
     """Open a packfmt store (a ``Store``) or collection (a ``Collection``): manifest, sizes and offsets checked.
 
     ``path`` may be a URL (``s3://``, ``gs://``, ``file://`` ...; ``packfmt.storage``): its files are
@@ -389,9 +389,15 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
     ``cache_limit`` bytes), verified against the manifest's sizes and checksums, and mapped from there.
     ``storage_options`` go to fsspec (credentials, ``endpoint_url`` ...). A cached file is hashed again when its
     stat changed since it was verified; ``cache_verify="full"`` (or ``$PACKFMT_CACHE_VERIFY=full``) on every open.
+    ``stream=True`` (a remote collection): fetch its manifest and pack indexes only, and each member when a read
+    first needs it, at most ``cache_limit`` bytes of members at once (``packfmt.storage.stream``).
     """
     from .storage import is_remote, local_file
 
+    if is_remote(path) and stream:
+        from .storage.stream import open_streamed
+
+        return open_streamed(path, storage_options, cache_dir, cache_limit, cache_verify)
     if is_remote(path):
         from .storage import open_url
 

@@ -25,6 +25,8 @@ def _token_source(source):
                 np.array([source.loss_mask is not None], dtype=np.uint8))
         return Concatenated(np.asarray(source.tokens), None if source.loss_mask is None else np.asarray(source.loss_mask),
                             docs)
+    if getattr(source, "_stream", None) is not None:  # a remote collection read member by member (storage.stream)
+        return source._stream.source()
     from ..collection.vmap import concatenate_members
 
     return concatenate_members(source)
