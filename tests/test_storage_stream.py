@@ -101,3 +101,26 @@ def test_stream_without_plan_and_limit_too_small(remote, cache):
     tiny = PackedDataset(url, "p", stream=True, cache_limit=100)
     with pytest.raises(packfmt.PackfmtError, match="cache_limit=100 bytes cannot hold"):
         tiny.__getitems__([0])
+
+
+def test_stream_dataloader_workers(remote, cache):
+    """Two DataLoader workers re-open the stream (each with half the limit) and plan their own batches."""
+    from torch.utils.data import DataLoader
+
+    from packfmt.torch import collate_varlen
+
+    local, url, total = remote
+    limit = total // 10
+    reference = PackedDataset(local, "p")
+    ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
+    order = np.arange(len(ds))
+    prefetch(ds, order, batch_size=BATCH)
+    got = DataLoader(ds, batch_size=BATCH, sampler=order.tolist(), num_workers=2, collate_fn=collate_varlen)
+    want = DataLoader(reference, batch_size=BATCH, sampler=order.tolist(), collate_fn=collate_varlen)
+    n = 0
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
+        assert _on_disk(cache) <= limit
+        n += 1
+    assert n == -(-len(ds) // BATCH)
+    assert _fetched(cache) <= 1.2 * total  # each worker's share fetched about once

@@ -21,8 +21,10 @@ alone exceed the limit is an error naming the limit to raise.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import mmap
+import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,6 +104,7 @@ class StreamedMembers:
         from ..collection.vmap import map_end_to_end
 
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
+        self.pid = os.getpid()  # a forked DataLoader worker opens its own (``PackedDataset._views``)
         m = coll.members
         self.member_mask = np.array([coll.has_loss_mask and not ones for ones in coll.all_trained], dtype=np.uint8)
         self.tokens, self.token_base = map_end_to_end([(None, x.tokens) for x in m], coll.np_token_dtype)
@@ -272,14 +275,29 @@ class StreamedMembers:
         if self.loss_mask is not None and self.member_mask[m]:
             _unmap(self.loss_mask, int(self.token_base[m]), x.tokens)
         _unmap(self.doc_offsets, int(self.doc_base[m]), x.documents + 1)
-        for path in files:
-            V.forget(self.fetcher.root, path)
         pin.close()
+        if files:
+            _forget_unless_held(self.fetcher.root, files[0].parent, files)
         self.used -= size
 
     def resident_bytes(self) -> int:
         with self.cond:
             return sum(v[0] for v in self.resident.values())
+
+
+def _forget_unless_held(root: Path, local: Path, files: list) -> None:
+    """Remove a member's files unless another process (a DataLoader worker, another job) holds its pin: that process
+    counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule)."""
+    fd = os.open(V.state_dir(root, local) / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        for path in files:
+            V.forget(root, path)
+    finally:
+        os.close(fd)  # (closing releases the lock)
 
 
 def _map_into(arr: np.ndarray, base: int, path: Path, n: int) -> None:

@@ -225,6 +225,8 @@ class PackedDataset(Dataset):
     # ------------------------------------------------------------------ items
     def _views(self) -> dict[str, Any]:
         """Plain ndarray views of the memmaps (no copy): numpy's memmap ``__getitem__`` is Python code."""
+        if self._stream_args is not None and self._store is not None and self._store._stream.pid != os.getpid():
+            self._store = self._index = self._arrays = None  # a forked DataLoader worker streams its own share
         if self._arrays is None:
             idx, store = self.index, self.store
             v = lambda a: None if a is None else np.asarray(a)  # noqa: E731
