@@ -124,3 +124,27 @@ def test_stream_dataloader_workers(remote, cache):
         n += 1
     assert n == -(-len(ds) // BATCH)
     assert _fetched(cache) <= 1.2 * total  # each worker's share fetched about once
+
+
+def test_streamed_member_is_verified(remote, cache, s3_server):
+    """A member object changed in the bucket after the collection was written is refused when a batch first needs
+    it (hashed while it streams, as every cached file is), and nothing of it is left in the cache; the members
+    before it were read."""
+    from packfmt.errors import ChecksumError
+
+    local, url, total = remote
+    ds = PackedDataset(url, "p", stream=True, cache_limit=total // 10)
+    assert packfmt.open(url, stream=True).num_documents == ds.store.num_documents  # packfmt.open takes stream too
+    last = len(ds) - 1
+    m = int(ds.store.member_of(int(np.asarray(ds.index.segments)[-1, 0])))
+    key = f"{BUCKET}/stream/members/m{m:03d}/tokens.bin"
+    good = s3_server.cat_file(key)
+    s3_server.pipe_file(key, bytes([good[0] ^ 1]) + good[1:])  # same size, one bit flipped
+    try:
+        ds.__getitems__([0])
+        with pytest.raises(ChecksumError, match=f"m{m:03d}/tokens.bin: checksum"):
+            ds.__getitems__([last])
+        assert not list(cache.rglob(f"m{m:03d}/tokens.bin"))
+    finally:
+        s3_server.pipe_file(key, good)
+    assert int(ds.__getitems__([last])[0]["pack_id"]) == last  # the object restored: read

@@ -33,10 +33,10 @@ import numpy as np
 
 from .. import format as F
 from ..collection.reader import Collection
-from .cache import Fetched, Pin, _Fetcher, parse_limit
-from .errors import StorageError, storage_errors
 from . import uri
 from . import verify as V
+from .cache import Fetched, Pin, _Fetcher, parse_limit
+from .errors import StorageError, storage_errors
 
 __all__ = ["open_streamed", "StreamedMembers"]
 

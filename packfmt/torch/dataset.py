@@ -70,6 +70,11 @@ class PackedDataset(Dataset):
             index and without ``pad_to_capacity``, ``ds[i]["input_ids"]`` is then a zero-copy view
             of the index's ``tokens.bin`` (a private copy-on-write mapping, so writing into it never
             reaches the file); batches (``__getitems__``) copy the packs end to end as always.
+        storage_options, cache_limit, cache_dir: for a URL (``packfmt.open``).
+        stream: a remote collection read member by member (README "Remote data"): opening fetches its manifest
+            and pack index only; each batch fetches the members it touches (verified as every cached file is),
+            at most ``cache_limit`` bytes of members at once (``cache_limit / num_workers`` per DataLoader
+            worker). ``packfmt.torch.prefetch.prefetch(ds, sampler.epoch_indices())`` fetches them ahead.
 
     Item (``ds[i]``), with ``n`` tokens in the pack (``capacity`` when padded) and ``k`` segments;
     all its tensors are views of one buffer (except a zero-copy ``input_ids``):
