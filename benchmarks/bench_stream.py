@@ -5,13 +5,14 @@ The collection (lognormal document lengths, uint16 ids, M members, one next-fit 
 4096 in document order) is uploaded to moto (S3 protocol, 127.0.0.1); reads go through a local TCP proxy
 that caps the bytes it forwards to ``--mbps`` MB/s in total (a token bucket shared by all connections):
 the honest stand-in for a network link. Rows, packs read in order in batches of 8 after ``--warmup``
-batches:
+batches, each followed by a simulated training step of ``--step-ms`` (the time prefetch overlaps; 0 measures
+the loader alone, which a streamed read can only feed at the link's rate):
 
 - ``fully cached``: ``PackedDataset(url)``: every member fetched at open (not timed), then read;
 - ``streamed``: ``PackedDataset(url, stream=True, cache_limit=10%)`` + ``prefetch(ds, order)``: members
   fetched while the batches before them are read.
 
-    python benchmarks/bench_stream.py [--docs 40000] [--members 40] [--mbps 20]
+    python benchmarks/bench_stream.py [--docs 40000] [--members 40] [--mbps 2] [--step-ms 50]
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def make(root: Path, n_docs: int, members: int) -> tuple[Path, int]:
     return coll.path, nbytes
 
 
-def read(ds, warmup: int) -> tuple[float, int]:
+def read(ds, warmup: int, step_s: float) -> tuple[float, int]:
     order = np.arange(len(ds))
     batches = [order[j:j + BATCH] for j in range(0, len(order), BATCH)]
     for b in batches[:warmup]:
@@ -111,6 +112,7 @@ def read(ds, warmup: int) -> tuple[float, int]:
     t0, tokens = time.perf_counter(), 0
     for b in batches[warmup:]:
         tokens += int(ds.__getitems__(b).lengths.sum())
+        time.sleep(step_s)  # the training step the loader feeds (prefetch overlaps it)
     return time.perf_counter() - t0, tokens
 
 
@@ -118,7 +120,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=40_000)
     ap.add_argument("--members", type=int, default=40)
-    ap.add_argument("--mbps", type=float, default=20.0, help="bandwidth cap, MB/s")
+    ap.add_argument("--mbps", type=float, default=2.0, help="bandwidth cap, MB/s")
+    ap.add_argument("--step-ms", type=float, default=50.0, help="simulated training step per batch (0: read only)")
     ap.add_argument("--warmup", type=int, default=4, help="batches read before the timing")
     args = ap.parse_args()
     proc, endpoint = start_server()
@@ -139,14 +142,14 @@ def main() -> None:
             t0 = time.perf_counter()
             full = PackedDataset(url, "p")
             open_s = time.perf_counter() - t0
-            seconds, tokens = read(full, args.warmup)
+            seconds, tokens = read(full, args.warmup, args.step_ms / 1e3)
             rows.append({"case": "fully cached", "open_s": open_s, "tokens": tokens, "seconds": seconds})
             os.environ["PACKFMT_CACHE"] = str(tmp / "cache-stream")
             t0 = time.perf_counter()
             ds = PackedDataset(url, "p", stream=True, cache_limit=nbytes // 10)
             open_s = time.perf_counter() - t0
             prefetch(ds, np.arange(len(ds)), batch_size=BATCH)
-            seconds, tokens = read(ds, args.warmup)
+            seconds, tokens = read(ds, args.warmup, args.step_ms / 1e3)
             fetched = sum(json.loads(line)["bytes"] for line in (tmp / "cache-stream" / "downloads.log").read_text()
                           .splitlines() if "/members/" in line)
             rows.append({"case": "streamed, limit 10%", "open_s": open_s, "tokens": tokens, "seconds": seconds})
@@ -157,7 +160,7 @@ def main() -> None:
         row["tokens_per_s"] = row["tokens"] / row["seconds"]
         row["vs_cached"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
     print_table(rows, ["case", "open_s", "tokens", "seconds", "tokens_per_s", "vs_cached"],
-                title=f"read in order after {args.warmup} warm-up batches, {args.mbps} MB/s cap; members "
+                title=f"read in order after {args.warmup} warm-up batches, {args.step_ms} ms step per batch, {args.mbps} MB/s cap; members "
                       f"{nbytes:,} bytes, streamed fetched {fetched:,} bytes of members")
     write_json(RESULTS_DIR / "bench_stream.json", {"rows": rows, "fetched_bytes": fetched, "member_bytes": nbytes,
                                                    "bandwidth_MBps": args.mbps, "machine": machine_info(),
