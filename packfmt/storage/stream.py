@@ -211,6 +211,11 @@ class StreamedMembers:
             local, pin = self._fetch_files(m, murl)
             self._map(m, local)
         except BaseException as exc:
+            try:  # nothing half-fetched stays mapped or on disk (outside the bound)
+                self._unmap(m)
+                _forget_unless_held(f.root, f.mirror(murl), [f.mirror(murl) / name for name in files])
+            except OSError:
+                pass  # the original error is the one to report
             with self.cond:
                 del self.fetching[m]
                 self.used -= size
@@ -248,6 +253,13 @@ class StreamedMembers:
             _map_into(self.loss_mask, int(self.token_base[m]), local / F.LOSS_MASK, x.tokens)
         _map_into(self.doc_offsets, int(self.doc_base[m]), local / F.DOC_OFFSETS, x.documents + 1)
 
+    def _unmap(self, m: int) -> None:
+        x = self.coll.members[m]
+        _unmap(self.tokens, int(self.token_base[m]), x.tokens)
+        if self.loss_mask is not None and self.member_mask[m]:
+            _unmap(self.loss_mask, int(self.token_base[m]), x.tokens)
+        _unmap(self.doc_offsets, int(self.doc_base[m]), x.documents + 1)
+
     # -- eviction (caller holds self.cond)
     def _make_room(self, size: int, before: int | None) -> bool:
         if self.limit is None:
@@ -270,11 +282,7 @@ class StreamedMembers:
 
     def _evict(self, m: int) -> None:
         size, files, pin = self.resident.pop(m)
-        x = self.coll.members[m]
-        _unmap(self.tokens, int(self.token_base[m]), x.tokens)
-        if self.loss_mask is not None and self.member_mask[m]:
-            _unmap(self.loss_mask, int(self.token_base[m]), x.tokens)
-        _unmap(self.doc_offsets, int(self.doc_base[m]), x.documents + 1)
+        self._unmap(m)
         pin.close()
         if files:
             _forget_unless_held(self.fetcher.root, files[0].parent, files)
@@ -288,6 +296,7 @@ class StreamedMembers:
 def _forget_unless_held(root: Path, local: Path, files: list) -> None:
     """Remove a member's files unless another process (a DataLoader worker, another job) holds its pin: that process
     counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule)."""
+    V.state_dir(root, local).mkdir(parents=True, exist_ok=True)
     fd = os.open(V.state_dir(root, local) / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
