@@ -20,7 +20,7 @@ __all__ = ["open_dataset", "open_url", "as_dataset"]
 
 
 def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
-                 cache_verify: str | None = None):
+                 cache_verify: str | None = None, stream: bool = False):
     """Open a packfmt store (a ``Store``) or collection (a ``Collection``): manifest, sizes and offsets checked.
 
     ``path`` may be a URL (``s3://``, ``gs://``, ``file://`` ...; ``packfmt.storage``): its files are
@@ -28,9 +28,17 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
     ``cache_limit`` bytes), verified against the manifest's sizes and checksums, and mapped from there.
     ``storage_options`` go to fsspec (credentials, ``endpoint_url`` ...). A cached file is hashed again when its
     stat changed since it was verified; ``cache_verify="full"`` (or ``$PACKFMT_CACHE_VERIFY=full``) on every open.
+    ``stream=True`` (a remote collection): fetch its manifest and pack indexes only, and each member when a read
+    first needs it, at most ``cache_limit`` bytes of members at once (``packfmt.collection.stream``).
     """
     from .storage import is_remote, local_file
 
+    if is_remote(path) and stream:
+        from .collection.stream import open_streamed
+
+        streamed = open_streamed(path, storage_options, cache_dir, cache_limit, cache_verify)
+        if streamed is not None:
+            return streamed  # else a store: fetched whole, as without stream
     if is_remote(path):
         return open_url(path, storage_options, cache_dir, cache_limit, cache_verify)
     path = Path(local_file(path))
@@ -59,6 +67,8 @@ def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify
     return ds
 
 
-def as_dataset(dataset, *, storage_options: dict | None = None) -> Dataset:
-    """``dataset`` itself when it is already open (a ``Store`` or a ``Collection``), else ``open_dataset`` of it."""
-    return dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options=storage_options)
+def as_dataset(dataset, *, storage_options: dict | None = None, **open_options) -> Dataset:
+    """``dataset`` itself when it is already open (a ``Store`` or a ``Collection``), else ``open_dataset`` of it
+    (``open_options``: ``cache_dir``, ``cache_limit``, ``cache_verify``, ``stream``)."""
+    return dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options=storage_options,
+                                                                    **open_options)

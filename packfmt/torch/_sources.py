@@ -15,7 +15,10 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def _token_source(source):
     """Tokens, mask and document table the kernels read (``_kernels.doc_span``): every member of the
-    dataset mapped end to end (``packfmt.collection.vmap``; a store is its own one member)."""
+    dataset mapped end to end (``packfmt.collection.vmap``; a store is its own one member), or the members of a
+    remote collection mapped as batches need them (``packfmt.collection.stream``)."""
+    if getattr(source, "_stream", None) is not None:
+        return source._stream.source()
     from ..collection.vmap import concatenate_members
 
     return concatenate_members(source)

@@ -14,6 +14,7 @@ re-opened lazily in every DataLoader worker, so fork and spawn both stay small a
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,6 +81,11 @@ class PackedDataset(Dataset):
             index and without ``pad_to_capacity``, ``ds[i]["input_ids"]`` is then a zero-copy view
             of the index's ``tokens.bin`` (a private copy-on-write mapping, so writing into it never
             reaches the file); batches (``__getitems__``) copy the packs end to end as always.
+        storage_options, cache_limit, cache_dir: for a URL (``packfmt.open``).
+        stream: a remote collection read member by member (README "Remote data"): opening fetches its manifest
+            and pack index only; each batch fetches the members it touches (verified as every cached file is),
+            at most ``cache_limit`` bytes of members at once (``cache_limit / num_workers`` per DataLoader
+            worker). ``packfmt.torch.prefetch.prefetch(ds, sampler.epoch_indices())`` fetches them ahead.
 
     Item (``ds[i]``), with ``n`` tokens in the pack (``capacity`` when padded) and ``k`` segments;
     all its tensors are views of one buffer (except a zero-copy ``input_ids``):
@@ -108,6 +114,9 @@ class PackedDataset(Dataset):
         fields: tuple[str, ...] | list[str] = FIELDS,
         input_ids_dtype: torch.dtype | str | None = None,
         storage_options: dict | None = None,
+        stream: bool = False,
+        cache_limit: int | str | None = None,
+        cache_dir: str | os.PathLike | None = None,
     ) -> None:
         if index_dtype not in INDEX_DTYPES:
             raise ValueError(f"index_dtype: expected torch.int64 or torch.int32, found {index_dtype!r}")
@@ -119,7 +128,11 @@ class PackedDataset(Dataset):
         if input_ids_dtype is not None and input_ids_dtype != "native" and input_ids_dtype not in INDEX_DTYPES:
             raise ValueError(f"input_ids_dtype: expected None, torch.int64, torch.int32 or 'native', "
                              f"found {input_ids_dtype!r}")
-        store = as_dataset(path_or_store, storage_options=storage_options)
+        # stream=True: a remote collection's members fetched as batches need them (collection.stream, prefetch)
+        store = as_dataset(path_or_store, storage_options=storage_options, cache_dir=cache_dir,
+                           cache_limit=cache_limit, stream=stream)
+        self._stream_args = ((store.url, storage_options, cache_dir, cache_limit) if getattr(store, "_stream", None)
+                             is not None else None)
         idx = index if isinstance(index, PackIndex) else store.pack_index(index)
         self.path = str(Path(store.path))
         self.index_name = idx.name
@@ -146,12 +159,14 @@ class PackedDataset(Dataset):
     def __getstate__(self) -> dict:
         return {"path": self.path, "index_name": self.index_name, "pad_to_capacity": self.pad_to_capacity,
                 "image_transform": self.image_transform, "index_dtype": self.index_dtype, "fields": self.fields,
-                "input_ids_dtype": self.input_ids_dtype}
+                "input_ids_dtype": self.input_ids_dtype, "_stream_args": self._stream_args,
+                "_stream_plan": getattr(self, "_stream_plan", None)}
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("index_dtype", torch.int64)
         state.setdefault("fields", FIELDS)
         state.setdefault("input_ids_dtype", None)
+        state.setdefault("_stream_args", None)
         self.__dict__.update(state)
         self._store = None
         self._index = None
@@ -160,6 +175,17 @@ class PackedDataset(Dataset):
 
     @property
     def store(self) -> Source:
+        if self._store is None and self._stream_args is not None:  # a DataLoader worker: its own share of the limit
+            from torch.utils.data import get_worker_info
+
+            from ..storage.cache import parse_limit
+            from ..collection.stream import open_streamed
+
+            url, so, cache_dir, limit = self._stream_args
+            info, limit = get_worker_info(), parse_limit(limit)
+            if info is not None and limit is not None:
+                limit //= info.num_workers
+            self._store = open_streamed(url, so, cache_dir, limit)
         if self._store is None:
             self._store = open_dataset(self.path)
         return self._store
@@ -215,6 +241,8 @@ class PackedDataset(Dataset):
     # ------------------------------------------------------------------ items
     def _views(self) -> dict[str, Any]:
         """Plain ndarray views of the memmaps (no copy): numpy's memmap ``__getitem__`` is Python code."""
+        if self._stream_args is not None and self._store is not None and self._store._stream.pid != os.getpid():
+            self._store = self._index = self._arrays = None  # a forked DataLoader worker streams its own share
         if self._arrays is None:
             idx, store = self.index, self.store
             v = lambda a: None if a is None else np.asarray(a)  # noqa: E731
@@ -225,6 +253,7 @@ class PackedDataset(Dataset):
                 "pack_token_offsets": v(idx.pack_token_offsets), "packed_tokens": v(idx.packed_tokens),
                 "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
                 "images": _ImageIndex(store) if store.num_images else None,
+                "stream": getattr(store, "_stream", None),
             }
             a = self._arrays
             a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
@@ -254,6 +283,10 @@ class PackedDataset(Dataset):
                      **({"input_ids": (2, 0)} if native else {})}  # row -> (group, rank in its group)
             a["item_layout"] = (g64, g32, len(g64), len(g32), native, rows,
                                 *(where.get(name, (0, 0)) for name in ("input_ids", "position_ids", "doc_ids")))
+            if a["stream"] is not None and getattr(self, "_stream_plan", None) is not None:
+                from .prefetch import start
+
+                start(self)
         return self._arrays
 
     def _ids_np(self, store: Source):
@@ -298,10 +331,11 @@ class PackedDataset(Dataset):
         bJ = b8.view(native[0]) if native else b64 if a["ids_np"] is np.int64 else b32
         bI = b64 if a["index_np"] is np.int64 else b32
         starts = (0, s32, sJ // native[2] if native else 0)
-        fill_item(a["tokens"], a["mask_or_dummy"], a["has_mask"], a["docs"], a["segments"], lo, hi, src,
-                  a["mask_or_dummy"] if src_mask is None else src_mask, src_start, rows, b64, b32, bI, bJ, 0,
-                  starts[gi] + ri * width, starts[gp] + rp * width, starts[gd] + rd * width, s32 + r32 * width,
-                  r64 * width, r64 * width + k, width, i, a["pad_id"])
+        with self._hold(np.array([i], dtype=np.int64)):
+            fill_item(a["tokens"], a["mask_or_dummy"], a["has_mask"], a["docs"], a["segments"], lo, hi, src,
+                      a["mask_or_dummy"] if src_mask is None else src_mask, src_start, rows, b64, b32, bI, bJ, 0,
+                      starts[gi] + ri * width, starts[gp] + rp * width, starts[gd] + rd * width, s32 + r32 * width,
+                      r64 * width, r64 * width + k, width, i, a["pad_id"])
         p64 = buf.view(torch.int64).split_with_sizes([width] * r64 + [k, 2, nbytes // 8 - n64])
         p32 = buf.view(torch.int32).split_with_sizes([s32] + [width] * r32 + [k, nbytes // 4 - s32 - n32])
         t = dict(zip(g64, p64))
@@ -350,12 +384,21 @@ class PackedDataset(Dataset):
         batch_rows = 0 if self.pad_to_capacity else rows & ROW_DIDS
         offsets = ar.offsets(BATCH_SLOTS)
         offsets[4] = offsets[3]  # item_doc_ids and doc_ids: the same slot, one of them written
-        longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["docs"], a["segments"],
-                                   a["pack_offsets"], packs, src, mask if src_mask is None else src_mask, pto,
-                                   materialized, widths, seq_bounds, item_rows, batch_rows, ar.typed(np.int64),
-                                   ar.typed(np.int32), ar.typed(I), ar.typed(J), offsets, a["pad_id"])
+        with self._hold(packs):
+            longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["docs"], a["segments"],
+                                       a["pack_offsets"], packs, src, mask if src_mask is None else src_mask, pto,
+                                       materialized, widths, seq_bounds, item_rows, batch_rows, ar.typed(np.int64),
+                                       ar.typed(np.int32), ar.typed(I), ar.typed(J), offsets, a["pad_id"])
         return PackBatch(self, ar, packs, lengths, widths, seq_bounds, cols, int(longest), int(kept),
                          padded=self.pad_to_capacity)
+
+    def _hold(self, packs: np.ndarray):
+        """A streamed collection (``stream=True``): the members ``packs`` touch, local and pinned while the block
+        runs (``collection.stream``); otherwise nothing to do."""
+        a = self._arrays
+        if a["stream"] is None:
+            return nullcontext()
+        return a["stream"].hold(packs, a["pack_offsets"], a["segments"], str(self.index.path / "segments.bin"))
 
     def _images(self, docs, begins, ends, starts) -> dict[str, Any]:
         """Decoded images of the pack and their token spans inside the pack."""

@@ -1,0 +1,334 @@
+"""A remote collection read member by member: lazy, verified, bounded fetches (README "Remote data").
+
+``open_streamed`` fetches the collection's manifest and its pack indexes only, and returns the
+``Collection`` over the mirror with a ``StreamedMembers`` attached (``coll._stream``). A member's
+files are fetched when a batch first needs them, through the cache's own path (``cache._Fetcher``:
+hashed while they stream, checked against the member's manifest, stat-bound markers, a file lock per
+file, one line of ``downloads.log`` each), then the member is checked as the collection's reader
+checks it (C2, C3, the store's offsets) and mapped into its span of three address-space
+reservations (tokens, loss mask, doc offsets) laid out as ``collection.vmap`` lays out every member
+end to end: the torch kernels read the same arrays and document table (``_kernels.doc_span``) as for
+a collection on disk, and only the members a batch touches are mapped (the rest is ``PROT_NONE``).
+
+Bound: ``cache_limit`` bytes hold this process's resident member files (the collection manifest and
+pack indexes are fetched whole and not counted). Before a member is fetched, resident members are
+evicted (unmapped, their files and markers removed) until it fits: the one whose next use is furthest
+in the future first (Belady, from the plan ``packfmt.torch.prefetch`` sets from the sampler's order;
+least recently used without a plan), never one pinned by a batch in flight. A batch whose members
+alone exceed the limit is an error naming the limit to raise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import mmap
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from .. import format as F
+from ..storage import uri
+from ..storage import verify as V
+from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
+from ..storage.errors import StorageError, storage_errors
+from .manifest import is_collection
+from .reader import Collection
+
+__all__ = ["open_streamed", "StreamedMembers"]
+
+
+def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
+    """The collection at ``url`` with lazy members (see the module doc); None when ``url`` holds a store."""
+    url = url.rstrip("/")
+    f = _Fetcher(storage_options, cache_dir, None, verify)  # no LRU pass: this object evicts its own members
+    f.result = Fetched(path=Path(), root=f.root)
+    try:
+        with storage_errors(url, storage_options, f.root):
+            fs, rpath = uri.filesystem(url, storage_options)
+            local = f.mirror(url)
+            raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
+            if not is_collection(json.loads(raw)):  # a store: the door fetches it whole (opening.open_url)
+                for pin in f.result.pins:
+                    pin.close()
+                return None
+            f.result.pins.append(Pin(f.root, local))
+            f.packs(fs, rpath, url, local)
+            f.write_atomic(local / F.MANIFEST, raw)
+    except BaseException:
+        for pin in f.result.pins:
+            pin.close()
+        raise
+    coll = StreamedCollection(local)
+    if coll.num_images:
+        for pin in f.result.pins:
+            pin.close()
+        raise ValueError(f"{url}: stream=True: a collection with images is not streamed yet (this version); open it "
+                         "without stream=True (every member fetched at open)")
+    limit = parse_limit(cache_limit)
+    coll._stream = StreamedMembers(coll, url, f, limit)
+    coll._storage_pins = f.result.pins
+    coll._storage_cache = f.root
+    coll.url = url
+    return coll
+
+
+class StreamedCollection(Collection):
+    """A ``Collection`` whose members are fetched as reads need them (``_stream``)."""
+
+    @property
+    def doc_offsets(self) -> np.ndarray:
+        """int64 ``(num_documents + 1,)`` BOUNDS for opening a pack index (V27) without fetching every member: each
+        document counts as long as its whole member. The reader checks each segment against the real length when its
+        member arrives (``StreamedMembers.hold``), before any token of it is read."""
+        m = self.members
+        per_doc = np.repeat(np.array([x.tokens for x in m], dtype=np.int64), [x.documents for x in m])
+        out = np.zeros(self.num_documents + 1, dtype=np.int64)
+        np.cumsum(per_doc, out=out[1:])
+        return out
+
+    def __getstate__(self) -> dict:
+        raise TypeError(f"{self.path}: a streamed collection is not pickled; PackedDataset(url, stream=True) "
+                        "re-opens it in each DataLoader worker")
+
+
+class StreamedMembers:
+    """Which members of a collection are local and mapped; fetches, pins and evicts them (thread-safe)."""
+
+    def __init__(self, coll, url: str, fetcher: _Fetcher, limit: int | None) -> None:
+        from .vmap import map_end_to_end
+
+        self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
+        self.pid = os.getpid()  # a forked DataLoader worker opens its own (``PackedDataset._views``)
+        m = coll.members
+        self.member_mask = np.array([coll.has_loss_mask and not ones for ones in coll.all_trained], dtype=np.uint8)
+        self.tokens, self.token_base = map_end_to_end([(None, x.tokens) for x in m], coll.np_token_dtype)
+        self.loss_mask = None
+        if coll.has_loss_mask:
+            self.loss_mask, _ = map_end_to_end([(None, x.tokens) for x in m], F.MASK_DTYPE)
+        self.doc_offsets, self.doc_base = map_end_to_end([(None, x.documents + 1) for x in m], F.OFFSET_DTYPE)
+        self.cond = threading.Condition()
+        self.resident: dict[int, tuple[int, list, object]] = {}  # member -> (bytes, files, pin)
+        self.fetching: dict[int, int] = {}  # member -> bytes reserved
+        self.pinned: dict[int, int] = {}  # member -> batches in flight holding it
+        self.used = 0  # bytes resident or reserved
+        self.last_use: dict[int, int] = {}
+        self.clock = 0
+        self.plan = None  # packfmt.torch.prefetch.Plan: next use of each member
+        self.failed: dict[int, BaseException] = {}
+
+    # -- what the kernels read
+    def source(self):
+        from .vmap import Concatenated
+
+        return Concatenated(self.tokens, self.loss_mask, (self.doc_offsets, np.asarray(self.coll.doc_start, np.int64),
+                                                          self.doc_base, self.token_base, self.member_mask))
+
+    # -- in-flight batches
+    @contextmanager
+    def hold(self, packs: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray, label: str = "segments.bin"):
+        """The members packs ``packs`` (valid ids) touch local, mapped and not evicted while the block runs, and
+        their segments checked against the real document lengths (V27; at open only their members' sizes bound
+        them: ``StreamedCollection.doc_offsets``)."""
+        lo, hi = pack_offsets[packs], pack_offsets[packs + 1]
+        n = hi - lo
+        rows = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
+        seg = np.asarray(segments[rows], dtype=np.int64).reshape(-1, 3)
+        member = self.coll.member_of(seg[:, 0])
+        members = [int(m) for m in np.unique(member)]
+        with self.cond:
+            for m in members:
+                self.pinned[m] = self.pinned.get(m, 0) + 1
+        try:
+            for m in members:
+                self.ensure(m)
+            if seg.shape[0]:
+                i = self.doc_base[member] + seg[:, 0] - np.asarray(self.coll.doc_start)[member]
+                length = self.doc_offsets[i + 1] - self.doc_offsets[i]
+                bad = np.flatnonzero(seg[:, 2] > length)
+                if bad.size:
+                    from ..errors import FormatError
+
+                    k = int(rows[bad[0]])
+                    raise FormatError(f"{label}: [{k}]: expected 0 <= begin < end <= length of document "
+                                      f"{int(seg[bad[0], 0])} ({int(length[bad[0]])}), found [{int(seg[bad[0], 1])}, "
+                                      f"{int(seg[bad[0], 2])}) (V27: segment beyond its document)", file=label,
+                                      field=f"[{k}]", expected=f"end <= {int(length[bad[0]])}",
+                                      found=int(seg[bad[0], 2]))
+            yield
+        finally:
+            with self.cond:
+                for m in members:
+                    self.pinned[m] -= 1
+                    if not self.pinned[m]:
+                        del self.pinned[m]
+                if self.plan is not None and packs is not None and not self.plan.advance(packs):
+                    self.plan = None  # least recently used from here
+                self.cond.notify_all()
+
+    def ensure(self, m: int) -> None:
+        """Member ``m`` fetched (if absent) and mapped; waits for a fetch in flight in another thread."""
+        with self.cond:
+            while m in self.fetching:
+                self.cond.wait()
+            self.clock += 1
+            self.last_use[m] = self.clock
+            if m in self.resident:
+                return
+            self.failed.pop(m, None)
+        self.fetch(m, before=None)
+
+    def fetch(self, m: int, before: int | None) -> bool:
+        """Fetch, check and map member ``m``. ``before``: a prefetch for plan position ``before``, which evicts only
+        members next used later than that and gives up (False) when they do not make room."""
+        murl = uri.member_url(self.url, self.coll.members[m].path, file=f"{self.url}/{F.MANIFEST}",
+                              field=f"members[{m}].path")
+        f = self.fetcher
+        with storage_errors(murl, f.so, f.root):
+            fs, rpath = uri.filesystem(murl, f.so)
+            files = F.parse_manifest(json.loads(f.manifest(fs, f"{rpath}/{F.MANIFEST}", murl)),
+                                     file=f"{murl}/{F.MANIFEST}").files
+        size = sum(e.bytes for e in files.values())
+        with self.cond:
+            while before is None and m in self.fetching:  # the prefetcher took it meanwhile: wait for its end
+                self.cond.wait()
+            if m in self.resident or m in self.fetching:
+                return True
+            if not self._make_room(size, before):
+                if before is not None:
+                    return False
+                raise StorageError(f"{self.url}: cache_limit={self.limit:,} bytes cannot hold the members one batch "
+                                   f"needs (member {m} of {size:,} bytes, {self.used:,} bytes held by the batches in "
+                                   "flight): raise cache_limit= / $PACKFMT_CACHE_LIMIT, or use smaller batches")
+            self.fetching[m] = size
+            self.used += size
+        try:
+            local, pin = self._fetch_files(m, murl)
+            self._map(m, local)
+        except BaseException as exc:
+            try:  # nothing half-fetched stays mapped or on disk (outside the bound)
+                self._unmap(m)
+                _forget_unless_held(f.root, f.mirror(murl), [f.mirror(murl) / name for name in files])
+            except OSError:
+                pass  # the original error is the one to report
+            with self.cond:
+                del self.fetching[m]
+                self.used -= size
+                self.failed[m] = exc
+                self.cond.notify_all()
+            raise
+        with self.cond:
+            del self.fetching[m]
+            self.resident[m] = (size, [local / name for name in files], pin)
+            self.cond.notify_all()
+        return True
+
+    def _fetch_files(self, m: int, murl: str):
+        """``(mirror folder, its pin)`` of member ``m``, every file verified and the member checked."""
+        from ..reader import Store
+
+        f = _Fetcher(self.fetcher.so, self.fetcher.root, None, self.fetcher.mode)  # one per fetch: threads share none
+        f.result = Fetched(path=Path(), root=f.root)
+        try:
+            with storage_errors(murl, f.so, f.root):
+                local = f.dataset(murl, packs=False)  # every file hashed while it streams, then the manifest
+            store = Store(local)  # its offsets checked (V13)
+            self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
+            del store
+        except BaseException:
+            for pin in f.result.pins:
+                pin.close()
+            raise
+        return local, f.result.pins[0]  # the member's own pin: other processes' eviction skips it while held
+
+    def _map(self, m: int, local: Path) -> None:
+        x = self.coll.members[m]
+        _map_into(self.tokens, int(self.token_base[m]), local / F.TOKENS, x.tokens)
+        if self.loss_mask is not None and self.member_mask[m]:
+            _map_into(self.loss_mask, int(self.token_base[m]), local / F.LOSS_MASK, x.tokens)
+        _map_into(self.doc_offsets, int(self.doc_base[m]), local / F.DOC_OFFSETS, x.documents + 1)
+
+    def _unmap(self, m: int) -> None:
+        x = self.coll.members[m]
+        _unmap(self.tokens, int(self.token_base[m]), x.tokens)
+        if self.loss_mask is not None and self.member_mask[m]:
+            _unmap(self.loss_mask, int(self.token_base[m]), x.tokens)
+        _unmap(self.doc_offsets, int(self.doc_base[m]), x.documents + 1)
+
+    # -- eviction (caller holds self.cond)
+    def _make_room(self, size: int, before: int | None) -> bool:
+        if self.limit is None:
+            return True
+        while self.used + size > self.limit:
+            victims = [m for m in self.resident if m not in self.pinned]
+            if not victims:
+                return False
+            if self.plan is not None:
+                nxt = self.plan.next_use(np.array(victims, dtype=np.int64))
+                j = int(np.argmax(nxt))
+                if before is not None and nxt[j] <= before:
+                    return False  # every candidate is needed before the member we would prefetch
+            else:
+                if before is not None:
+                    return False
+                j = int(np.argmin([self.last_use.get(m, 0) for m in victims]))
+            self._evict(victims[j])
+        return True
+
+    def _evict(self, m: int) -> None:
+        size, files, pin = self.resident.pop(m)
+        self._unmap(m)
+        pin.close()
+        if files:
+            _forget_unless_held(self.fetcher.root, files[0].parent, files)
+        self.used -= size
+
+    def resident_bytes(self) -> int:
+        with self.cond:
+            return sum(v[0] for v in self.resident.values())
+
+
+def _forget_unless_held(root: Path, local: Path, files: list) -> None:
+    """Remove a member's files unless another process (a DataLoader worker, another job) holds its pin: that process
+    counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule)."""
+    V.state_dir(root, local).mkdir(parents=True, exist_ok=True)
+    fd = os.open(V.state_dir(root, local) / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        for path in files:
+            V.forget(root, path)
+    finally:
+        os.close(fd)  # (closing releases the lock)
+
+
+def _map_into(arr: np.ndarray, base: int, path: Path, n: int) -> None:
+    if n:
+        _region(arr).map_file(path, base * arr.itemsize, n * arr.itemsize)
+
+
+def _unmap(arr: np.ndarray, base: int, n: int) -> None:
+    """Put ``PROT_NONE`` back over a member's span (its file's pages are released)."""
+    if not n:
+        return
+    from .vmap import _MAP_FAILED, _MAP_FIXED, _PROT_NONE, _c
+
+    region = _region(arr)
+    addr = region.addr + base * arr.itemsize
+    got = _c().mmap(addr, n * arr.itemsize, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+    if got in (None, _MAP_FAILED) or got != addr:
+        raise OSError(ctypes.get_errno(), "cannot unmap an evicted member")
+
+
+def _region(arr: np.ndarray):
+    """The ``vmap._Region`` behind an array ``map_end_to_end`` returned."""
+    obj = arr
+    while obj is not None and not hasattr(obj, "_region"):
+        obj = getattr(obj, "base", None)
+    return obj._region

@@ -1,0 +1,131 @@
+"""Exact prefetch of a streamed collection's members from the sampler's order (README "Remote data").
+
+The order a process reads packs in is known ahead (``DistributedPackSampler.epoch_indices()``), so
+``prefetch(ds, order)`` gives a ``PackedDataset`` opened with ``stream=True`` a ``Plan``: for every
+member, the positions of the order whose packs touch it. The member cache (``collection.stream``) then
+evicts the resident member whose next use is furthest ahead (Belady), and a background thread fetches
+the members of the coming packs in order, as far ahead as the cache limit allows without evicting a
+member needed sooner than the one it fetches. Reads never depend on the plan: a batch that is not
+the plan's next packs drops the plan (a warning) and the cache falls back to fetching on demand.
+
+With DataLoader workers, give ``batch_size``: worker ``w`` of ``W`` reads batches ``w, w + W, ...``
+of the order (the DataLoader's round-robin), and each worker plans its own share.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+
+__all__ = ["Plan", "prefetch"]
+
+_NEVER = np.iinfo(np.int64).max
+
+
+class Plan:
+    """The packs one process reads, in order, and the members each one touches."""
+
+    def __init__(self, stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray) -> None:
+        order = np.asarray(order, dtype=np.int64).reshape(-1)
+        self.order, self.cursor = order, 0
+        # (position, member) of every member each pack touches, grouped by member, positions ascending
+        lo, hi = pack_offsets[order], pack_offsets[order + 1]
+        n = hi - lo
+        total = int(n.sum())
+        first = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(total)
+        member = np.asarray(stream.coll.member_of(np.asarray(segments[first, 0], dtype=np.int64)), dtype=np.int64)
+        pos = np.repeat(np.arange(order.shape[0], dtype=np.int64), n)
+        pairs = np.unique(np.stack([member, pos], axis=1), axis=0)  # sorted by member, then position
+        self.member, self.pos = pairs[:, 0], pairs[:, 1]
+        self.starts = np.searchsorted(self.member, np.arange(len(stream.coll.members) + 1))
+        by_pos = np.lexsort((self.member, self.pos))
+        self.pos_sorted, self.member_by_pos = self.pos[by_pos], self.member[by_pos]
+
+    def next_use(self, members: np.ndarray) -> np.ndarray:
+        """int64: the first position at or after the cursor whose pack touches each member (never: int64 max)."""
+        out = np.full(members.shape[0], _NEVER, dtype=np.int64)
+        for i, m in enumerate(members):
+            p = self.pos[self.starts[m]:self.starts[m + 1]]
+            j = np.searchsorted(p, self.cursor)
+            if j < p.shape[0]:
+                out[i] = p[j]
+        return out
+
+    def upcoming(self, limit: int):
+        """``(position, member)`` pairs from the cursor on, at most ``limit`` of them, in read order."""
+        j = int(np.searchsorted(self.pos_sorted, self.cursor))
+        return zip(self.pos_sorted[j:j + limit].tolist(), self.member_by_pos[j:j + limit].tolist())
+
+    def advance(self, packs: np.ndarray) -> bool:
+        """A batch read ``packs``: True when they were the plan's next packs (the cursor moves past them), else
+        False (a warning: the caller drops the plan)."""
+        packs = np.asarray(packs, dtype=np.int64).reshape(-1)
+        c = self.cursor
+        if np.array_equal(self.order[c:c + packs.shape[0]], packs):
+            self.cursor = c + packs.shape[0]
+            return True
+        warnings.warn("prefetch: the packs read are not the planned order's next ones (another sampler, or "
+                      "prefetch() not called again after set_epoch): fetching members on demand from here",
+                      stacklevel=4)
+        return False
+
+
+def prefetch(ds, order, *, batch_size: int | None = None, window: int = 4096) -> None:
+    """Plan ``ds`` (a ``PackedDataset`` with ``stream=True``) to read ``order`` (pack ids, e.g. ``sampler.epoch_indices()``)
+    and start fetching its members ahead in a background thread. Call again for every epoch.
+
+    ``window``: how many (position, member) pairs ahead the thread considers at a time.
+    """
+    ds._stream_plan = (np.asarray(order, dtype=np.int64).reshape(-1), batch_size, int(window))
+    if ds._arrays is not None:
+        start(ds)
+
+
+def start(ds) -> None:
+    """In the process that reads (called by the dataset once its arrays are open): this process's plan and thread."""
+    spec = getattr(ds, "_stream_plan", None)
+    a = ds._views()
+    stream = a.get("stream")
+    if spec is None or stream is None:
+        return
+    order, batch_size, window = spec
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is not None and info.num_workers > 1:
+        if batch_size is None:
+            return  # which batches this worker reads is not known: fetch on demand
+        b = np.arange(order.shape[0]) // batch_size
+        order = order[b % info.num_workers == info.id]
+    with stream.cond:
+        stream.plan = Plan(stream, order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]))
+        stream.cond.notify_all()
+    if getattr(stream, "_thread", None) is None:
+        stream._thread = threading.Thread(target=_run, args=(stream, window), daemon=True, name="packfmt-prefetch")
+        stream._thread.start()
+
+
+def _run(stream, window: int) -> None:
+    """Fetch the plan's coming members in order while the limit allows (see the module doc)."""
+    while True:
+        todo = None
+        with stream.cond:
+            plan = stream.plan
+            for p, m in (plan.upcoming(window) if plan is not None else ()):
+                if m not in stream.resident and m not in stream.fetching and m not in stream.failed:
+                    todo = (p, m, plan)
+                    break
+            if todo is None:
+                stream.cond.wait(timeout=1.0)
+                continue
+        p, m, plan = todo
+        try:
+            done = stream.fetch(m, before=p)
+        except Exception:  # noqa: BLE001 - the batch that needs it fetches it again and reports the error
+            continue
+        if not done:
+            with stream.cond:
+                if stream.plan is plan:
+                    stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin)

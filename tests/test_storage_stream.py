@@ -1,0 +1,150 @@
+"""A remote collection read member by member (``stream=True``) through a real S3-protocol server (moto on
+127.0.0.1): 200 small members, the cache bounded to 10% of their bytes, members fetched ahead in the sampler's
+order (``packfmt.torch.prefetch``); the values are those of the same collection read locally."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import packfmt
+from packfmt.collection import write_collection
+from packfmt.storage.upload import upload_tree
+from packfmt.torch import DistributedPackSampler, PackedDataset
+from packfmt.torch.prefetch import prefetch
+from packfmt.torch.testing import next_fit_segments, write_pack_index
+
+from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
+
+MEMBERS, BATCH = 200, 8
+
+
+@pytest.fixture(scope="module")
+def remote(s3_server, tmp_path_factory):
+    """(local collection, its URL, bytes of its member files): packs in document order, next fit, capacity 64."""
+    root = tmp_path_factory.mktemp("stream")
+    rng = np.random.default_rng(0)
+    paths = []
+    for m in range(MEMBERS):
+        with packfmt.DatasetWriter(root / "coll" / "members" / f"m{m:03d}", vocab_size=1000, loss_mask=True,
+                                   tokenizer={"name": "t", "hash": None}) as w:
+            for n in rng.integers(1, 40, 8):
+                w.add_document(rng.integers(0, 1000, int(n)), rng.integers(0, 2, int(n)))
+        paths.append(root / "coll" / "members" / f"m{m:03d}")
+    coll = write_collection(root / "coll" / "c", [(None, p) for p in paths])
+    segs, po = next_fit_segments(coll.doc_lengths, 64)
+    write_pack_index(coll, segs, po, capacity=64, name="p")
+    url = f"s3://{BUCKET}/stream"
+    upload_tree(root / "coll", url)
+    return root / "coll" / "c", f"{url}/c", _member_bytes(paths)
+
+
+def _member_bytes(paths) -> int:
+    return sum(f.stat().st_size for p in paths for f in p.iterdir() if f.is_file() and f.name != "manifest.json")
+
+
+def _on_disk(cache_root: Path) -> int:
+    """Bytes of member files in the cache's mirror (what cache_limit bounds)."""
+    return sum(f.stat().st_size for f in cache_root.rglob("*") if f.is_file() and "/members/" in f.as_posix()
+               and ".packfmt-state" not in f.parts and f.name != "manifest.json")
+
+
+def _fetched(cache_root: Path) -> int:
+    log = cache_root / "downloads.log"
+    return sum(json.loads(line)["bytes"] for line in log.read_text().splitlines() if "/members/" in line)
+
+
+def _epoch(ds, order, reference, cache_root, limit, whole=True):
+    seen = []
+    for j in range(0, len(order), BATCH):
+        packs = order[j:j + BATCH]
+        got, want = ds.__getitems__(packs), reference.__getitems__(packs)
+        for a, b in zip(got, want):
+            for key in ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens", "document_ids"):
+                assert torch.equal(a[key], b[key]), key
+        seen += [int(x["pack_id"]) for x in got]
+        assert _on_disk(cache_root) <= limit  # the bound holds after every batch
+    if whole:
+        assert sorted(seen) == list(range(len(ds)))  # every pack exactly once
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_streamed_epoch_bounded_and_exact(remote, cache, shuffle):
+    local, url, total = remote
+    limit = total // 10
+    reference = PackedDataset(local, "p")
+    ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
+    assert not list(cache.rglob("tokens.bin"))  # opening fetched no member
+    sampler = DistributedPackSampler(ds, num_replicas=1, rank=0, shuffle=shuffle, seed=3)
+    order = sampler.epoch_indices()
+    if shuffle:  # every batch touches other members: refetches make a whole epoch slow on moto; its first batches
+        order = order[:12 * BATCH]
+    prefetch(ds, order)
+    _epoch(ds, order, reference, cache, limit, whole=not shuffle)
+    fetched = _fetched(cache)
+    if not shuffle:  # packs in document order: each member fetched once
+        assert fetched <= 1.2 * total, (fetched, total)
+    else:  # a shuffled order revisits members: fetched again when evicted meanwhile (pack-ordered shards: later)
+        assert fetched > 0
+
+
+def test_stream_without_plan_and_limit_too_small(remote, cache):
+    local, url, total = remote
+    reference = PackedDataset(local, "p")
+    ds = PackedDataset(url, "p", stream=True, cache_limit=total // 10)
+    order = np.arange(len(ds))[::-1].copy()  # no plan: least recently used
+    _epoch(ds, order, reference, cache, total // 10)
+    tiny = PackedDataset(url, "p", stream=True, cache_limit=100)
+    with pytest.raises(packfmt.PackfmtError, match="cache_limit=100 bytes cannot hold"):
+        tiny.__getitems__([0])
+
+
+def test_stream_dataloader_workers(remote, cache):
+    """Two DataLoader workers re-open the stream (each with half the limit) and plan their own batches."""
+    from torch.utils.data import DataLoader
+
+    from packfmt.torch import collate_varlen
+
+    local, url, total = remote
+    limit = total // 10
+    reference = PackedDataset(local, "p")
+    ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
+    order = np.arange(len(ds))
+    prefetch(ds, order, batch_size=BATCH)
+    got = DataLoader(ds, batch_size=BATCH, sampler=order.tolist(), num_workers=2, collate_fn=collate_varlen)
+    want = DataLoader(reference, batch_size=BATCH, sampler=order.tolist(), collate_fn=collate_varlen)
+    n = 0
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
+        assert _on_disk(cache) <= limit
+        n += 1
+    assert n == -(-len(ds) // BATCH)
+    assert _fetched(cache) <= 1.2 * total  # each worker's share fetched about once
+
+
+def test_streamed_member_is_verified(remote, cache, s3_server):
+    """A member object changed in the bucket after the collection was written is refused when a batch first needs
+    it (hashed while it streams, as every cached file is), and nothing of it is left in the cache; the members
+    before it were read."""
+    from packfmt.errors import ChecksumError
+
+    local, url, total = remote
+    ds = PackedDataset(url, "p", stream=True, cache_limit=total // 10)
+    assert packfmt.open(url, stream=True).num_documents == ds.store.num_documents  # packfmt.open takes stream too
+    last = len(ds) - 1
+    m = int(ds.store.member_of(int(np.asarray(ds.index.segments)[-1, 0])))
+    key = f"{BUCKET}/stream/members/m{m:03d}/tokens.bin"
+    good = s3_server.cat_file(key)
+    s3_server.pipe_file(key, bytes([good[0] ^ 1]) + good[1:])  # same size, one bit flipped
+    try:
+        ds.__getitems__([0])
+        with pytest.raises(ChecksumError, match=f"m{m:03d}/tokens.bin: checksum"):
+            ds.__getitems__([last])
+        assert not list(cache.rglob(f"m{m:03d}/*.bin"))  # nothing of the refused member stays
+    finally:
+        s3_server.pipe_file(key, good)
+    assert int(ds.__getitems__([last])[0]["pack_id"]) == last  # the object restored: read
