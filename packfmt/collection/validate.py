@@ -59,21 +59,28 @@ def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decod
     """C2, C3 and the member's own checks (C4 when ``deep``); True when the member has no error."""
     from .reader import member_problems, nested_collection_error
 
+    from .manifest import is_collection
+
     entry = cm.members[m]
     path = root / entry.path
-    nested = nested_collection_error(root, m, entry)
-    if nested is not None:  # not validated as a collection: a collection listing itself would recurse forever
-        out.from_error(nested, F.MANIFEST)
-        return False
+    try:  # read once: the nested-collection check, the member's own checks and C2 / C3 share it
+        obj = F.read_json(path / F.MANIFEST, file=F.MANIFEST)
+    except (PackfmtError, OSError):
+        obj = None  # validate_store reads it again and names the problem
+    if obj is not None and is_collection(obj):
+        nested = nested_collection_error(root, m, entry)
+        if nested is not None:  # not validated as a collection: a collection listing itself would recurse forever
+            out.from_error(nested, F.MANIFEST)
+            return False
     before = len(out.report.errors)
-    sub = validate_store(path, deep=deep, progress=progress, decode_images=decode_images)
+    sub = validate_store(path, deep=deep, progress=progress, decode_images=decode_images, obj=obj)
     for p in sub.problems:
         file = f"{entry.path}/{p.file}"
         out.report.problems.append(Problem(file, p.field, p.expected, p.found,
                                              f"member {entry.name!r} ({entry.path}): {p.message}", p.severity))
-    if (path / F.MANIFEST).is_file():
+    if obj is not None:
         try:
-            sm = F.parse_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
+            sm = F.parse_manifest(obj, file=F.MANIFEST)
         except PackfmtError as exc:
             sm = None
             if sub.ok:  # e.g. a collection listed as a member: valid on its own, not a store (C2)
