@@ -117,13 +117,25 @@ class _CollectionView:
             from .arrays import image_token_spans, token_sources
 
             if name == F.DOC_OFFSETS:
-                self._arrays[name] = self.coll.doc_offsets
+                self._arrays[name] = self._doc_offsets()
             elif name == F.IMAGE_TOKEN_SPANS:
                 self._arrays[name] = image_token_spans(self.coll)
             elif name in (F.TOKENS, F.LOSS_MASK):
                 tokens, mask = token_sources(self.coll)
                 self._arrays[F.TOKENS], self._arrays[F.LOSS_MASK] = tokens, mask
         return self._arrays.get(name)
+
+
+    def _doc_offsets(self) -> np.ndarray:
+        """The collection's doc offsets from each member's ``doc_offsets.bin``, read once: every member passed its
+        own structural checks (V13) and C2 / C3 above, so no member is opened (and checked) a second time."""
+        coll = self.coll
+        out = np.zeros(coll.num_documents + 1, dtype=np.int64)
+        for m, entry in enumerate(coll.members):
+            a, b = int(coll.doc_start[m]), int(coll.doc_start[m + 1])
+            offsets = np.fromfile(self.root / entry.path / F.DOC_OFFSETS, dtype=F.OFFSET_DTYPE)
+            out[a + 1:b + 1] = offsets[1:] + (out[a] - offsets[0])
+        return out
 
 
 class _CollectionIndexChecks(_IndexChecks):
