@@ -25,6 +25,8 @@ SLOW_FILES = {
 }
 
 SLOW_TESTS = {
+    "test_many_members.py::test_a_hundred_thousand_members_read_pack_and_validate_like_one_store":
+        "writes, opens, packs and validates 10^5 member stores, minutes",
     "test_torch_dataset.py::test_int32_index_dtype_equals_int64_everywhere": "every option combination, ~50 s",
     "test_torch_fields.py::test_variants_equal_default_everywhere": "every field/dtype variant, ~30 s",
     "test_sources_hf.py::test_cli_format_hf_reads_the_local_cache_and_never_downloads": "HF datasets CLI, ~25 s",

@@ -59,21 +59,28 @@ def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decod
     """C2, C3 and the member's own checks (C4 when ``deep``); True when the member has no error."""
     from .reader import member_problems, nested_collection_error
 
+    from .manifest import is_collection
+
     entry = cm.members[m]
     path = root / entry.path
-    nested = nested_collection_error(root, m, entry)
-    if nested is not None:  # not validated as a collection: a collection listing itself would recurse forever
-        out.from_error(nested, F.MANIFEST)
-        return False
+    try:  # read once: the nested-collection check, the member's own checks and C2 / C3 share it
+        obj = F.read_json(path / F.MANIFEST, file=F.MANIFEST)
+    except (PackfmtError, OSError):
+        obj = None  # validate_store reads it again and names the problem
+    if obj is not None and is_collection(obj):
+        nested = nested_collection_error(root, m, entry)
+        if nested is not None:  # not validated as a collection: a collection listing itself would recurse forever
+            out.from_error(nested, F.MANIFEST)
+            return False
     before = len(out.report.errors)
-    sub = validate_store(path, deep=deep, progress=progress, decode_images=decode_images)
+    sub = validate_store(path, deep=deep, progress=progress, decode_images=decode_images, obj=obj)
     for p in sub.problems:
         file = f"{entry.path}/{p.file}"
         out.report.problems.append(Problem(file, p.field, p.expected, p.found,
                                              f"member {entry.name!r} ({entry.path}): {p.message}", p.severity))
-    if (path / F.MANIFEST).is_file():
+    if obj is not None:
         try:
-            sm = F.parse_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
+            sm = F.parse_manifest(obj, file=F.MANIFEST)
         except PackfmtError as exc:
             sm = None
             if sub.ok:  # e.g. a collection listed as a member: valid on its own, not a store (C2)
@@ -110,13 +117,25 @@ class _CollectionView:
             from .arrays import image_token_spans, token_sources
 
             if name == F.DOC_OFFSETS:
-                self._arrays[name] = self.coll.doc_offsets
+                self._arrays[name] = self._doc_offsets()
             elif name == F.IMAGE_TOKEN_SPANS:
                 self._arrays[name] = image_token_spans(self.coll)
             elif name in (F.TOKENS, F.LOSS_MASK):
                 tokens, mask = token_sources(self.coll)
                 self._arrays[F.TOKENS], self._arrays[F.LOSS_MASK] = tokens, mask
         return self._arrays.get(name)
+
+
+    def _doc_offsets(self) -> np.ndarray:
+        """The collection's doc offsets from each member's ``doc_offsets.bin``, read once: every member passed its
+        own structural checks (V13) and C2 / C3 above, so no member is opened (and checked) a second time."""
+        coll = self.coll
+        out = np.zeros(coll.num_documents + 1, dtype=np.int64)
+        for m, entry in enumerate(coll.members):
+            a, b = int(coll.doc_start[m]), int(coll.doc_start[m + 1])
+            offsets = np.fromfile(self.root / entry.path / F.DOC_OFFSETS, dtype=F.OFFSET_DTYPE)
+            out[a + 1:b + 1] = offsets[1:] + (out[a] - offsets[0])
+        return out
 
 
 class _CollectionIndexChecks(_IndexChecks):

@@ -19,7 +19,7 @@ from ..reader import Store
 from ..version import __version__
 from ..writer import DatasetWriter
 
-__all__ = ["next_fit_segments", "write_pack_index", "write_flat_dataset"]
+__all__ = ["next_fit_segments", "write_pack_index", "write_flat_dataset", "write_split_stores"]
 
 
 def next_fit_segments(lengths: np.ndarray, capacity: int, *, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -104,3 +104,43 @@ def write_flat_dataset(path: str | os.PathLike, tokens: np.ndarray, doc_offsets:
                        loss_mask=loss_mask is not None) as writer:
         writer.add_documents(tokens, np.diff(doc_offsets), loss_mask)
     return open_dataset(path)
+
+
+def write_split_stores(root: str | os.PathLike, tokens: np.ndarray, doc_offsets: np.ndarray, cuts: np.ndarray, *,
+                       vocab_size: int) -> list:
+    """Write documents ``cuts[m]:cuts[m + 1]`` as member store ``root/m<m>`` for each ``m``; return their paths.
+
+    For 10^4-10^5 tiny members (benchmarks, tests): member 0 goes through ``write_flat_dataset``
+    (the writer's checks); every other member reuses its manifest with that member's counts, file
+    sizes and checksums, and writes its two files directly (no fsync, no atomic publish: test data
+    only; ``packfmt validate`` checks every member as usual).
+    """
+    import copy
+
+    import xxhash
+
+    root = os.fspath(root)
+    tokens, doc_offsets = np.asarray(tokens), np.asarray(doc_offsets, dtype=np.int64)
+    cuts = np.asarray(cuts, dtype=np.int64)
+    paths = [os.path.join(root, f"m{m:06d}") for m in range(len(cuts) - 1)]
+
+    def part(m):
+        a, b = int(cuts[m]), int(cuts[m + 1])
+        return tokens[doc_offsets[a]:doc_offsets[b]], doc_offsets[a:b + 1] - doc_offsets[a]
+
+    write_flat_dataset(paths[0], *part(0), vocab_size=vocab_size)
+    template = F.read_json(os.path.join(paths[0], F.MANIFEST), file=F.MANIFEST)
+    for m in range(1, len(paths)):
+        toks, offs = part(m)
+        os.mkdir(paths[m])
+        man = copy.deepcopy(template)
+        man["counts"].update(documents=len(offs) - 1, tokens=len(toks))
+        for name, arr in ((F.TOKENS, np.ascontiguousarray(toks, dtype=F.TOKEN_DTYPES[man["token_dtype"]])),
+                          (F.DOC_OFFSETS, offs)):
+            data = arr.tobytes()
+            with open(os.path.join(paths[m], name), "wb") as f:
+                f.write(data)
+            man["files"][name] = {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64(data).hexdigest()}
+        with open(os.path.join(paths[m], F.MANIFEST), "wb") as f:
+            f.write(F.canonical_json(man))
+    return paths

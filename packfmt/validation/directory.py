@@ -24,15 +24,16 @@ from .store import _DatasetChecks
 __all__ = ["validate_store", "index_dirs"]
 
 
-def validate_store(root: Path, *, deep: bool, progress: bool, decode_images: bool) -> Report:
-    """Every problem of the store directory ``root`` (see ``packfmt.validate.validate``)."""
+def validate_store(root: Path, *, deep: bool, progress: bool, decode_images: bool, obj: dict | None = None) -> Report:
+    """Every problem of the store directory ``root`` (see ``packfmt.validate.validate``); ``obj``: its manifest
+    already read by the caller (a collection's member check), so it is read once per command."""
     report = Report(str(root), deep)
     out = _Collector(report)
     if not root.is_dir():
         found = "missing" if not root.exists() else "a file"
         out.add(str(root), None, detail=f"not a packfmt dataset: expected a directory with {F.MANIFEST}, found {found}")
         return report
-    manifest = _load_manifest(root, out)
+    manifest = _load_manifest(root, out, obj)
     if manifest is None:
         return report
     report.checked.update(documents=manifest.num_documents, tokens=manifest.num_tokens, images=manifest.num_images)
@@ -55,9 +56,9 @@ def validate_store(root: Path, *, deep: bool, progress: bool, decode_images: boo
     return report
 
 
-def _load_manifest(root: Path, out: _Collector) -> F.Manifest | None:
+def _load_manifest(root: Path, out: _Collector, obj: dict | None = None) -> F.Manifest | None:
     try:
-        obj = F.read_json(root / F.MANIFEST, file=F.MANIFEST)
+        obj = F.read_json(root / F.MANIFEST, file=F.MANIFEST) if obj is None else obj
         manifest = F.parse_manifest(obj, file=F.MANIFEST)
     except UnsupportedVersionError as exc:
         _version_problem(exc, out, F.MANIFEST)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -140,7 +141,7 @@ def _chunks(n: int, size: int = CHUNK_ELEMS) -> Iterator[tuple[int, int]]:
 def _map_file(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     if F.nbytes_of(dtype, shape) == 0:
         return np.empty(shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+    return np.memmap(os.fspath(path), dtype=dtype, mode="r", shape=shape)  # a str: np.memmap resolves a Path
 
 
 def _check_offsets(out: _Collector, file: str, arr: np.ndarray, *, rule: str, last: int, last_what: str, strict: bool,
