@@ -9,7 +9,6 @@ here unpickles or evaluates anything; the manifest is plain JSON checked field b
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
@@ -55,7 +54,11 @@ class Store(Dataset):
                 file=F.MANIFEST, field="format", expected="'packfmt' (a store)", found="'packfmt-collection'")
         self.manifest = F.parse_manifest(obj, file=F.MANIFEST)
         check_files_table(self.path, self.manifest.files, F.expected_layout(self.manifest), where="")
+        # Every array is mapped now, so a reader never mixes the files of this store with those of one
+        # that replaced it at the same path later (a lazy map would open the new tokens.bin).
+        self.tokens = self._array(F.TOKENS)
         self.doc_offsets = self._array(F.DOC_OFFSETS)
+        self.loss_mask = self._array(F.LOSS_MASK) if self.manifest.has_loss_mask else None
         checks.raise_first(checks.offsets(self.doc_offsets, rule="V13", file=F.DOC_OFFSETS, last=self.num_tokens,
                                           last_what="counts.tokens", strict=True, unit="every document has >= 1 token"))
         self.images = ImageStore(self) if self.num_images > 0 else None
@@ -88,15 +91,6 @@ class Store(Dataset):
         return self
 
     # -- arrays (zero-copy)
-    @functools.cached_property
-    def tokens(self) -> np.ndarray:
-        """Mapped on first use (sizes were checked at open): opening a member of 10^5 for its offsets maps one file."""
-        return self._array(F.TOKENS)
-
-    @functools.cached_property
-    def loss_mask(self) -> np.ndarray | None:
-        return self._array(F.LOSS_MASK) if self.manifest.has_loss_mask else None
-
     def _array(self, name: str) -> np.ndarray:
         dtype, shape = F.expected_layout(self.manifest)[name]
         return map_file(self.path / name, dtype, shape, file=name)
