@@ -133,8 +133,14 @@ def test_file_urls_are_local_paths(tmp_path):
     assert (tmp_path / "ds" / "manifest.json").is_file()
 
 
-def test_cli_megatron_and_chat_inputs_from_the_bucket(s3_server, cache, tmp_path):
+def test_cli_megatron_and_chat_inputs_from_the_bucket(s3_server, cache, tmp_path, monkeypatch):
+    import tempfile
+
     from packfmt.megatron import export_megatron
+
+    private = tmp_path / "tmp"  # this process's temp dirs only: the other xdist worker's tests use /tmp too
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
 
     local = tmp_path / "local"
     build_text([SAMPLE / "text.jsonl"], local, TOK, limit=12)
@@ -152,7 +158,7 @@ def test_cli_megatron_and_chat_inputs_from_the_bucket(s3_server, cache, tmp_path
     assert main(["build", "chat", str(SAMPLE / "chat.jsonl"), "-o", str(tmp_path / "chat-local"), "--tokenizer", TOK,
                  "--no-progress"]) == 0
     assert (tmp_path / "chat" / "tokens.bin").read_bytes() == (tmp_path / "chat-local" / "tokens.bin").read_bytes()
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("packfmt-inputs-*"))  # downloaded inputs removed
+    assert not list(private.glob("packfmt-inputs-*"))  # downloaded inputs removed
 
 
 def test_python_build_reads_remote_inputs(s3_server, cache, tmp_path):

@@ -57,13 +57,18 @@ MISTAKES = {  # what is wrong: (URL, storage_options, words the message must hol
 
 
 @pytest.mark.parametrize("mistake", list(MISTAKES))
-def test_s3_mistakes_are_one_line_errors_naming_url_and_fix(s3_server, store, cache, monkeypatch, capsys, mistake):
+def test_s3_mistakes_are_one_line_errors_naming_url_and_fix(s3_server, store, cache, monkeypatch, capsys, mistake,
+                                                            tmp_path):
     url, so, words = MISTAKES[mistake]
     so = {"endpoint_url": f"http://127.0.0.1:{_free_port()}"} if so is None else so
     if mistake == "no credentials":
         for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             monkeypatch.delenv(k)
     so = {**so, "skip_instance_cache": True}  # a file system built for this environment, not a cached one
+    # this process's temp dirs only: tests in the other xdist worker download inputs into the shared /tmp
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     before = _inputs_temp_dirs()
     with pytest.raises(PackfmtError) as exc:
         packfmt.open(url, storage_options=so)
