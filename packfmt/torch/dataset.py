@@ -176,16 +176,9 @@ class PackedDataset(Dataset):
     @property
     def store(self) -> Source:
         if self._store is None and self._stream_args is not None:  # a DataLoader worker: its own share of the limit
-            from torch.utils.data import get_worker_info
+            from .prefetch import open_share
 
-            from ..storage.cache import parse_limit
-            from ..collection.stream import open_streamed
-
-            url, so, cache_dir, limit = self._stream_args
-            info, limit = get_worker_info(), parse_limit(limit)
-            if info is not None and limit is not None:
-                limit //= info.num_workers
-            self._store = open_streamed(url, so, cache_dir, limit)
+            self._store = open_share(*self._stream_args)
         if self._store is None:
             self._store = open_dataset(self.path)
         return self._store

@@ -129,3 +129,16 @@ def _run(stream, window: int) -> None:
             with stream.cond:
                 if stream.plan is plan:
                     stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin)
+
+
+def open_share(url, storage_options, cache_dir, cache_limit):
+    """The streamed collection at ``url`` for this process: in a DataLoader worker with ``cache_limit / num_workers``."""
+    from torch.utils.data import get_worker_info
+
+    from ..collection.stream import open_streamed
+    from ..storage.cache import parse_limit
+
+    info, limit = get_worker_info(), parse_limit(cache_limit)
+    if info is not None and limit is not None:
+        limit //= info.num_workers
+    return open_streamed(url, storage_options, cache_dir, limit)
