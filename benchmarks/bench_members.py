@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+from common import RESULTS_DIR, best_of, machine_info, print_table, write_json  # noqa: E402
 
 import packfmt  # noqa: E402
 from packfmt.collection import write_collection  # noqa: E402
@@ -46,15 +46,6 @@ def make(root: Path, members: int, per_member: int) -> tuple[Path, Path]:
     return root / "single", root / "coll"
 
 
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def measure(path: Path, repeat: int) -> dict:
     def open_():
         packfmt.open(path).doc_lengths
@@ -66,7 +57,7 @@ def measure(path: Path, repeat: int) -> dict:
         report = validate(path)
         assert report.ok, report.problems[:3]
 
-    return {"open_s": best(open_, repeat), "pack_s": best(pack, repeat), "validate_s": best(check, repeat)}
+    return {"open_s": best_of(open_, repeat), "pack_s": best_of(pack, repeat), "validate_s": best_of(check, repeat)}
 
 
 def main() -> None:

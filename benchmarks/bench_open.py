@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+from common import RESULTS_DIR, best_of, machine_info, print_table, write_json  # noqa: E402
 
 from packfmt import checks  # noqa: E402
 from packfmt.index import PackIndex
@@ -60,15 +60,6 @@ def checks_disabled():
             setattr(checks, name, fn)
 
 
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=10_000_000)
@@ -87,16 +78,16 @@ def main() -> None:
         }
         rows = []
         for case, fn in cases.items():
-            checked = best(fn, args.repeat)
+            checked = best_of(fn, args.repeat)
             with checks_disabled():
-                unchecked = best(fn, args.repeat)
+                unchecked = best_of(fn, args.repeat)
             rows.append({"case": case, "documents": args.docs, "segments": args.docs, "checked_s": checked,
                          "unchecked_s": unchecked, "checks_s": checked - unchecked,
                          "checks_ns_per_segment": (checked - unchecked) / args.docs * 1e9})
         # the structural validate (which runs the same checks) as a whole process, interpreter start included
         cli = [sys.executable, "-c", "import sys; from packfmt.cli import main; sys.exit(main(sys.argv[1:]))"]
-        whole = best(lambda: subprocess.run([*cli, "validate", str(root)], check=True, capture_output=True), args.repeat)
-        bare = best(lambda: subprocess.run([*cli, "--version"], check=True, capture_output=True), args.repeat)
+        whole = best_of(lambda: subprocess.run([*cli, "validate", str(root)], check=True, capture_output=True), args.repeat)
+        bare = best_of(lambda: subprocess.run([*cli, "--version"], check=True, capture_output=True), args.repeat)
         rows.append({"case": "packfmt validate (whole process)", "documents": args.docs, "segments": args.docs,
                      "checked_s": whole, "unchecked_s": bare, "checks_s": whole - bare,
                      "checks_ns_per_segment": (whole - bare) / args.docs * 1e9})

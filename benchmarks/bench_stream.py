@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_remote import start_server  # noqa: E402
-from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+from common import RESULTS_DIR, machine_info, print_table, web_like_corpus, write_json  # noqa: E402
 
 from packfmt.collection import write_collection  # noqa: E402
 from packfmt.storage.upload import upload_tree  # noqa: E402
@@ -86,11 +86,7 @@ class Throttle:
 
 
 def make(root: Path, n_docs: int, members: int) -> tuple[Path, int]:
-    rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.0, 1.0, n_docs).astype(np.int64), 1, 8192)
-    offsets = np.zeros(n_docs + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint16)
+    rng, lengths, offsets, tokens = web_like_corpus(n_docs)
     cuts = np.linspace(0, n_docs, members + 1).astype(np.int64)
     paths = []
     for m in range(members):

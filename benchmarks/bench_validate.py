@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+from common import RESULTS_DIR, best_of, machine_info, print_table, write_json  # noqa: E402
 
 import packfmt  # noqa: E402
 from packfmt._io import CHUNK_BYTES, checksum_file  # noqa: E402
@@ -53,15 +53,6 @@ def sha256_file(path: Path) -> str:
         while n := f.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
-
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main(argv=None) -> int:
