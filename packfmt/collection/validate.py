@@ -17,10 +17,10 @@ import numpy as np
 
 from .. import format as F
 from .._io import checksum_file
-from ..errors import PackfmtError, UnsupportedVersionError
+from ..errors import PackfmtError
 from ..validation.directory import index_dirs, validate_store
 from ..validation.index import _IndexChecks
-from ..validation.report import WARNING, Problem, _Collector, _version_problem
+from ..validation.report import WARNING, Problem, _Collector, parsed_or_reported
 
 __all__ = ["validate_collection"]
 
@@ -30,13 +30,9 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     from .manifest import parse_collection_manifest
 
     out = _Collector(report)
-    try:
-        cm = parse_collection_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)  # C1
-    except UnsupportedVersionError as exc:
-        _version_problem(exc, out, F.MANIFEST)
-        return report
-    except PackfmtError as exc:
-        out.from_error(exc, F.MANIFEST)
+    cm = parsed_or_reported(lambda: parse_collection_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST),  # C1
+                                                              file=F.MANIFEST), out, F.MANIFEST)
+    if cm is None:
         return report
     report.checked.update(members=len(cm.members), documents=cm.num_documents, tokens=cm.num_tokens,
                           images=cm.num_images)

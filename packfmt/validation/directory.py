@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import format as F
-from ..errors import PackfmtError, UnsupportedVersionError
 from .index import _IndexChecks
 from .report import (
     PROGRESS_MIN_BYTES,
@@ -17,7 +16,7 @@ from .report import (
     Report,
     _Collector,
     _minor_version_note,
-    _version_problem,
+    parsed_or_reported,
 )
 from .store import _DatasetChecks
 
@@ -57,14 +56,9 @@ def validate_store(root: Path, *, deep: bool, progress: bool, decode_images: boo
 
 
 def _load_manifest(root: Path, out: _Collector, obj: dict | None = None) -> F.Manifest | None:
-    try:
-        obj = F.read_json(root / F.MANIFEST, file=F.MANIFEST) if obj is None else obj
-        manifest = F.parse_manifest(obj, file=F.MANIFEST)
-    except UnsupportedVersionError as exc:
-        _version_problem(exc, out, F.MANIFEST)
-        return None
-    except PackfmtError as exc:
-        out.from_error(exc, F.MANIFEST)
+    manifest = parsed_or_reported(lambda: F.parse_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST)
+                                                           if obj is None else obj, file=F.MANIFEST), out, F.MANIFEST)
+    if manifest is None:
         return None
     _minor_version_note(manifest.version, F.MANIFEST, out)
     return manifest

@@ -7,7 +7,6 @@ import numpy as np
 from .. import checks
 from .. import format as F
 from .. import index_format as IF
-from ..errors import PackfmtError, UnsupportedVersionError
 from .report import (
     CHUNK_ELEMS,
     WARNING,
@@ -15,7 +14,7 @@ from .report import (
     _listed,
     _map_file,
     _minor_version_note,
-    _version_problem,
+    parsed_or_reported,
 )
 from .segment_rows import CoverageRows, image_rows, segments_in_chunks
 from .store import _check_checksum, _check_file_size, _DatasetChecks
@@ -41,13 +40,9 @@ class _IndexChecks:
     # -- structural
     def structural(self) -> None:
         json_label = self.file(F.PACK_INDEX_JSON)
-        try:
-            self.pm = IF.parse_pack_index_manifest(F.read_json(self.dir / F.PACK_INDEX_JSON, file=json_label), file=json_label)
-        except UnsupportedVersionError as exc:
-            _version_problem(exc, self.out, json_label)
-            return
-        except PackfmtError as exc:
-            self.out.from_error(exc, json_label)
+        self.pm = parsed_or_reported(lambda: IF.parse_pack_index_manifest(
+            F.read_json(self.dir / F.PACK_INDEX_JSON, file=json_label), file=json_label), self.out, json_label)
+        if self.pm is None:
             return
         _minor_version_note(self.pm.version, json_label, self.out)
         if self.pm.name != self.name:  # V22 (the rest of V21/V22: format.parse_pack_index_manifest)

@@ -124,6 +124,17 @@ def _version_problem(exc: UnsupportedVersionError, out: _Collector, file: str) -
     out.from_error(exc, file)
 
 
+def parsed_or_reported(parse, out: _Collector, file: str):
+    """``parse()``, or None after reporting why it failed (a newer major version named as such)."""
+    try:
+        return parse()
+    except UnsupportedVersionError as exc:
+        _version_problem(exc, out, file)
+    except PackfmtError as exc:
+        out.from_error(exc, file)
+    return None
+
+
 def _minor_version_note(version: tuple[int, int], file: str, out: _Collector) -> None:
     if version > F.KNOWN_VERSION:
         out.add(file, "format_version", severity=WARNING,
