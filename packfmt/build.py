@@ -292,8 +292,12 @@ def build_multimodal(
     spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token)
     rule = _image_rule(image_tokens, patch_size, merge)
     encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
-    root = None if image_root is None else str(Path(image_root).resolve())
-    factory = partial(MultimodalConverter, spec, root, rule, train_on, max_pixels, encoding, reasoning)
+    # a root in object storage stays a URL: each image is read by the process converting its record
+    # (a build worker, a Ray actor), never downloaded as a folder first
+    remote_root = image_root is not None and is_remote(str(image_root))
+    root = None if image_root is None else str(image_root).rstrip("/") if remote_root else str(Path(image_root).resolve())
+    factory = partial(MultimodalConverter, spec, root, rule, train_on, max_pixels, encoding, reasoning,
+                      kw.get("storage_options") if remote_root else None)
     settings = {"train_on": train_on, "reasoning": reasoning, "chat_template": "custom" if chat_template else "tokenizer",
                 "image_root": root, "image_tokens": rule.describe(),
                 "image_token": image_token, "max_pixels": max_pixels, **encoding.describe()}

@@ -530,3 +530,18 @@ def test_image_encoding_rejects_bad_settings():
         with pytest.raises(ValueError):
             ImageEncoding(**kw)
     assert ImageEncoding().is_identity and not ImageEncoding(max_side=10).is_identity
+
+
+@pytest.mark.parametrize("rel, want", [("a.png", "s3://b/imgs/a.png"), ("sub/./x/../b.png", "s3://b/imgs/sub/b.png"),
+                                       ("../a.png", None), ("sub/../../a.png", None), ("/etc/passwd", None),
+                                       ("..", None), (".", None)])
+def test_image_paths_under_a_root_in_object_storage_resolve_lexically(rel, want):
+    """A URL image root (read by Ray actors, never downloaded) keeps paths inside it as a local root does."""
+    from packfmt.sources.multimodal import resolve_image
+
+    if want is not None:
+        assert resolve_image("s3://b/imgs", rel) == want
+        return
+    with pytest.raises(InputError) as info:
+        resolve_image("s3://b/imgs", rel)
+    assert info.value.reason == "image_path_escapes_root" and rel in str(info.value)

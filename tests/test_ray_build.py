@@ -329,3 +329,41 @@ def test_ray_build_reads_remote_inputs_in_the_actors(tmp_path, monkeypatch, s3_s
     assert [g["message"] for g in got] == [w["message"].replace(str(src), inputs[0]) for w in want]
     monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "reader-cache"))
     assert_same_as_local(url, local.path, tmp_path)
+
+
+def test_ray_build_reads_remote_images_in_the_actors(tmp_path, monkeypatch, s3_server):
+    """LLaVA records and their images only in the bucket (--image-root s3://...): the actors read each image
+    themselves, the driver opens none; a missing image and a path climbing out of the root are counted skips,
+    exactly as a local build from local files counts them; same bytes otherwise."""
+    global _DRIVER_OPENS
+    from s3_server import BUCKET, explicit_options
+
+    root = tmp_path / "images"
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    lines = []
+    for k in range(7):
+        w, h = 18 + 5 * k, 25 + 2 * k
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(root / f"{k}.png")
+        s3_server.put_file(str(root / f"{k}.png"), f"{BUCKET}/imgs/{k}.png")
+        lines.append(json.dumps({"image": f"{k}.png", "conversations": [
+            {"from": "human", "value": f"<image>\nWhat is picture {k}?"}, {"from": "gpt", "value": f"Noise {k}."}]}))
+    for bad in ("gone.png", "../secret.png"):  # not in the bucket; out of the root
+        lines.insert(3, json.dumps({"image": bad, "conversations": [
+            {"from": "human", "value": "<image>\nAnd this?"}, {"from": "gpt", "value": "Nothing."}]}))
+    src = tmp_path / "llava.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    s3_server.put_file(str(src), f"{BUCKET}/mm/llava.jsonl")
+    kw = dict(image_tokens="dynamic", patch_size=4, merge=2, on_error="skip")
+    _DRIVER_OPENS = []
+    try:
+        ray = build_multimodal([f"s3://{BUCKET}/mm/llava.jsonl"], tmp_path / "ray", SAMPLE_TOK, engine="ray",
+                               records_per_member=3, image_root=f"s3://{BUCKET}/imgs/",
+                               storage_options=explicit_options(), **kw)
+    finally:
+        opened, _DRIVER_OPENS = _DRIVER_OPENS, None
+    assert opened and [p for p in opened if p.endswith(".png") or "packfmt-inputs-" in p] == []
+    local = build_multimodal([src], tmp_path / "local", SAMPLE_TOK, image_root=root, **kw)
+    assert ray.report["images"] == local.report["images"] == 7
+    assert ray.report["skipped"] == local.report["skipped"] == {"image_path_escapes_root": 1, "missing_image": 1}
+    assert_same_as_local(ray.path, local.path, tmp_path)

@@ -113,7 +113,9 @@ def add_parser(sub) -> None:
     m = kinds.add_parser("llava", help="LLaVA / {messages, images} records with images -> tokens, mask, images")
     _inputs(m)
     m.add_argument("--image-root", help="folder that image paths are relative to (paths may not escape it); "
-                                        "not needed for WebDataset .tar shards, whose images are members of each sample")
+                                        "not needed for WebDataset .tar shards, whose images are members of each sample. "
+                                        "A URL (s3://...): fetched as a folder for a local build; with --engine ray "
+                                        "each actor reads the images it needs")
     _chat_opts(m, turns=True)
     _image_opts(m)
     _common(m)
@@ -224,16 +226,17 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from ..storage import download_inputs
 
-    # URLs fetched to a temp dir (object storage; packfmt.storage); with --engine ray the actors read the
-    # inputs themselves by ranges (packfmt.ray.units), so only an --image-root is fetched here
+    # URLs fetched to a temp dir (object storage; packfmt.storage) for a local build (a folder of images in
+    # one concurrent copy); with --engine ray the actors read the inputs by ranges (packfmt.ray.units) and
+    # each image under a remote --image-root themselves (sources.multimodal): nothing is fetched here
     ray_reads = getattr(args, "engine", "local") == "ray"
     inputs = [] if ray_reads else list(getattr(args, "inputs", []))
-    remote = inputs + ([args.image_root] if getattr(args, "image_root", None) else [])
+    remote = inputs + ([args.image_root] if getattr(args, "image_root", None) and not ray_reads else [])
     local, tmp = download_inputs(remote)
     try:
         if inputs:
             args.inputs = local[:len(inputs)]
-        if getattr(args, "image_root", None):
+        if len(local) > len(inputs):  # the --image-root fetched above
             args.image_root = local[-1]
         return _run(args, B)
     finally:

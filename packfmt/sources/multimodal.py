@@ -11,6 +11,7 @@ uses the stored size).
 from __future__ import annotations
 
 import math
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,12 +76,22 @@ def _image_list(obj: dict) -> list[str | tuple[bytes, str]]:
     return out
 
 
-def resolve_image(root: Path | None, rel: str) -> Path:
-    """``root / rel`` resolved (symlinks too); raises ``image_path_escapes_root`` if it leaves ``root``."""
+def resolve_image(root: Path | str | None, rel: str) -> Path | str:
+    """``root / rel`` resolved (symlinks too); raises ``image_path_escapes_root`` if it leaves ``root``.
+
+    A root in object storage (a ``s3://...`` string) is resolved lexically, as member paths of a
+    collection at a URL are (spec/COLLECTION.md §2.2): ``..`` may not climb above it; the URL is returned.
+    """
     if root is None:
         raise InputError(f"image {rel!r} is a path but no image root was given", reason="missing_image", field="image",
                          expected="image_root= (the folder image paths are relative to)", found=rel,
                          cli=f"image {rel!r} is a path but no image root was given: pass --image-root")
+    if isinstance(root, str):
+        norm = posixpath.normpath(rel.replace("\\", "/"))
+        if norm.startswith(("/", "../")) or norm in ("..", "."):
+            raise InputError(f"image path {rel!r} escapes the image root {root}", reason="image_path_escapes_root",
+                             field="image", expected=f"a path inside {root}", found=rel)
+        return f"{root}/{norm}"
     target = (root / rel).resolve()
     if not target.is_relative_to(root):
         raise InputError(f"image path {rel!r} escapes the image root {root}", reason="image_path_escapes_root",
@@ -88,7 +99,9 @@ def resolve_image(root: Path | None, rel: str) -> Path:
     return target
 
 
-def _read_file(path: Path, rel: str) -> bytes:
+def _read_file(path: Path | str, rel: str, storage_options: dict | None = None) -> bytes:
+    if isinstance(path, str):  # an image in object storage: read by this process (a build worker or Ray actor)
+        return _read_object(path, rel, storage_options)
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -99,9 +112,25 @@ def _read_file(path: Path, rel: str) -> bytes:
                          expected="a readable file", found=type(exc).__name__) from None
 
 
-def load_image(source: Path | bytes, rel: str, max_pixels: int) -> tuple[bytes, str, int, int]:
-    """The image's bytes (read from ``source`` when a path) and ``(codec, width, height)`` after checking it decodes."""
-    data = source if isinstance(source, bytes) else _read_file(source, rel)
+def _read_object(url: str, rel: str, storage_options: dict | None) -> bytes:
+    """An image object's bytes; a missing object is the ``missing_image`` skip a missing file is."""
+    from ..storage.errors import storage_errors
+    from ..storage.uri import filesystem
+
+    with storage_errors(url, storage_options):
+        fs, path = filesystem(url, storage_options)
+        try:
+            return fs.cat_file(path)
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+    raise InputError(f"image {rel!r} not found ({url})", reason="missing_image", field="image",
+                     expected="an existing object", found="missing")
+
+
+def load_image(source: Path | str | bytes, rel: str, max_pixels: int,
+               storage_options: dict | None = None) -> tuple[bytes, str, int, int]:
+    """The image's bytes (read from ``source`` when a path or URL) and ``(codec, width, height)`` after checking it decodes."""
+    data = source if isinstance(source, bytes) else _read_file(source, rel, storage_options)
     try:
         codec, width, height = sniff_image(data, max_pixels=max_pixels)
     except InputError as exc:
@@ -146,7 +175,8 @@ class MultimodalConverter:
     Args:
         spec: tokenizer; ``spec.image_token`` must be one token of its vocabulary.
         image_root: folder that image paths are relative to; paths may not leave it (images carried
-            in the record as bytes, e.g. WebDataset members, need none).
+            in the record as bytes, e.g. WebDataset members, need none). A URL (``s3://bucket/images``):
+            each image is read from object storage by the process that converts its record.
         rule: image token count rule.
         train_on: loss mask policy, as ``build_chat`` (image tokens are never trained on).
         reasoning: ``"keep"`` or ``"drop"`` reasoning blocks from the loss, as ``build_chat``.
@@ -158,9 +188,14 @@ class MultimodalConverter:
     columns = None
 
     def __init__(self, spec: TokenizerSpec, image_root: str | None, rule: ImageTokenRule, train_on: str = "assistant",
-                 max_pixels: int | None = None, encoding: ImageEncoding | None = None, reasoning: str = "keep") -> None:
+                 max_pixels: int | None = None, encoding: ImageEncoding | None = None, reasoning: str = "keep",
+                 storage_options: dict | None = None) -> None:
+        from ..storage.uri import is_remote
+
         self.spec = spec
-        self.root = None if image_root is None else Path(image_root).resolve()
+        self.root = None if image_root is None else (
+            str(image_root).rstrip("/") if is_remote(str(image_root)) else Path(image_root).resolve())
+        self.storage_options = storage_options
         self.rule = rule
         self.train_on = train_on
         self.max_pixels = int(max_pixels or DEFAULT_MAX_PIXELS)
@@ -190,7 +225,9 @@ class MultimodalConverter:
 
     def _encode_one(self, payload, encoded) -> tuple:
         messages, paths, rels = payload
-        images = [load_image(p if isinstance(p, bytes) else Path(p), rel, self.max_pixels) for p, rel in zip(paths, rels)]
+        remote = isinstance(self.root, str)  # paths are URLs under a root in object storage
+        images = [load_image(p if isinstance(p, bytes) or remote else Path(p), rel, self.max_pixels, self.storage_options)
+                  for p, rel in zip(paths, rels)]
         if isinstance(encoded, InputError):
             raise encoded
         if not self.encoding.is_identity:
