@@ -105,7 +105,9 @@ def test_streamed_images_exact_bounded_and_lazy(remote, cache):
             images += len(a["images"])
         assert _on_disk(cache) <= limit  # the bound holds after every batch, image files counted
     assert images == reference.store.num_images  # every image read once (greedy packs never cut one)
-    assert any(e["url"].endswith("image_blobs.bin") for e in _log(cache))
+    log = [e for e in _log(cache) if "/members/" in e["url"]]
+    assert any(e["url"].endswith("image_blobs.bin") for e in log)
+    assert sum(e["bytes"] for e in log) <= 1.2 * total  # packs in data order: each member fetched about once
     p = int(order[-1])
     with pytest.warns(UserWarning, match="not the planned order's next"):  # the plan is done: on demand
         _same_item(ds[p], reference[p])  # single items read their images while the member is held too
@@ -183,3 +185,27 @@ def test_changed_image_file_is_refetched_and_a_changed_object_refused(remote, ca
     finally:
         s3_server.pipe_file(key, good)
     _same_item(ds.__getitems__([p])[0], reference[p])  # the object restored: read
+
+
+def test_a_batchs_images_are_read_before_its_members_can_go(remote, cache):
+    """A streamed batch's images are decoded while the batch holds its members: a later batch that evicts them
+    (the limit holds one member) does not make the first batch's images fetch their member again."""
+    local, url, total = remote
+    reference = PackedDataset(local, "p")
+    segs, po = np.asarray(reference.index.segments), np.asarray(reference.index.pack_offsets)
+    member = reference.store.member_of(segs[:, 0])
+    alone = {}  # image member -> a pack of its documents only
+    for p in range(len(reference)):
+        ms = np.unique(member[po[p]:po[p + 1]])
+        if ms.size == 1 and reference.store.members[int(ms[0])].images and reference[p]["images"]:
+            alone.setdefault(int(ms[0]), p)
+    (a, p), (b, q) = list(alone.items())[:2]
+    size = {m: sum(f.stat().st_size for f in (local / reference.store.members[m].path).iterdir()
+                   if f.is_file() and f.name != "manifest.json") for m in (a, b)}
+    ds = PackedDataset(url, "p", stream=True, cache_limit=max(size.values()))  # one member at a time, no plan
+    first = ds.__getitems__([p])
+    second = ds.__getitems__([q])  # evicts member a
+    assert not list(cache.rglob(f"m{a:02d}/image_blobs.bin"))
+    _same_item(first[0], reference[p])
+    _same_item(second[0], reference[q])
+    assert [e["url"].endswith(f"m{a:02d}/image_blobs.bin") for e in _log(cache)].count(True) == 1
