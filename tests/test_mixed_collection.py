@@ -301,3 +301,26 @@ def test_member_paths_resolve_through_the_file_system(stores, tmp_path):
     again = packfmt.open(tmp_path / "a" / "coll")
     assert again.document(2).tolist() == packfmt.open(stores["chat"]).document(2).tolist()
     assert validate(tmp_path / "a" / "coll").ok
+
+
+def test_torch_image_index_reads_a_members_table_when_a_segment_needs_it(mix):
+    """``PackedDataset``'s image index opens no member when it is made, and reads one member's image table when a
+    segment of that member first needs it (what lets stream=True fetch members lazily); the images it finds are
+    those of the whole-collection table."""
+    from packfmt.collection.arrays import relative_image_spans
+    from packfmt.torch._sources import _ImageIndex
+
+    spans, dio = relative_image_spans(mix)
+    lengths = mix.doc_lengths
+    images = _ImageIndex(mix)
+    assert images.tables == {}
+    text_docs = np.arange(int(mix.doc_start[1]))  # member 0, the text store
+    assert images.in_segments(text_docs, np.zeros_like(text_docs), lengths[text_docs])[0].size == 0
+    assert images.tables == {}  # a member without images is never opened for them
+    docs = np.arange(mix.num_documents)
+    ids, got, counts = images.in_segments(docs, np.zeros_like(docs), lengths)
+    assert ids.tolist() == list(range(mix.num_images)) and counts.tolist() == np.diff(dio).tolist()
+    assert np.array_equal(got, spans)
+    assert sorted(images.tables) == [m for m in range(mix.num_members) if mix.members[m].images]
+    j = int(ids[-1])
+    assert np.array_equal(images.decode(j), mix.member(2).images.decode(j - int(mix.image_start[2])))

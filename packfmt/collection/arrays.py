@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MemberGather", "token_sources", "relative_image_spans", "image_token_spans"]
+__all__ = ["MemberGather", "token_sources", "relative_image_spans", "member_image_table", "image_token_spans"]
 
 
 class MemberGather:
@@ -77,14 +77,23 @@ def relative_image_spans(ds) -> tuple[np.ndarray | None, np.ndarray | None]:
     spans = [np.zeros((0, 2), dtype=np.int64)]
     offsets = np.zeros(ds.num_documents + 1, dtype=np.int64)
     for m, store in _member_images(ds):
-        images = store.images
-        dio = np.asarray(images.doc_image_offsets, dtype=np.int64)
-        doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(dio))
-        spans.append(np.asarray(images.token_spans, dtype=np.int64) - np.asarray(store.doc_offsets)[doc_of_image][:, None])
+        dio, rel = member_image_table(store)
+        spans.append(rel)
         a, b = int(ds.doc_start[m]), int(ds.doc_start[m + 1])
         offsets[a + 1:b + 1] = dio[1:] + int(ds.image_start[m])
         offsets[b + 1:] = int(ds.image_start[m + 1])
     return np.concatenate(spans), offsets
+
+
+def member_image_table(store) -> tuple[np.ndarray, np.ndarray]:
+    """int64 copies (none keeps the store's files mapped) of a store's ``doc_image_offsets`` and of its image token
+    spans relative to their document start."""
+    images = store.images
+    dio = np.array(images.doc_image_offsets, dtype=np.int64)
+    doc_of_image = np.repeat(np.arange(store.num_documents, dtype=np.int64), np.diff(dio))
+    doc_begin = np.asarray(store.doc_offsets, dtype=np.int64)[doc_of_image]
+    rel = np.asarray(images.token_spans, dtype=np.int64) - doc_begin[:, None]
+    return dio, rel
 
 
 def image_token_spans(ds) -> np.ndarray | None:

@@ -9,6 +9,9 @@ checks it (C2, C3, the store's offsets) and mapped into its span of three addres
 reservations (tokens, loss mask, doc offsets) laid out as ``collection.vmap`` lays out every member
 end to end: the torch kernels read the same arrays and document table (``_kernels.doc_span``) as for
 a collection on disk, and only the members a batch touches are mapped (the rest is ``PROT_NONE``).
+A member with images is fetched the same way, its image files with the rest; while it is resident its
+``Store`` stays open (image arrays checked, V14, V15, V19), and ``images(m)`` hands out its
+``ImageStore``, which ``packfmt.torch._sources._ImageIndex`` reads while the batch holds the member.
 
 Bound: ``cache_limit`` bytes hold this process's resident member files (the collection manifest and
 pack indexes are fetched whole and not counted). Before a member is fetched, resident members are
@@ -64,11 +67,6 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
             pin.close()
         raise
     coll = StreamedCollection(local)
-    if coll.num_images:
-        for pin in f.result.pins:
-            pin.close()
-        raise ValueError(f"{url}: stream=True: a collection with images is not streamed yet (this version); open it "
-                         "without stream=True (every member fetched at open)")
     limit = parse_limit(cache_limit)
     coll._stream = StreamedMembers(coll, url, f, limit)
     coll._storage_pins = f.result.pins
@@ -113,6 +111,7 @@ class StreamedMembers:
         self.doc_offsets, self.doc_base = map_end_to_end([(None, x.documents + 1) for x in m], F.OFFSET_DTYPE)
         self.cond = threading.Condition()
         self.resident: dict[int, tuple[int, list, object]] = {}  # member -> (bytes, files, pin)
+        self.stores: dict[int, object] = {}  # resident member with images -> its Store (image files mapped)
         self.fetching: dict[int, int] = {}  # member -> bytes reserved
         self.pinned: dict[int, int] = {}  # member -> batches in flight holding it
         self.used = 0  # bytes resident or reserved
@@ -140,9 +139,7 @@ class StreamedMembers:
         seg = np.asarray(segments[rows], dtype=np.int64).reshape(-1, 3)
         member = self.coll.member_of(seg[:, 0])
         members = [int(m) for m in np.unique(member)]
-        with self.cond:
-            for m in members:
-                self.pinned[m] = self.pinned.get(m, 0) + 1
+        self._pin(members)
         try:
             for m in members:
                 self.ensure(m)
@@ -161,14 +158,36 @@ class StreamedMembers:
                                       found=int(seg[bad[0], 2]))
             yield
         finally:
+            self._unpin(members, packs)
+
+    @contextmanager
+    def images(self, m: int):
+        """The ``ImageStore`` of member ``m`` (one with images), local and not evicted while the block runs. Inside
+        ``hold`` of a pack of ``m`` it is resident and pinned already; outside, this fetches it (the plan unmoved)."""
+        self._pin([m])
+        try:
+            self.ensure(m)
             with self.cond:
-                for m in members:
-                    self.pinned[m] -= 1
-                    if not self.pinned[m]:
-                        del self.pinned[m]
-                if self.plan is not None and packs is not None and not self.plan.advance(packs):
-                    self.plan = None  # least recently used from here
-                self.cond.notify_all()
+                store = self.stores[m]
+            yield store.images
+        finally:
+            self._unpin([m], None)
+
+    def _pin(self, members: list) -> None:
+        with self.cond:
+            for m in members:
+                self.pinned[m] = self.pinned.get(m, 0) + 1
+
+    def _unpin(self, members: list, packs: np.ndarray | None) -> None:
+        """Release ``members``; ``packs``: the batch just read, which moves the plan (None: a read outside the plan)."""
+        with self.cond:
+            for m in members:
+                self.pinned[m] -= 1
+                if not self.pinned[m]:
+                    del self.pinned[m]
+            if self.plan is not None and packs is not None and not self.plan.advance(packs):
+                self.plan = None  # least recently used from here
+            self.cond.notify_all()
 
     def ensure(self, m: int) -> None:
         """Member ``m`` fetched (if absent) and mapped; waits for a fetch in flight in another thread."""
@@ -207,7 +226,7 @@ class StreamedMembers:
             self.fetching[m] = size
             self.used += size
         try:
-            local, pin = self._fetch_files(m, murl)
+            local, pin, store = self._fetch_files(m, murl)
             self._map(m, local)
         except BaseException as exc:
             try:  # nothing half-fetched stays mapped or on disk (outside the bound)
@@ -224,11 +243,14 @@ class StreamedMembers:
         with self.cond:
             del self.fetching[m]
             self.resident[m] = (size, [local / name for name in files], pin)
+            if store.num_images:
+                self.stores[m] = store
             self.cond.notify_all()
         return True
 
     def _fetch_files(self, m: int, murl: str):
-        """``(mirror folder, its pin)`` of member ``m``, every file verified and the member checked."""
+        """``(mirror folder, its pin, the member's Store)`` of member ``m``, every file verified and the member checked
+        (a member with images: its image arrays too, V14, V15, V19)."""
         from ..reader import Store
 
         f = _Fetcher(self.fetcher.so, self.fetcher.root, None, self.fetcher.mode)  # one per fetch: threads share none
@@ -238,12 +260,11 @@ class StreamedMembers:
                 local = f.dataset(murl, packs=False)  # every file hashed while it streams, then the manifest
             store = Store(local)  # its offsets checked (V13)
             self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
-            del store
         except BaseException:
             for pin in f.result.pins:
                 pin.close()
             raise
-        return local, f.result.pins[0]  # the member's own pin: other processes' eviction skips it while held
+        return local, f.result.pins[0], store  # the member's own pin: other processes' eviction skips it while held
 
     def _map(self, m: int, local: Path) -> None:
         x = self.coll.members[m]
@@ -281,6 +302,7 @@ class StreamedMembers:
 
     def _evict(self, m: int) -> None:
         size, files, pin = self.resident.pop(m)
+        self.stores.pop(m, None)  # its image files unmapped with it (torch._sources keeps copies of its tables only)
         self._unmap(m)
         pin.close()
         if files:

@@ -3,6 +3,8 @@ mapped end to end (``packfmt.collection.vmap``), behind one document table (``_k
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 
@@ -25,17 +27,59 @@ def _token_source(source):
 
 
 class _ImageIndex:
-    """Images of a dataset by dataset-wide id: ``doc_image_offsets``, spans relative to their document,
-    and ``decode``. Built once per process (when a pack first has images)."""
+    """Images of a dataset by dataset-wide id, one member at a time: a member's image table (``doc_image_offsets``,
+    spans relative to their document: ``collection.arrays.member_image_table``) is read when a pack first needs
+    it and kept (16 bytes per image, 8 per document); no member is opened before. A streamed collection
+    (``stream=True``) reads a member's table and blobs through ``StreamedMembers.images``: the member a batch holds."""
 
     def __init__(self, source) -> None:
-        from ..collection.arrays import relative_image_spans
+        self.source, self.stream = source, getattr(source, "_stream", None)
+        self.image_start = np.asarray(source.image_start, dtype=np.int64)
+        self.doc_start = np.asarray(source.doc_start, dtype=np.int64)
+        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-        self.source = source
-        spans, dio = relative_image_spans(source)
-        self.doc_image_offsets = np.zeros(source.num_documents + 1, dtype=np.int64) if dio is None else dio
-        self.relative_spans = np.zeros((0, 2), dtype=np.int64) if spans is None else spans
+    def _images(self, m: int):
+        """A context giving member ``m``'s ``ImageStore``."""
+        if self.stream is not None:
+            return self.stream.images(m)
+        return nullcontext(self.source.member(m).images)
+
+    def table(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(doc_image_offsets, relative spans)`` of member ``m`` (its own ids and documents)."""
+        t = self.tables.get(m)
+        if t is None:
+            from ..collection.arrays import member_image_table
+
+            with self._images(m) as images:
+                t = self.tables[m] = member_image_table(images.store)
+        return t
+
+    def in_segments(self, docs, begins, ends, starts=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Images whose runs lie inside segments ``(docs, begins, ends)`` (an image is never cut, V28): their
+        dataset-wide ids, int64 ``(k, 2)`` spans shifted to start at ``starts`` of their segment (relative to the
+        segment's begin when None), and the count in each segment."""
+        docs = np.asarray(docs, dtype=np.int64)
+        member = np.searchsorted(self.doc_start, docs, side="right") - 1
+        counts = np.zeros(docs.shape[0], dtype=np.int64)
+        ids, spans = [], []
+        for s, (d, b, e, m) in enumerate(zip(docs.tolist(), np.asarray(begins).tolist(), np.asarray(ends).tolist(),
+                                             member.tolist())):
+            if self.image_start[m + 1] == self.image_start[m]:
+                continue  # a member without images: nothing to open
+            dio, rel_all = self.table(m)
+            lo, hi = int(dio[d - self.doc_start[m]]), int(dio[d - self.doc_start[m] + 1])
+            if hi == lo:
+                continue
+            rel = rel_all[lo:hi]
+            keep = (rel[:, 0] >= b) & (rel[:, 1] <= e)
+            counts[s] = int(keep.sum())
+            ids.append(np.arange(lo, hi, dtype=np.int64)[keep] + self.image_start[m])
+            spans.append(rel[keep] - b + (0 if starts is None else int(starts[s])))
+        image_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        image_spans = np.concatenate(spans) if spans else np.zeros((0, 2), dtype=np.int64)
+        return image_ids, image_spans, counts
 
     def decode(self, j: int) -> np.ndarray:
-        m = int(np.searchsorted(self.source.image_start, j, side="right")) - 1
-        return self.source.member(m).images.decode(j - int(self.source.image_start[m]))
+        m = int(np.searchsorted(self.image_start, j, side="right")) - 1
+        with self._images(m) as images:
+            return images.decode(j - int(self.image_start[m]))

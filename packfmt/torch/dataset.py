@@ -220,15 +220,12 @@ class PackedDataset(Dataset):
         idx = self.index
         if not self.store.num_images:
             return np.zeros(len(self), dtype=np.int64)
-        segs = np.asarray(idx.segments)
-        images = _ImageIndex(self.store)
-        rel, dio = images.relative_spans, images.doc_image_offsets
-        counts = np.zeros(segs.shape[0], dtype=np.int64)
-        for s, (d, b, e) in enumerate(segs):  # one pass at sampler construction, not on the read path
-            lo, hi = dio[d], dio[d + 1]
-            if hi > lo:
-                r = rel[lo:hi]
-                counts[s] = int(((r[:, 0] >= b) & (r[:, 1] <= e)).sum())
+        if self._stream_args is not None:
+            raise ValueError(f"{self.store.url}: pack_num_images() (balance='images') reads every member's image "
+                             "table, so stream=True would fetch every member: use balance='tokens', or open without "
+                             "stream")
+        segs = np.asarray(idx.segments)  # one pass at sampler construction, not on the read path
+        counts = _ImageIndex(self.store).in_segments(segs[:, 0], segs[:, 1], segs[:, 2])[2]
         return _segment_sums(counts, np.asarray(idx.pack_offsets))
 
     # ------------------------------------------------------------------ items
@@ -324,33 +321,33 @@ class PackedDataset(Dataset):
         bJ = b8.view(native[0]) if native else b64 if a["ids_np"] is np.int64 else b32
         bI = b64 if a["index_np"] is np.int64 else b32
         starts = (0, s32, sJ // native[2] if native else 0)
-        with self._hold(np.array([i], dtype=np.int64)):
+        with self._hold(np.array([i], dtype=np.int64)):  # images too are read while the pack's members are held
             fill_item(a["tokens"], a["mask_or_dummy"], a["has_mask"], a["docs"], a["segments"], lo, hi, src,
                       a["mask_or_dummy"] if src_mask is None else src_mask, src_start, rows, b64, b32, bI, bJ, 0,
                       starts[gi] + ri * width, starts[gp] + rp * width, starts[gd] + rd * width, s32 + r32 * width,
                       r64 * width, r64 * width + k, width, i, a["pad_id"])
-        p64 = buf.view(torch.int64).split_with_sizes([width] * r64 + [k, 2, nbytes // 8 - n64])
-        p32 = buf.view(torch.int32).split_with_sizes([s32] + [width] * r32 + [k, nbytes // 4 - s32 - n32])
-        t = dict(zip(g64, p64))
-        t.update(zip(g32, p32[1:]))
-        if a["zero_copy"] is not None:
-            t["input_ids"] = a["zero_copy"][src_start:src_start + n]
-        elif native:
-            t["input_ids"] = buf.view(native[1])[sJ // native[2]:sJ // native[2] + width]
-        num_label_tokens, pack_id = p64[r64 + 1].unbind(0)
-        out = {"input_ids": t["input_ids"], "labels": t["labels"]}
-        for name in ("position_ids", "doc_ids"):
-            if name in t:
-                out[name] = t[name]
-        out.update(seq_lens=p32[r32 + 1], document_ids=p64[r64], num_label_tokens=num_label_tokens,
-                   pack_id=pack_id)
-        if a["images"] is not None:
-            segs = a["segments"][lo:hi]
-            lens = out["seq_lens"].numpy().astype(np.int64)
-            starts = np.zeros_like(lens)
-            np.cumsum(lens[:-1], out=starts[1:])
-            out.update(self._images(segs[:, 0], segs[:, 1], segs[:, 2], starts))
-        return out
+            p64 = buf.view(torch.int64).split_with_sizes([width] * r64 + [k, 2, nbytes // 8 - n64])
+            p32 = buf.view(torch.int32).split_with_sizes([s32] + [width] * r32 + [k, nbytes // 4 - s32 - n32])
+            t = dict(zip(g64, p64))
+            t.update(zip(g32, p32[1:]))
+            if a["zero_copy"] is not None:
+                t["input_ids"] = a["zero_copy"][src_start:src_start + n]
+            elif native:
+                t["input_ids"] = buf.view(native[1])[sJ // native[2]:sJ // native[2] + width]
+            num_label_tokens, pack_id = p64[r64 + 1].unbind(0)
+            out = {"input_ids": t["input_ids"], "labels": t["labels"]}
+            for name in ("position_ids", "doc_ids"):
+                if name in t:
+                    out[name] = t[name]
+            out.update(seq_lens=p32[r32 + 1], document_ids=p64[r64], num_label_tokens=num_label_tokens,
+                       pack_id=pack_id)
+            if a["images"] is not None:
+                segs = a["segments"][lo:hi]
+                lens = out["seq_lens"].numpy().astype(np.int64)
+                starts = np.zeros_like(lens)
+                np.cumsum(lens[:-1], out=starts[1:])
+                out.update(self._images(segs[:, 0], segs[:, 1], segs[:, 2], starts))
+            return out
 
     def __getitems__(self, indices) -> "PackBatch":
         """Packs ``indices`` at once (what ``DataLoader`` calls for a batch): one kernel call.
@@ -382,8 +379,11 @@ class PackedDataset(Dataset):
                                        a["pack_offsets"], packs, src, mask if src_mask is None else src_mask, pto,
                                        materialized, widths, seq_bounds, item_rows, batch_rows, ar.typed(np.int64),
                                        ar.typed(np.int32), ar.typed(I), ar.typed(J), offsets, a["pad_id"])
-        return PackBatch(self, ar, packs, lengths, widths, seq_bounds, cols, int(longest), int(kept),
-                         padded=self.pad_to_capacity)
+            batch = PackBatch(self, ar, packs, lengths, widths, seq_bounds, cols, int(longest), int(kept),
+                              padded=self.pad_to_capacity)
+            if a["stream"] is not None and a["images"] is not None:
+                list(batch)  # every item built now: its images read while the members are held (evicted after)
+        return batch
 
     def _hold(self, packs: np.ndarray):
         """A streamed collection (``stream=True``): the members ``packs`` touch, local and pinned while the block
@@ -396,18 +396,7 @@ class PackedDataset(Dataset):
     def _images(self, docs, begins, ends, starts) -> dict[str, Any]:
         """Decoded images of the pack and their token spans inside the pack."""
         images = self._views()["images"]
-        dio, rel_all = images.doc_image_offsets, images.relative_spans
-        ids, spans = [], []
-        for d, b, e, s in zip(docs, begins, ends, starts):
-            lo, hi = int(dio[d]), int(dio[d + 1])
-            if hi == lo:
-                continue
-            rel = rel_all[lo:hi]
-            keep = (rel[:, 0] >= b) & (rel[:, 1] <= e)
-            ids.append(np.arange(lo, hi, dtype=np.int64)[keep])
-            spans.append(rel[keep] - b + s)
-        image_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-        image_spans = np.concatenate(spans) if spans else np.zeros((0, 2), dtype=np.int64)
+        image_ids, image_spans, _ = images.in_segments(docs, begins, ends, starts)
         decoded = []
         for j in image_ids:
             arr = images.decode(int(j))
