@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import packfmt
 from packfmt import format as F
 from packfmt._io import checksum_file
 from packfmt.cli import main
@@ -30,7 +31,9 @@ from packfmt.torch import PackedDataset
 from packfmt.torch.testing import write_flat_dataset
 from packfmt.validate import validate
 
+from limits import time_limit
 from mixed_stores import build_mixed_stores
+from s3_server import BUCKET, cache, s3_server  # noqa: F401  (fixtures; the server starts for the remote test only)
 
 NAME = "c48"
 #: Compared key by key; ``document_ids`` and ``image_ids`` are ids of OUT's own documents and images.
@@ -240,7 +243,7 @@ def test_record_that_disagrees_with_the_index_is_refused(out, tmp_path):
     assert [p.field for p in validate(root).errors] == ["layout.index"]
 
 
-def test_cli_usage_and_existing_output(mix, out, capsys):
+def test_cli_usage_and_existing_output(mix, out, capsys, tmp_path):
     assert main(["pack", str(mix.path), "--capacity", "48", "--shard-size", "1MiB"]) == 2
     assert "--shard-size" in capsys.readouterr().err
     assert main(["pack", str(mix.path), "--capacity", "48", "--shards", "x", "--shard-size", "lots"]) == 2
@@ -250,10 +253,25 @@ def test_cli_usage_and_existing_output(mix, out, capsys):
     with pytest.raises(DatasetExistsError):
         write_shards(mix, NAME, out.path)
     with pytest.raises(WriteError):
-        write_shards(mix, NAME, "s3://bucket/out")
+        write_shards(mix, NAME, tmp_path / "x", shard_bytes=0)
     assert parse_size("256MiB") == 256 << 20 and parse_size("1GB") == 10**9 and parse_size("4096") == 4096
     with pytest.raises(ValueError):
         parse_size("0.1")
+
+
+def test_remote_out_is_uploaded_and_reads_the_same(mix, s3_server, cache, tmp_path):
+    """A URL OUT: written where the cache mirrors it, uploaded manifest last; read back through a fresh cache."""
+    url = f"s3://{BUCKET}/shards/out"
+    with time_limit(120, "write_shards to a moto server"):
+        dst = write_shards(mix, NAME, url, shard_bytes=6 * 1024)
+        keys = {k.split("/shards/out/", 1)[1] for k in s3_server.find(f"{BUCKET}/shards/out")}
+        assert {F.MANIFEST, f"{F.PACKS_DIR}/{NAME}/{F.PACK_INDEX_JSON}", f"shards/00000/{F.TOKENS}"} <= keys
+        assert len(dst.members) == len({k.split("/")[1] for k in keys if k.startswith("shards/")})
+        fresh = packfmt.open(url, cache_dir=tmp_path / "fresh")
+        assert_same_packs(str(mix.path), fresh, NAME)
+        assert validate(url, deep=True).ok
+        with pytest.raises(DatasetExistsError):
+            write_shards(mix, NAME, url)
 
 
 # ------------------------------------------------------------------------------------------ property

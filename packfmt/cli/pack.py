@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--materialize", action="store_true", help="also write tokens in pack order (contiguous packs)")
     p.add_argument("--shards", metavar="OUT",
                    help="then also write the packs in pack order as the collection OUT (members shards/00000, ... of "
-                        "about --shard-size each, cut at pack boundaries; OUT/packs/NAME reads exactly as this index): "
+                        "about --shard-size each, cut at pack boundaries; OUT/packs/NAME reads exactly as this index; "
+                        "OUT may be s3://..., uploaded manifest last): "
                         "what a streamed collection shuffles shard by shard (spec/COLLECTION.md §9)")
     p.add_argument("--shard-size", metavar="SIZE", default="256MiB", type=_size,
                    help="with --shards: bytes of tokens, loss mask and images per shard (default 256MiB)")

@@ -15,7 +15,7 @@ from .. import format as F
 from ..errors import FormatError
 from ..index_format import check_index_name
 
-__all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "parse_layout", "layout_of"]
+__all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "layout_of", "parse_layout"]
 
 #: The one kind of layout 1.3 defines: members hold the packs of one index, in pack order.
 LAYOUT_KIND = "pack-ordered"

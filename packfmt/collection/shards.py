@@ -36,7 +36,7 @@ from .manifest import Member, member_list_checksum
 from .reader import Collection
 from .writer import collection_manifest, prepare_destination
 
-__all__ = ["write_shards", "DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size"]
+__all__ = ["DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size", "write_shards"]
 
 #: What a shard holds before the next pack starts another one (tokens + loss mask + image bytes).
 DEFAULT_SHARD_BYTES = 256 << 20
@@ -55,9 +55,12 @@ def parse_size(text: str) -> int:
     unit = s[len(num):]
     if unit not in _UNITS or not num:
         raise ValueError(f"expected a size such as 256MiB, 1GiB, 500MB or 1048576, got {text!r}")
-    value = float(num) * _UNITS[unit]
-    if not value >= 1 or value != value:
-        raise ValueError(f"expected a size of at least 1 byte, got {text!r}")
+    try:
+        value = float(num) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"expected a size such as 256MiB, 1GiB, 500MB or 1048576, got {text!r}") from None
+    if not 1 <= value < F.INT64_MAX:  # NaN and infinity included
+        raise ValueError(f"expected a size of at least 1 byte and below 2^63, got {text!r}")
     return int(value)
 
 
@@ -68,19 +71,24 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
     ``dataset``: a store or a collection (or its path or URL); a store is a collection of one.
     ``index``: the name of its pack index (None: the only one). Shards are cut at the first pack
     boundary at or after ``shard_bytes`` bytes of tokens, loss mask and encoded images. ``out`` is
-    published atomically (a temporary sibling, its ``manifest.json`` written last, one rename).
-    Returns ``out`` opened; its index of the same name gives every pack exactly as the source's.
+    published atomically (a temporary sibling, its ``manifest.json`` written last, one rename); a
+    URL ``out`` is written where the cache mirrors it, then uploaded with ``manifest.json`` last
+    (spec/FORMAT.md §5.4). Returns ``out`` opened; its index of the same name gives every pack
+    exactly as the source's.
     """
     from ..storage import is_url
 
-    if is_url(str(out)):
-        raise WriteError(f"{out}: --shards writes a local directory; write it here, then upload it (e.g. "
-                         "`aws s3 sync OUT s3://...`, manifest.json last)", field="out", expected="a local path",
-                         found=str(out))
     if not isinstance(shard_bytes, (int, np.integer)) or isinstance(shard_bytes, bool) or shard_bytes < 1:
         raise WriteError(field="shard_bytes", expected="an integer >= 1", found=repr(shard_bytes))
     t0 = time.perf_counter()
     ds = as_dataset(dataset, storage_options=storage_options)
+    if is_url(str(out)):  # written where the cache mirrors ``out``, then uploaded: shards, index, manifest last
+        from ..opening import open_dataset
+        from ..storage.upload import remote_output
+
+        with remote_output(str(out), storage_options, overwrite=overwrite) as local:
+            write_shards(ds, index, local, shard_bytes=shard_bytes)
+        return open_dataset(str(out), storage_options=storage_options)
     idx = ds.pack_index(index)
     pm = idx.manifest
     segs, po = np.asarray(idx.segments, dtype=np.int64), np.asarray(idx.pack_offsets, dtype=np.int64)

@@ -95,10 +95,9 @@ class _CollectionView:
     """What the index checks of ``packfmt.validate`` ask of a dataset, answered for a collection."""
 
     def __init__(self, root: Path, cm, out, members_ok: bool) -> None:
+        from .layout import layout_of
         from .manifest import member_list_checksum
         from .reader import Collection
-
-        from .layout import layout_of
 
         self.root, self.out = root, out
         self.layout = layout_of(cm)  # a pack-ordered layout (§9): its index has its own coverage rule
