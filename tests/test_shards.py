@@ -132,6 +132,10 @@ def test_validate_structural_deep_and_cli(out, capsys):
         assert report.ok and not report.problems, [p.message for p in report.problems]
     assert main(["validate", str(out.path), "--deep"]) == 0
     assert "valid" in capsys.readouterr().out
+    assert main(["inspect", str(out.path)]) == 0
+    text = capsys.readouterr().out
+    assert f"pack-ordered: index '{NAME}' in pack order, {len(out.members)} shard(s)" in text
+    assert "source mixture weights text=1.5" in text
 
 
 # ---------------------------------------------------------------------------------------------- refusals
