@@ -138,6 +138,16 @@ def test_validate_structural_deep_and_cli(out, capsys):
     assert "source mixture weights text=1.5" in text
 
 
+def test_physical_merge_leaves_the_laid_out_index_behind(out, tmp_path):
+    """A merged store's index covers documents by FORMAT.md §4.3, which the lookahead tokens break: not carried."""
+    from packfmt.collection import merge_physical
+
+    store = merge_physical([(None, out.path)], tmp_path / "one")
+    report = json.loads((tmp_path / "one" / F.MANIFEST).read_bytes())["build_report"]["pack_indexes"]
+    assert report["carried"] == [] and "pack-ordered layout" in report["not_carried"][NAME]
+    assert store.num_tokens == out.num_tokens and validate(store.path, deep=True).ok
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 def copy_of(out, tmp_path) -> Path:
     dst = tmp_path / "copy"
