@@ -273,10 +273,11 @@ def test_cli_usage_and_existing_output(mix, out, capsys, tmp_path):
         parse_size("0.1")
 
 
-def test_remote_out_is_uploaded_and_reads_the_same(mix, s3_server, cache, tmp_path):
-    """A URL OUT: written where the cache mirrors it, uploaded manifest last; read back through a fresh cache."""
+def test_remote_out_is_uploaded_and_reads_the_same(mix, out, s3_server, cache, tmp_path, monkeypatch):
+    """A URL OUT: written where the cache mirrors it, uploaded manifest last; read back through a fresh cache,
+    whole and streamed member by member."""
     url = f"s3://{BUCKET}/shards/out"
-    with time_limit(120, "write_shards to a moto server"):
+    with time_limit(240, "write_shards to a moto server, read back whole and streamed"):
         dst = write_shards(mix, NAME, url, shard_bytes=6 * 1024)
         keys = {k.split("/shards/out/", 1)[1] for k in s3_server.find(f"{BUCKET}/shards/out")}
         assert {F.MANIFEST, f"{F.PACKS_DIR}/{NAME}/{F.PACK_INDEX_JSON}", f"shards/00000/{F.TOKENS}"} <= keys
@@ -286,6 +287,34 @@ def test_remote_out_is_uploaded_and_reads_the_same(mix, s3_server, cache, tmp_pa
         assert validate(url, deep=True).ok
         with pytest.raises(DatasetExistsError):
             write_shards(mix, NAME, url)
+        # why shards: streamed in shards' order (shards shuffled, packs shuffled within each), each shard is
+        # fetched once, whatever the order inside it, with room for two shards only (text: images are not
+        # streamed yet)
+        text = mix.member_path(0)
+        build_pack_index(str(text), capacity=32, name="r32", overwrite=True)
+        dst = write_shards(str(text), "r32", f"{url}-text", shard_bytes=4 * 1024)
+        monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "streamed"))
+        biggest = max(doc_bytes(dst.member(m), 0, dst.member(m).num_documents) for m in range(len(dst.members)))
+        ds = PackedDataset(f"{url}-text", "r32", stream=True, cache_limit=2 * biggest + 4096)
+        reference = PackedDataset(str(text), "r32")
+        rng, ends = np.random.default_rng(0), np.concatenate([[0], np.cumsum(dst.manifest.raw["layout"]["member_packs"])])
+        for k in rng.permutation(len(dst.members)):
+            for p in rng.permutation(np.arange(ends[k], ends[k + 1])):
+                assert ds[int(p)]["labels"].tolist() == reference[int(p)]["labels"].tolist()
+        fetched = _fetched_tokens(tmp_path / "streamed")
+        assert len(dst.members) > 4 and sorted(fetched) == sorted(set(fetched)) and len(fetched) == len(dst.members)
+        # the same packs in a global shuffle fetch shards again and again
+        monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "shuffled"))
+        ds = PackedDataset(f"{url}-text", "r32", stream=True, cache_limit=2 * biggest + 4096)
+        for p in rng.permutation(len(ds))[:4 * len(dst.members)]:  # 4 packs per shard: a quarter of a shard's cost
+            ds[int(p)]
+        assert len(_fetched_tokens(tmp_path / "shuffled")) > 2 * len(dst.members)
+
+
+def _fetched_tokens(cache_root: Path) -> list[str]:
+    """The ``tokens.bin`` URLs a cache downloaded, one per download."""
+    log = (cache_root / "downloads.log").read_text().splitlines()
+    return [json.loads(line)["url"] for line in log if f"/{F.TOKENS}" in line]
 
 
 # ------------------------------------------------------------------------------------------ property
