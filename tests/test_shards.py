@@ -268,6 +268,9 @@ def test_cli_usage_and_existing_output(mix, out, capsys, tmp_path):
         write_shards(mix, NAME, out.path)
     with pytest.raises(WriteError):
         write_shards(mix, NAME, tmp_path / "x", shard_bytes=0)
+    with pytest.raises(WriteError, match="must go beside it"):
+        write_shards(mix, NAME, mix.path / "shards", overwrite=True)
+    assert Collection(mix.path).num_documents == mix.num_documents
     assert parse_size("256MiB") == 256 << 20 and parse_size("1GB") == 10**9 and parse_size("4096") == 4096
     with pytest.raises(ValueError):
         parse_size("0.1")

@@ -17,6 +17,7 @@ is the lookahead token, which is never an input.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -32,8 +33,9 @@ from ..version import __version__
 from ..writer import DatasetWriter, ImageRecord
 from .arrays import image_token_spans, token_sources
 from .layout import LAYOUT_KIND, LAYOUT_VERSION_STR
-from .manifest import Member, member_list_checksum
+from .manifest import Member, member_list_checksum, parse_collection_manifest
 from .reader import Collection
+from .unify import SHARED_KEYS
 from .writer import collection_manifest, prepare_destination
 
 __all__ = ["DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size", "write_shards"]
@@ -112,6 +114,10 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
         seg_bytes = seg_bytes + cum_img[last_image] - cum_img[first_image]
     cuts = shard_cuts(np.concatenate([[0], np.cumsum(seg_bytes)])[po], int(shard_bytes))
     out = Path(out)
+    here, there = Path(ds.path).resolve(), out.resolve()
+    if there == here or here in there.parents or there in here.parents:
+        raise WriteError(f"{out}: the shards of {ds.path} must go beside it, not onto or inside it (or it inside them)",
+                         field="out", expected="a path outside the source", found=str(out))
     prepare_destination(out, overwrite)
     tmp = temp_sibling(out)
     try:
@@ -121,8 +127,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
         for k in range(len(cuts) - 1):
             path = tmp / SHARDS_DIR / f"{k:05d}"
             w = _write_shard(path, ds, src, int(po[cuts[k]]), int(po[cuts[k + 1]]))
-            shared = {key: w.manifest()[key] for key in ("vocab_size", "token_dtype", "tokenizer", "special_tokens",
-                                                         "loss_mask")}
+            shared = {key: w.manifest()[key] for key in SHARED_KEYS}
             members.append((Member(f"{k:05d}", str(path), w.num_documents, w.num_tokens, w.num_images,
                                    checksum_file(path / F.MANIFEST)), path, shared))
         manifest = collection_manifest(members, tmp)
@@ -137,6 +142,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
                        "index": checksum_file(idx.path / F.PACK_INDEX_JSON), "mixture": pm.raw.get("mixture"),
                        **({"url": ds.url} if getattr(ds, "url", None) else {})},
         }
+        parse_collection_manifest(json.loads(F.canonical_json(manifest)))  # self-check (C1) before publishing
         write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))  # last: the commit point
         publish_dir(tmp, out, overwrite=overwrite)
     except BaseException:
@@ -208,7 +214,8 @@ class _Source:
 def _write_shard(path: Path, ds, src: _Source, s0: int, s1: int) -> DatasetWriter:
     """One shard: source segments ``s0 .. s1 - 1`` as documents, in order."""
     special = {k: ds.special_tokens.get(k) for k in F.SPECIAL_TOKEN_KEYS}
-    w = DatasetWriter(path, vocab_size=ds.vocab_size, tokenizer=ds.manifest.raw["tokenizer"], special_tokens=special,
+    tokenizer = {k: v for k, v in ds.manifest.raw["tokenizer"].items() if k != "path"}  # a host path: never (§2.2)
+    w = DatasetWriter(path, vocab_size=ds.vocab_size, tokenizer=tokenizer, special_tokens=special,
                       loss_mask=ds.has_loss_mask)
     try:
         a = s0
