@@ -264,6 +264,10 @@ def test_cli_usage_and_existing_output(mix, out, capsys, tmp_path):
     assert main(["pack", str(mix.path), "--capacity", "48", "--name", "again", "--shards", str(out.path)]) == 1
     assert "already exists" in capsys.readouterr().err and "again" not in mix.pack_index_names()  # refused first
     assert Collection(out.path).num_documents == out.num_documents
+    assert main(["pack", str(mix.path), "--capacity", "64", "--name", "j64", "--shards", str(tmp_path / "j"),
+                 "--json"]) == 0
+    shards = json.loads(capsys.readouterr().out)["shards"]
+    assert shards["documents"] == mix.pack_index("j64").manifest.num_segments == Collection(tmp_path / "j").num_documents
     with pytest.raises(DatasetExistsError):
         write_shards(mix, NAME, out.path)
     with pytest.raises(WriteError):
