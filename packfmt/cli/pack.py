@@ -41,7 +41,14 @@ def add_parser(sub) -> None:
     p.add_argument("--max-lost-fraction", type=float, default=0.01, metavar="F",
                    help="warn when --oversize truncate/drop leaves out more than this share of the tokens (default 0.01)")
     p.add_argument("--materialize", action="store_true", help="also write tokens in pack order (contiguous packs)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing index of the same name")
+    p.add_argument("--shards", metavar="OUT",
+                   help="then also write the packs in pack order as the collection OUT (members shards/00000, ... of "
+                        "about --shard-size each, cut at pack boundaries; OUT/packs/NAME reads exactly as this index; "
+                        "OUT may be s3://..., uploaded manifest last): "
+                        "what a streamed collection shuffles shard by shard (spec/COLLECTION.md §9)")
+    p.add_argument("--shard-size", metavar="SIZE", default="256MiB", type=_size,
+                   help="with --shards: bytes of tokens, loss mask and images per shard (default 256MiB)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing index of the same name (and OUT)")
     p.add_argument("--json", action="store_true", help="print the index statistics as JSON")
     p.set_defaults(func=run)
 
@@ -69,6 +76,18 @@ def run(args: argparse.Namespace) -> int:
         print("packfmt pack: error: --tokens is the total of a mixture by proportion; give --proportions "
               "NAME=SHARE,... with it", file=sys.stderr)
         return 2
+    if args.shards is None and args.shard_size != _size("256MiB"):
+        print("packfmt pack: error: --shard-size is the size of the shards --shards OUT writes; give --shards with it",
+              file=sys.stderr)
+        return 2
+    if args.shards is not None and not args.overwrite:  # refused before packing, not after
+        from pathlib import Path
+
+        from ..errors import DatasetExistsError
+
+        if Path(args.shards).exists():
+            raise DatasetExistsError(file=args.shards, expected="no existing path", found="exists",
+                                     cli=f"--shards {args.shards}: already exists (pass --overwrite to replace it)")
     weights = parse_weights(args.weights) if args.weights is not None else None
     proportions = None if args.proportions is None else parse_weights(
         args.proportions, "--proportions", "SHARE", "web=0.6,code=0.3,books=0.1")
@@ -92,8 +111,9 @@ def run(args: argparse.Namespace) -> int:
               f"tokens ({lost['fraction']:.2%}), more than --max-lost-fraction {args.max_lost_fraction}; keep them "
               f"with --oversize split, or a larger --capacity (longest document: {longest:,} tokens)", file=sys.stderr)
     if args.json:
+        shards = None if args.shards is None else _write_shards(args, index)
         print(json.dumps({"name": index.name, "path": str(index.path), "stats": stats, "lost_tokens": lost,
-                          "mixture": mixture}, indent=2))
+                          "mixture": mixture, **({"shards": shards} if shards else {})}, indent=2))
         return 0
     where = f"{store.url}/{F.PACKS_DIR}/{index.name}" if getattr(store, "url", None) else index.path
     print(f"wrote pack index {index.name!r} to {where}")
@@ -112,7 +132,31 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join("  " + line for line in format_mixture(mixture)))
     print(f"  took {stats['seconds']:.3f} s")
+    if args.shards is not None:
+        shards = _write_shards(args, index)
+        print(f"wrote {shards['members']:,} shard(s) of about {args.shard_size:,} bytes to {shards['path']} "
+              f"({shards['documents']:,} documents: one per segment, {shards['lookahead_tokens']:,} with a lookahead "
+              f"token); its index {index.name!r} reads as this one")
     return 0
+
+
+def _write_shards(args: argparse.Namespace, index) -> dict:
+    """``--shards OUT``: the packs of the index just written, in pack order, as the collection OUT."""
+    from ..collection.shards import write_shards
+
+    out = write_shards(index.store, index.name, args.shards, shard_bytes=args.shard_size, overwrite=args.overwrite)
+    return {"path": str(out.path), "members": len(out.members), "documents": out.num_documents,
+            "tokens": out.num_tokens, "lookahead_tokens": out.manifest.raw["layout"]["lookahead_tokens"]}
+
+
+def _size(text: str) -> int:
+    """``--shard-size``: bytes, with an optional unit (256MiB, 1GiB, 500MB)."""
+    from ..collection.shards import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _token_count(text: str) -> int:

@@ -40,6 +40,7 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
         "special_tokens": dict(coll.special_tokens),
         "members": members,
         "unified": {key: list(names) for key, names in coll.manifest.unified.items()},
+        "layout": raw.get("layout"),  # a pack-ordered layout (spec/COLLECTION.md §9), or None
         "document_lengths": length_stats(lengths),
         "loss_mask": None,
         "pack_indexes": {},
@@ -49,11 +50,16 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
         trained = sum((1.0 if coll.all_trained[m] else mask_fraction(coll.member(m).loss_mask, progress)) * e.tokens
                       for m, e in enumerate(coll.members))
         out["loss_mask"] = {"trained_fraction": trained / total if total else 0.0, "trained_tokens": int(round(trained))}
+    layout = raw.get("layout")
     for name in coll.pack_index_names():
         index = coll.pack_index(name)
         mixture = index.manifest.raw.get("mixture")
-        summary = index_summary(index, lengths if mixture is None else _copy_lengths(coll, lengths, mixture, index),
-                                batch_size)
+        if layout is not None and layout.get("index") == name:  # its documents as the index covers them (§9.2)
+            segs = np.asarray(index.segments)
+            seen = segs[:, 2] - segs[:, 1] if np.array_equal(segs[:, 0], np.arange(lengths.shape[0])) else lengths
+        else:
+            seen = lengths if mixture is None else _copy_lengths(coll, lengths, mixture, index)
+        summary = index_summary(index, seen, batch_size)
         if mixture is not None:
             summary["mixture"] = mixture
         out["pack_indexes"][name] = summary
@@ -110,6 +116,13 @@ def format_collection(s: dict) -> str:
 
     for key, names in s.get("unified", {}).items():
         lines.append(f"unified   {key}: {', '.join(names)} ({MEANING[key]})")
+    layout = s.get("layout")
+    if layout is not None:
+        lines.append(f"layout    {layout['kind']}: index {layout['index']!r} in pack order, {len(layout['member_packs']):,} "
+                     f"shard(s) of ~{layout['shard_bytes']:,} bytes; {layout['lookahead_tokens']:,} lookahead token(s) "
+                     f"(labels only, never inputs); from {layout['source']['name']!r}")
+        if layout["source"].get("mixture"):
+            lines += ["  source " + line for line in format_mixture(layout["source"]["mixture"])[:1]]
     lines += length_and_mask_lines(s)
     for name, ix in s["pack_indexes"].items():
         lines += format_index(name, ix)

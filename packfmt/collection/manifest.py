@@ -13,6 +13,7 @@ import xxhash
 
 from .. import format as F
 from ..errors import FormatError, UnsupportedVersionError
+from .layout import parse_layout
 from .unify import SHARED_KEYS, parse_unified
 
 __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
@@ -141,4 +142,5 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
     shared = {"vocab_size": vocab, "token_dtype": dtype, "tokenizer": tokenizer, "special_tokens": special,
               "loss_mask": loss_mask}
     unified = parse_unified(obj, [m.name for m in members], shared, version, file=file)
+    parse_layout(obj, version, file=file)  # 1.3: a pack-ordered layout (spec/COLLECTION.md §9)
     return CollectionManifest(version, shared, unified, tuple(members), sums["documents"], sums["tokens"], sums["images"], obj)

@@ -128,7 +128,7 @@ def parse_unified(obj: dict, names: list[str], shared: dict, version: tuple[int,
     out = {}
     for key, listed in raw.items():
         if key not in UNIFIABLE:
-            if version > (1, 2):
+            if version > (1, 3):  # 1.3 (layout, §9) added no key here
                 continue
             raise FormatError(file=file, field=f"unified.{key}", expected=f"one of {list(UNIFIABLE)}", found=repr(key))
         field = f"unified.{key}"

@@ -139,8 +139,8 @@ class _IndexChecks:
             _check_checksum(self.out, self.dir / fname, self.file(fname), entry, bar)  # V26
         if not self.segments_ok:
             return  # reported structurally
-        if self.pm.raw.get("mixture") is None:  # one bounded pass over the segments, in runs of packs
-            # (a mixture's rounds and record: collection.validate's whole-array checks below)
+        if self._bounded_deep():  # one bounded pass over the segments, in runs of packs
+            # (a mixture's rounds and record, a laid-out index: collection.validate's whole-array checks below)
             from .index_pass import deep_pass
 
             deep_pass(self, bar)
@@ -156,6 +156,10 @@ class _IndexChecks:
         self._coverage_and_stats(segs, po, seg_len, length, doc_len, per_doc)  # V31, V33
         if self.pm.materialized:
             self._materialized(segs, po, seg_len, off, bar)  # V32
+
+    def _bounded_deep(self) -> bool:
+        """Whether ``deep`` checks this index in one bounded pass (FORMAT §4.3 coverage): not a mixture's."""
+        return self.pm.raw.get("mixture") is None
 
     def _max_docs(self, po) -> None:
         """V30: each pack holds at most ``params.max_docs_per_pack`` segments."""

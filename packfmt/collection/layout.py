@@ -1,0 +1,72 @@
+"""The ``layout`` record of a collection manifest (spec/COLLECTION.md §9): C1 of a pack-ordered layout.
+
+Floor 0 like ``collection.manifest``: plain JSON checked key by key. A collection written by
+``packfmt pack --shards`` (``collection.shards``) records here which of its pack indexes is laid
+out in pack order over its members, so that validation checks that index by the layout's coverage
+rule (every document once, as ``[0, L)`` or ``[0, L - 1)``: the lookahead token only a label)
+instead of FORMAT.md §4.3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import format as F
+from ..errors import FormatError
+from ..index_format import check_index_name
+
+__all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "layout_of", "parse_layout"]
+
+#: The one kind of layout 1.3 defines: members hold the packs of one index, in pack order.
+LAYOUT_KIND = "pack-ordered"
+#: ``layout`` was added in collection format 1.3; a collection with one is written as 1.3.
+LAYOUT_VERSION = (1, 3)
+LAYOUT_VERSION_STR = "1.3"
+
+
+def parse_layout(obj: dict, version: tuple[int, int], *, file: str) -> dict | None:
+    """C1 of ``layout``: None when absent (or, in a collection of a minor version newer than 1.3, of a
+    kind this reader does not know: it reads the data the same and checks that index by FORMAT §4.3)."""
+    if "layout" not in obj:
+        return None
+    raw = obj["layout"]
+    if version < LAYOUT_VERSION:
+        raise FormatError(file=file, field="layout", expected=f"absent in a collection of format "
+                          f"{version[0]}.{version[1]} (added in {LAYOUT_VERSION_STR})", found=repr(raw)[:200])
+    if not isinstance(raw, dict):
+        raise FormatError(file=file, field="layout", expected="an object", found=repr(raw)[:200])
+    kind = F.require(raw, "kind", str, file=file, prefix="layout.")
+    if kind != LAYOUT_KIND:
+        if version > LAYOUT_VERSION:
+            return None
+        raise FormatError(file=file, field="layout.kind", expected=repr(LAYOUT_KIND), found=repr(kind))
+    index = F.require(raw, "index", str, file=file, prefix="layout.")
+    try:
+        check_index_name(index)
+    except FormatError as exc:
+        raise FormatError(file=file, field="layout.index", expected=exc.expected, found=exc.found) from None
+    for key in ("shard_bytes", "lookahead_tokens"):
+        value = F.require(raw, key, int, file=file, prefix="layout.")
+        F.nonneg(value, file=file, field=f"layout.{key}", low=1 if key == "shard_bytes" else 0)
+    packs = F.require(raw, "member_packs", list, file=file, prefix="layout.")
+    n_members = len(obj["members"]) if isinstance(obj.get("members"), list) else None
+    if len(packs) != n_members or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= F.INT64_MAX
+                                         for x in packs):
+        raise FormatError(file=file, field="layout.member_packs", expected=f"one integer >= 1 per member ({n_members}): "
+                          "the packs each member holds, in order", found=repr(packs)[:200])
+    source = F.require(raw, "source", dict, file=file, prefix="layout.")
+    for key in ("manifest", "index"):
+        digest = F.require(source, key, str, file=file, prefix="layout.source.")
+        if not F.CHECKSUM_RE.match(digest):
+            raise FormatError(file=file, field=f"layout.source.{key}", expected='"xxh3_64:" + 16 lowercase hex digits',
+                              found=repr(digest))
+    F.require(source, "name", str, file=file, prefix="layout.source.")
+    if "url" in source:
+        F.require(source, "url", str, file=file, prefix="layout.source.")
+    F.require(source, "mixture", (dict, type(None)), file=file, prefix="layout.source.")
+    return raw
+
+
+def layout_of(manifest: Any) -> dict | None:
+    """The checked ``layout`` record of a parsed collection manifest (``CollectionManifest``), or None."""
+    return parse_layout(manifest.raw, manifest.version, file=F.MANIFEST)
