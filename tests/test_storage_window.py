@@ -18,7 +18,7 @@ from packfmt.collection import write_collection
 from packfmt.storage.upload import upload_tree
 from packfmt.torch import DistributedPackSampler, PackedDataset, collate_varlen
 from packfmt.torch.prefetch import prefetch
-from packfmt.torch.testing import next_fit_segments, write_pack_index
+from packfmt.torch.testing import next_fit_members, write_pack_index
 
 from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
 from test_storage_stream import _fetched, _member_bytes, _on_disk
@@ -40,13 +40,7 @@ def remote(s3_server, tmp_path_factory):
             for n in rng.integers(1, 40, 8):
                 w.add_document(rng.integers(0, 1000, int(n)), rng.integers(0, 2, int(n)))
     coll = write_collection(root / "coll" / "c", [(None, p) for p in paths])
-    segs, offsets = [], [0]
-    for m in range(MEMBERS):
-        lo, hi = int(coll.doc_start[m]), int(coll.doc_start[m + 1])
-        s, po = next_fit_segments(coll.doc_lengths[lo:hi], 64)
-        segs.append(s + [lo, 0, 0])
-        offsets += (po[1:] + offsets[-1]).tolist()
-    write_pack_index(coll, np.concatenate(segs), np.array(offsets), capacity=64, name="m")
+    write_pack_index(coll, *next_fit_members(coll.doc_lengths, coll.doc_start, 64), capacity=64, name="m")
     url = f"s3://{BUCKET}/window"
     upload_tree(root / "coll", url)
     return root / "coll" / "c", f"{url}/c", _member_bytes(paths)

@@ -21,7 +21,7 @@ from packfmt.collection import write_collection
 from packfmt.errors import PackfmtError
 from packfmt.torch import DistributedPackSampler, PackedDataset, PackSampler, SamplerStateError
 from packfmt.torch._deal import epoch_order, group_runs, window_order
-from packfmt.torch.testing import write_flat_dataset, write_pack_index, write_split_stores
+from packfmt.torch.testing import next_fit_members, write_flat_dataset, write_pack_index, write_split_stores
 from test_torch_elastic import assert_epoch_multiset, check_epoch, roundtrip, run, spec_entries, spec_order
 
 MEMBERS, DOCS = 10, 6  # documents per member
@@ -213,3 +213,16 @@ def test_a_state_with_another_window_is_refused(coll):
     resumed = DistributedPackSampler(ds, 2, 1, seed=1, window=2)
     resumed.load_state_dict(roundtrip(states[1]))
     assert list(resumed) == DistributedPackSampler(ds, 2, 1, seed=1, window=2).epoch_indices(0)[3:].tolist()
+
+
+def test_next_fit_members_never_mixes_members(coll):
+    segs, offsets = next_fit_members(coll.doc_lengths, coll.doc_start, 40)
+    write_pack_index(coll, segs, offsets, capacity=40, name="nfm")
+    ds = PackedDataset(coll, "nfm")
+    members = coll.member_of(segs[:, 0])
+    groups = ds.pack_groups()
+    assert np.array_equal(np.repeat(groups, np.diff(offsets)), members)  # every segment in its pack's member
+    assert np.all(np.diff(groups) >= 0) and group_runs(groups)[1] == -1
+    assert np.array_equal(np.bincount(segs[:, 0], weights=segs[:, 2] - segs[:, 1]), coll.doc_lengths)  # all tokens
+    assert (ds.pack_num_tokens() <= 40).all()
+    DistributedPackSampler(ds, 2, 0, window=3)  # accepted
