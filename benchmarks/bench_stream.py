@@ -177,7 +177,7 @@ def main() -> None:
             for name, order in orders:
                 seconds, tokens = read(full, order, args.warmup, args.step_ms / 1e3)
                 rows.append({"order": name, "case": "fully cached", "open_s": full_open_s, "tokens": tokens,
-                             "seconds": seconds, "fetched_x": None})
+                             "seconds": seconds})
                 cache = tmp / f"cache-stream-{len(rows)}"
                 os.environ["PACKFMT_CACHE"] = str(cache)
                 t0 = time.perf_counter()
