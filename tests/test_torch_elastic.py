@@ -69,10 +69,10 @@ def spec_order(n, seed, epoch, shuffle, window=None, groups=None):
             runs.append([])
         runs[-1].append(p)
     by_window = rng.permutation(len(runs))  # window i holds groups by_window[i*K : (i+1)*K]
-    rank = rng.permutation(n)
+    key = rng.permutation(n)
     order = []
     for i in range(0, len(runs), window):
-        order += sorted((p for g in by_window[i:i + window] for p in runs[g]), key=lambda p: rank[p])
+        order += sorted((p for g in by_window[i:i + window] for p in runs[g]), key=lambda p: key[p])
     return order
 
 

@@ -169,7 +169,8 @@ def test_pack_groups_and_a_store_is_one_group(coll, tmp_path):
     ds = index_of(coll, [(4, [6]), (1, [3, 3]), (7, [1, 5])])
     assert ds.pack_groups().tolist() == [4, 1, 1, 7, 7] and ds.pack_groups().dtype == np.int64
     lengths = np.arange(1, 13)
-    store = write_flat_dataset(tmp_path / "s", np.arange(int(lengths.sum())) % 50, np.concatenate([[0], np.cumsum(lengths)]),
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    store = write_flat_dataset(tmp_path / "s", np.arange(int(offsets[-1])) % 50, offsets,
                                vocab_size=50)
     write_pack_index(store, np.stack([np.arange(12), np.zeros(12, np.int64), lengths], axis=1), np.arange(13),
                      capacity=12, name="one")

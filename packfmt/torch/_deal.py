@@ -8,8 +8,8 @@ written once.
   without shuffle); it does not depend on the world size.
 - With a *window* of ``K`` groups (``window_order``; a pack's group is the member holding its first
   segment's document, and each group's packs are consecutive: ``group_runs``), the same generator
-  first permutes the ``G`` groups, cut into windows of ``K`` consecutive groups, then draws a rank
-  ``permutation(N)`` for every pack: the order lists the packs by (window, rank). A streamed
+  first permutes the ``G`` groups, cut into windows of ``K`` consecutive groups, then draws a sort
+  key ``permutation(N)`` for every pack: the order lists the packs by (window, key). A streamed
   collection so reads about ``K`` members at a time, each about once per epoch.
 - A *deal* over ``R`` ranks begins at a global position ``start`` (0, unless the epoch was
   resumed with another world size) and covers ``order[start:]``: cut to a multiple of ``R``
@@ -61,8 +61,8 @@ def window_order(runs: np.ndarray, seed: int, epoch: int, window: int) -> np.nda
 
     ``runs`` (from ``group_runs``): the group of every pack, ``0 .. G-1`` in pack order, each
     group's packs consecutive. With ``rng = default_rng([seed, epoch])``: ``g = rng.permutation(G)``
-    puts group ``g[i]`` in window ``i // window``; ``rank = rng.permutation(N)``; the order lists
-    the packs by window, then by rank.
+    puts group ``g[i]`` in window ``i // window``; ``key = rng.permutation(N)``; the order lists
+    the packs by window, then by key.
     """
     runs = np.asarray(runs, dtype=np.int64).reshape(-1)
     if window < 1:
@@ -74,8 +74,8 @@ def window_order(runs: np.ndarray, seed: int, epoch: int, window: int) -> np.nda
     rng = np.random.default_rng([seed, epoch])
     of_group = np.empty(num_groups, dtype=np.int64)
     of_group[rng.permutation(num_groups)] = np.arange(num_groups, dtype=np.int64) // window
-    rank = rng.permutation(n)
-    return np.lexsort((rank, of_group[runs])).astype(np.int64, copy=False)
+    key = rng.permutation(n)
+    return np.lexsort((key, of_group[runs])).astype(np.int64, copy=False)
 
 
 def deal_size(num_packs: int, start: int, num_replicas: int, drop_last: bool) -> int:
