@@ -2,9 +2,11 @@
 cached, behind a bandwidth cap.
 
 The collection (lognormal document lengths, uint16 ids, M members, one next-fit pack index of capacity
-4096 in document order) is uploaded to moto (S3 protocol, 127.0.0.1); reads go through a local TCP proxy
+4096 in document order: ``--packs member`` cuts the packs at member boundaries, as pack-ordered shards lay
+them out; ``--packs collection`` fills packs across them, so a pack may hold the end of one member and the
+start of the next) is uploaded to moto (S3 protocol, 127.0.0.1); reads go through a local TCP proxy
 that caps the bytes it forwards to ``--mbps`` MB/s in total (a token bucket shared by all connections):
-the honest stand-in for a network link. Rows, packs read in order in batches of 8 after ``--warmup``
+the honest stand-in for a network link. Rows: packs read in batches of 8 after ``--warmup``
 batches, each followed by a simulated training step of ``--step-ms`` (the time prefetch overlaps; 0 measures
 the loader alone, which a streamed read can only feed at the link's rate):
 
@@ -12,7 +14,18 @@ the loader alone, which a streamed read can only feed at the link's rate):
 - ``streamed``: ``PackedDataset(url, stream=True, cache_limit=10%)`` + ``prefetch(ds, order)``: members
   fetched while the batches before them are read.
 
-    python benchmarks/bench_stream.py [--docs 40000] [--members 40] [--mbps 2] [--step-ms 50]
+Each in three orders, side by side (``vs_cached``: streamed over fully cached in the same order):
+
+- ``in order``: packs 0, 1, 2, ... (each member fetched once);
+- ``window K`` (``--window``, default 2; 0 leaves it out): ``DistributedPackSampler(ds, window=K)``'s shuffled
+  epoch, whole members K at a time (spec/READER.md §6);
+- ``shuffle``: the plain shuffle of all packs, only its first ``--shuffle-batches`` batches (a member is fetched
+  again each time it comes back after being evicted: a whole epoch takes minutes at 2 MB/s; -1 reads it whole,
+  0 leaves it out).
+
+``fetched_x``: member bytes fetched over the member bytes of the packs read (in order: 1.0).
+
+    python benchmarks/bench_stream.py [--docs 40000] [--members 40] [--mbps 2] [--step-ms 50] [--window 2]
 """
 
 from __future__ import annotations
@@ -34,10 +47,16 @@ from bench_remote import start_server  # noqa: E402
 from common import RESULTS_DIR, machine_info, print_table, web_like_corpus, write_json  # noqa: E402
 
 from packfmt.collection import write_collection  # noqa: E402
+from packfmt.storage.errors import StorageError  # noqa: E402
 from packfmt.storage.upload import upload_tree  # noqa: E402
-from packfmt.torch import PackedDataset  # noqa: E402
+from packfmt.torch import DistributedPackSampler, PackedDataset  # noqa: E402
 from packfmt.torch.prefetch import prefetch  # noqa: E402
-from packfmt.torch.testing import next_fit_segments, write_flat_dataset, write_pack_index  # noqa: E402
+from packfmt.torch.testing import (  # noqa: E402
+    next_fit_members,
+    next_fit_segments,
+    write_flat_dataset,
+    write_pack_index,
+)
 
 CAPACITY, BATCH = 4096, 8
 
@@ -85,7 +104,7 @@ class Throttle:
             threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
 
 
-def make(root: Path, n_docs: int, members: int) -> tuple[Path, int]:
+def make(root: Path, n_docs: int, members: int, packs: str) -> tuple[Path, int, np.ndarray]:
     rng, lengths, offsets, tokens = web_like_corpus(n_docs)
     cuts = np.linspace(0, n_docs, members + 1).astype(np.int64)
     paths = []
@@ -94,14 +113,16 @@ def make(root: Path, n_docs: int, members: int) -> tuple[Path, int]:
         paths.append(root / "members" / f"m{m:05d}")
         write_flat_dataset(paths[-1], tokens[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], vocab_size=50_000)
     coll = write_collection(root / "coll", [(None, p) for p in paths])
-    segs, po = next_fit_segments(lengths, CAPACITY)
+    if packs == "member":
+        segs, po = next_fit_members(lengths, coll.doc_start, CAPACITY)
+    else:
+        segs, po = next_fit_segments(lengths, CAPACITY)
     write_pack_index(coll, segs, po, capacity=CAPACITY, name="p")
-    nbytes = sum(f.stat().st_size for p in paths for f in p.iterdir() if f.name != "manifest.json")
-    return coll.path, nbytes
+    member_bytes = np.array([sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") for p in paths])
+    return coll.path, int(member_bytes.sum()), member_bytes
 
 
-def read(ds, warmup: int, step_s: float) -> tuple[float, int]:
-    order = np.arange(len(ds))
+def read(ds, order: np.ndarray, warmup: int, step_s: float) -> tuple[float, int]:
     batches = [order[j:j + BATCH] for j in range(0, len(order), BATCH)]
     for b in batches[:warmup]:
         ds.__getitems__(b)
@@ -119,6 +140,11 @@ def main() -> None:
     ap.add_argument("--mbps", type=float, default=2.0, help="bandwidth cap, MB/s")
     ap.add_argument("--step-ms", type=float, default=50.0, help="simulated training step per batch (0: read only)")
     ap.add_argument("--warmup", type=int, default=4, help="batches read before the timing")
+    ap.add_argument("--packs", choices=("member", "collection"), default="member",
+                    help="next fit within each member (pack-ordered shards) or across the whole collection")
+    ap.add_argument("--window", type=int, default=2, help="members per window of the window-shuffle rows (0: none)")
+    ap.add_argument("--shuffle-batches", type=int, default=16,
+                    help="batches of the plain-shuffle rows (0: none; -1: the whole epoch, which refetches members)")
     args = ap.parse_args()
     proc, endpoint = start_server()
     try:
@@ -127,7 +153,7 @@ def main() -> None:
         s3fs.S3FileSystem().mkdir("bench")
         with tempfile.TemporaryDirectory(prefix="bench_stream_") as tmp:
             tmp = Path(tmp)
-            _, nbytes = make(tmp / "data", args.docs, args.members)
+            _, nbytes, member_bytes = make(tmp / "data", args.docs, args.members, args.packs)
             upload_tree(tmp / "data", "s3://bench/data")
             port = int(endpoint.rsplit(":", 1)[1])
             proxy = Throttle(("127.0.0.1", port), args.mbps * 1e6)
@@ -137,30 +163,61 @@ def main() -> None:
             os.environ["PACKFMT_CACHE"] = str(tmp / "cache-full")
             t0 = time.perf_counter()
             full = PackedDataset(url, "p")
-            open_s = time.perf_counter() - t0
-            seconds, tokens = read(full, args.warmup, args.step_ms / 1e3)
-            rows.append({"case": "fully cached", "open_s": open_s, "tokens": tokens, "seconds": seconds})
-            os.environ["PACKFMT_CACHE"] = str(tmp / "cache-stream")
-            t0 = time.perf_counter()
-            ds = PackedDataset(url, "p", stream=True, cache_limit=nbytes // 10)
-            open_s = time.perf_counter() - t0
-            prefetch(ds, np.arange(len(ds)), batch_size=BATCH)
-            seconds, tokens = read(ds, args.warmup, args.step_ms / 1e3)
-            fetched = sum(json.loads(line)["bytes"] for line in (tmp / "cache-stream" / "downloads.log").read_text()
-                          .splitlines() if "/members/" in line)
-            rows.append({"case": "streamed, limit 10%", "open_s": open_s, "tokens": tokens, "seconds": seconds})
+            full_open_s = time.perf_counter() - t0
+            orders = [("in order", np.arange(len(full)))]
+            if args.window:
+                orders.append((f"window {args.window}", DistributedPackSampler(
+                    full, 1, 0, seed=0, window=args.window).epoch_indices()))
+            if args.shuffle_batches:
+                shuffled = DistributedPackSampler(full, 1, 0, seed=0).epoch_indices()
+                if args.shuffle_batches > 0:
+                    shuffled = shuffled[:(args.warmup + args.shuffle_batches) * BATCH]
+                orders.append(("shuffle" if args.shuffle_batches < 0 else f"shuffle, first {args.shuffle_batches} "
+                               "batches", shuffled))
+            for name, order in orders:
+                seconds, tokens = read(full, order, args.warmup, args.step_ms / 1e3)
+                rows.append({"order": name, "case": "fully cached", "open_s": full_open_s, "tokens": tokens,
+                             "seconds": seconds})
+                cache = tmp / f"cache-stream-{len(rows)}"
+                os.environ["PACKFMT_CACHE"] = str(cache)
+                t0 = time.perf_counter()
+                ds = PackedDataset(url, "p", stream=True, cache_limit=nbytes // 10)
+                open_s = time.perf_counter() - t0
+                prefetch(ds, order, batch_size=BATCH)
+                try:
+                    seconds, tokens = read(ds, order, args.warmup, args.step_ms / 1e3)
+                except StorageError as e:  # a batch touches more members than the limit holds (the plain shuffle)
+                    rows.append({"order": name, "case": "streamed, limit 10%", "error": str(e).split(":")[1].strip()})
+                    print(f"{name}, streamed: {e}", file=sys.stderr)
+                    continue
+                fetched = sum(json.loads(line)["bytes"] for line in (cache / "downloads.log").read_text()
+                              .splitlines() if "/members/" in line)
+                rows.append({"order": name, "case": "streamed, limit 10%", "open_s": open_s, "tokens": tokens,
+                             "seconds": seconds, "fetched_bytes": fetched,
+                             "fetched_x": fetched / _bytes_touched(full, order, member_bytes)})
+                del ds
     finally:
         proc.terminate()
         proc.wait()
     for row in rows:
+        if "error" in row:
+            continue
         row["tokens_per_s"] = row["tokens"] / row["seconds"]
-        row["vs_cached"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
-    print_table(rows, ["case", "open_s", "tokens", "seconds", "tokens_per_s", "vs_cached"],
-                title=f"read in order after {args.warmup} warm-up batches, {args.step_ms} ms step per batch, {args.mbps} MB/s cap; members "
-                      f"{nbytes:,} bytes, streamed fetched {fetched:,} bytes of members")
-    write_json(RESULTS_DIR / "bench_stream.json", {"rows": rows, "fetched_bytes": fetched, "member_bytes": nbytes,
-                                                   "bandwidth_MBps": args.mbps, "machine": machine_info(),
-                                                   "args": vars(args)})
+        cached = next(r for r in rows if r["order"] == row["order"] and r["case"] == "fully cached")
+        row["vs_cached"] = row["tokens_per_s"] / cached["tokens_per_s"]
+    print_table(rows, ["order", "case", "open_s", "tokens", "seconds", "tokens_per_s", "vs_cached", "fetched_x",
+                       "error"],
+                title=f"after {args.warmup} warm-up batches, {args.step_ms} ms step per batch, {args.mbps} MB/s cap; "
+                      f"{args.members} members, {nbytes:,} bytes, packs next fit per {args.packs}")
+    write_json(RESULTS_DIR / "bench_stream.json", {"rows": rows, "member_bytes": nbytes, "bandwidth_MBps": args.mbps,
+                                                   "machine": machine_info(), "args": vars(args)})
+
+
+def _bytes_touched(ds, order: np.ndarray, member_bytes: np.ndarray) -> int:
+    """Bytes of the members the packs of ``order`` touch (each member once)."""
+    po, segs = np.asarray(ds.index.pack_offsets), np.asarray(ds.index.segments)
+    docs = np.concatenate([segs[po[p]:po[p + 1], 0] for p in order])
+    return int(member_bytes[np.unique(ds.store.member_of(docs))].sum())
 
 
 if __name__ == "__main__":

@@ -56,8 +56,24 @@ def roundtrip(obj):
 
 
 # ---------------------------------------------------------------------- the spec's rule, independently
-def spec_order(n, seed, epoch, shuffle):
-    return [int(x) for x in np.random.default_rng([seed, epoch]).permutation(n)] if shuffle else list(range(n))
+def spec_order(n, seed, epoch, shuffle, window=None, groups=None):
+    """The global order; with ``window`` (K) and ``groups`` (each pack's group), the window shuffle."""
+    if not shuffle:
+        return list(range(n))
+    rng = np.random.default_rng([seed, epoch])
+    if window is None:
+        return [int(x) for x in rng.permutation(n)]
+    runs = []  # the packs of each group, groups in pack order
+    for p in range(n):
+        if p == 0 or groups[p] != groups[p - 1]:
+            runs.append([])
+        runs[-1].append(p)
+    by_window = rng.permutation(len(runs))  # window i holds groups by_window[i*K : (i+1)*K]
+    key = rng.permutation(n)
+    order = []
+    for i in range(0, len(runs), window):
+        order += sorted((p for g in by_window[i:i + window] for p in runs[g]), key=lambda p: key[p])
+    return order
 
 
 def spec_entries(order, start, world, drop_last):
@@ -93,12 +109,12 @@ def run(ds, world, epoch, states, rounds, **cfg):
     return taken, [roundtrip(s.state_dict()) for s in samplers]
 
 
-def check_epoch(ds, runs, *, seed, epoch, shuffle, drop_last, balance):
+def check_epoch(ds, runs, *, seed, epoch, shuffle, drop_last, balance, window=None):
     """Replay ``runs`` = [(world, rounds or None), ...] (the last one to the end of the epoch) and check
     every round against the spec. Returns (all packs consumed in round order, the global order, the
     last run's start position and world size, the last states)."""
-    cfg = dict(seed=seed, shuffle=shuffle, drop_last=drop_last, balance=balance)
-    order = spec_order(len(ds), seed, epoch, shuffle)
+    cfg = dict(seed=seed, shuffle=shuffle, drop_last=drop_last, balance=balance, window=window)
+    order = spec_order(len(ds), seed, epoch, shuffle, window, None if window is None else ds.pack_groups().tolist())
     weights = ds.pack_num_tokens()
     consumed, states, pos, prev_world, totals, finisher = [], None, 0, None, None, None
     for world, rounds in runs:

@@ -1,11 +1,16 @@
 """An epoch's global order of packs and its deal over ranks (spec/READER.md §6).
 
-Pure functions of (number of packs, seed, epoch, shuffle, start, world size, drop_last): the
-sampler deals with them, and its state checks recompute positions with them, so the rule is
+Pure functions of (number of packs, seed, epoch, shuffle, window, start, world size, drop_last):
+the sampler deals with them, and its state checks recompute positions with them, so the rule is
 written once.
 
 - The *global order* of epoch ``e`` is ``default_rng([seed, e]).permutation(N)`` (``arange(N)``
   without shuffle); it does not depend on the world size.
+- With a *window* of ``K`` groups (``window_order``; a pack's group is the member holding its first
+  segment's document, and each group's packs are consecutive: ``group_runs``), the same generator
+  first permutes the ``G`` groups, cut into windows of ``K`` consecutive groups, then draws a sort
+  key ``permutation(N)`` for every pack: the order lists the packs by (window, key). A streamed
+  collection so reads about ``K`` members at a time, each about once per epoch.
 - A *deal* over ``R`` ranks begins at a global position ``start`` (0, unless the epoch was
   resumed with another world size) and covers ``order[start:]``: cut to a multiple of ``R``
   with ``drop_last``, else padded to one with the first packs of the epoch's order
@@ -16,14 +21,61 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["epoch_order", "deal_size", "deal_rounds", "deal_balanced", "done_positions"]
+__all__ = ["epoch_order", "window_order", "group_runs", "deal_size", "deal_rounds", "deal_balanced", "done_positions"]
 
 
-def epoch_order(num_packs: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """int64 ``(num_packs,)``: the epoch's global order of packs."""
+def epoch_order(num_packs: int, seed: int, epoch: int, shuffle: bool, window: int | None = None,
+                runs: np.ndarray | None = None) -> np.ndarray:
+    """int64 ``(num_packs,)``: the epoch's global order of packs.
+
+    ``window`` (with ``shuffle``): the window shuffle of ``window_order`` over the group ``runs`` of
+    ``group_runs``; None: a permutation of all packs.
+    """
+    if shuffle and window is not None:
+        return window_order(runs, seed, epoch, window)
     if shuffle:
         return np.random.default_rng([seed, epoch]).permutation(num_packs).astype(np.int64, copy=False)
     return np.arange(num_packs, dtype=np.int64)
+
+
+def group_runs(groups: np.ndarray) -> tuple[np.ndarray, int]:
+    """The runs of equal consecutive ``groups`` (int ``(N,)``: each pack's group, in pack order).
+
+    Returns:
+        runs: int64 ``(N,)``: the run of every pack, ``0 .. G-1`` in pack order;
+        split: the first pack that starts a run of a group an earlier run already holds (its
+            group's packs are not consecutive, and a window cannot hold the group whole), else -1.
+    """
+    groups = np.asarray(groups, dtype=np.int64).reshape(-1)
+    change = np.ones(groups.shape[0], dtype=bool)
+    change[1:] = groups[1:] != groups[:-1]
+    runs = np.cumsum(change, dtype=np.int64) - 1
+    firsts = np.flatnonzero(change)
+    _, seen_first = np.unique(groups[firsts], return_index=True)
+    repeated = np.setdiff1d(np.arange(firsts.shape[0]), seen_first)  # ascending
+    return runs, int(firsts[repeated[0]]) if repeated.size else -1
+
+
+def window_order(runs: np.ndarray, seed: int, epoch: int, window: int) -> np.ndarray:
+    """int64 ``(N,)``: the window shuffle of epoch ``epoch`` (spec/READER.md §6, "Window order").
+
+    ``runs`` (from ``group_runs``): the group of every pack, ``0 .. G-1`` in pack order, each
+    group's packs consecutive. With ``rng = default_rng([seed, epoch])``: ``g = rng.permutation(G)``
+    puts group ``g[i]`` in window ``i // window``; ``key = rng.permutation(N)``; the order lists
+    the packs by window, then by key.
+    """
+    runs = np.asarray(runs, dtype=np.int64).reshape(-1)
+    if window < 1:
+        raise ValueError(f"window: expected an integer >= 1 (groups per window), found {window!r}")
+    n = runs.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    num_groups = int(runs[-1]) + 1
+    rng = np.random.default_rng([seed, epoch])
+    of_group = np.empty(num_groups, dtype=np.int64)
+    of_group[rng.permutation(num_groups)] = np.arange(num_groups, dtype=np.int64) // window
+    key = rng.permutation(n)
+    return np.lexsort((key, of_group[runs])).astype(np.int64, copy=False)
 
 
 def deal_size(num_packs: int, start: int, num_replicas: int, drop_last: bool) -> int:

@@ -215,6 +215,13 @@ class PackedDataset(Dataset):
         """int64 ``(num_packs,)``: real (unpadded) tokens of every pack."""
         return self.index.pack_lengths
 
+    def pack_groups(self) -> np.ndarray:
+        """int64 ``(num_packs,)``: the member holding each pack's first segment's document (zeros for a store);
+        the groups of the sampler's ``window`` shuffle."""
+        idx = self.index
+        return np.asarray(self.store.member_of(np.asarray(idx.segments)[np.asarray(idx.pack_offsets)[:-1], 0]),
+                          dtype=np.int64)
+
     def pack_num_images(self) -> np.ndarray:
         """int64 ``(num_packs,)``: images whose tokens lie in every pack (zeros for text-only stores)."""
         idx = self.index

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from ..errors import PackfmtError
-from ._deal import deal_balanced, deal_rounds, deal_size, done_positions, epoch_order
+from ._deal import deal_balanced, deal_rounds, deal_size, done_positions, epoch_order, group_runs
 
 __all__ = ["DistributedPackSampler", "PackSampler", "SamplerStateError", "BALANCE_MODES", "lockstep_state"]
 
@@ -29,7 +29,9 @@ BALANCE_MODES = ("tokens", "images", "none")
 STATE_KEYS = ("epoch", "yielded", "seed", "shuffle", "drop_last", "balance", "num_replicas", "rank",
               "num_packs", "fingerprint")
 _DATA_KEYS = ("fingerprint", "num_packs")                    # which dataset and pack index
-_CONFIG_KEYS = ("seed", "shuffle", "drop_last", "balance")   # which order and deal
+_CONFIG_KEYS = ("seed", "shuffle", "window", "drop_last", "balance")  # which order and deal
+# keys a state may lack: the value a state of an earlier revision means (READER.md 1.0-1.4: no window)
+_OPTIONAL = {"window": None}
 
 
 class SamplerStateError(PackfmtError, ValueError):
@@ -48,17 +50,26 @@ class DistributedPackSampler(Sampler[int]):
     most the largest pack's weight. An epoch resumed from a state saved on another number of
     ranks deals only what that run had not consumed (``start`` > 0; spec/READER.md §6).
 
+    With ``window=K`` the shuffle keeps members together (for a collection streamed with
+    ``stream=True``): a pack's group is the member holding its first segment's document; the
+    groups are permuted and cut into windows of ``K`` groups, and each window's packs are
+    permuted among themselves, so the order reads about ``K`` members at a time and each about
+    once per epoch. The index's packs of each member must be consecutive (pack-ordered shards:
+    ``packfmt pack COLL --capacity N --shards OUT``, or any pack index in document order).
+
     Args:
         dataset: a ``PackedDataset`` (for its size, pack weights and fingerprint).
         num_replicas, rank: default to the initialised process group, else 1 and 0.
         shuffle, seed, drop_last: as ``DistributedSampler``.
         balance: ``"tokens"``, ``"images"`` or ``"none"`` (plain strided split).
+        window: ``None`` (a permutation of all packs) or the number of groups (members) per
+            window of the window shuffle (needs ``shuffle=True``).
     """
 
     STATE_KEYS = STATE_KEYS
 
     def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None, *, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = False, balance: str = "tokens") -> None:
+                 seed: int = 0, drop_last: bool = False, balance: str = "tokens", window: int | None = None) -> None:
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if rank is None:
@@ -71,6 +82,7 @@ class DistributedPackSampler(Sampler[int]):
         self.shuffle, self.seed, self.drop_last, self.balance = bool(shuffle), int(seed), bool(drop_last), balance
         self.num_packs = len(dataset)
         self.fingerprint = getattr(dataset, "fingerprint", None)
+        self.window, self._runs = self._window_runs(dataset, window, self.shuffle)
         self._weights = self._pack_weights(dataset, balance)
         self.epoch = 0
         self._epoch_set = False  # set_epoch was called on this sampler
@@ -87,6 +99,29 @@ class DistributedPackSampler(Sampler[int]):
         if balance == "images":
             return np.asarray(dataset.pack_num_images(), dtype=np.int64)
         return None
+
+    @staticmethod
+    def _window_runs(dataset, window, shuffle: bool) -> tuple[int | None, np.ndarray | None]:
+        """(window, the group run of every pack) of a window shuffle; (None, None) without one."""
+        if window is None:
+            return None, None
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window: expected None or an integer >= 1 (members per window), found {window!r}")
+        if not shuffle:
+            raise ValueError("window: a window shuffle needs shuffle=True (without shuffle the order is the "
+                             "index's own pack order); pass shuffle=True, or leave window=None")
+        runs, split = group_runs(dataset.pack_groups())
+        if split >= 0:
+            index = getattr(dataset, "index", None)
+            where = str(index.path) if index is not None else "the pack index"
+            raise PackfmtError(
+                f"{where}: packs of one member: expected consecutive (window={window} shuffles whole members), "
+                f"found pack {split} in member {int(dataset.pack_groups()[split])} after packs of other members; "
+                f"write pack-ordered shards (`packfmt pack COLL --capacity N --shards OUT`) and read their index, "
+                f"or shuffle without window (window=None)",
+                file=where, field="window", expected="each member's packs consecutive",
+                found=f"pack {split} apart from its member's earlier packs")
+        return int(window), runs
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -120,7 +155,7 @@ class DistributedPackSampler(Sampler[int]):
         epoch, start = (self.epoch if epoch is None else int(epoch)), int(start)
         if not 0 <= start <= self.num_packs:
             raise ValueError(f"start: expected in [0, {self.num_packs}] (a position of the epoch's order), found {start}")
-        order = epoch_order(self.num_packs, self.seed, epoch, self.shuffle)
+        order = epoch_order(self.num_packs, self.seed, epoch, self.shuffle, self.window, self._runs)
         rounds = deal_rounds(order, start, self.num_replicas, self.drop_last)
         if self._weights is None or self.num_replicas == 1:
             return rounds
@@ -171,7 +206,8 @@ class DistributedPackSampler(Sampler[int]):
             raise ValueError(f"num_consumed: expected in [0, {len(self)}], found {yielded}")
         return {"epoch": self.epoch, "start": start, "yielded": yielded,
                 "consumed": done_positions(self.num_packs, start, yielded, self.num_replicas, self.drop_last),
-                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last, "balance": self.balance,
+                "seed": self.seed, "shuffle": self.shuffle, "window": self.window, "drop_last": self.drop_last,
+                "balance": self.balance,
                 "num_replicas": self.num_replicas, "rank": self.rank, "num_packs": self.num_packs,
                 "fingerprint": self.fingerprint}
 
@@ -208,15 +244,16 @@ class DistributedPackSampler(Sampler[int]):
         if missing:
             raise SamplerStateError(field=f"state[{missing[0]!r}]", expected="present", found="missing")
         for key in _DATA_KEYS + _CONFIG_KEYS:
-            if state[key] != getattr(self, key):
+            saved = state.get(key, _OPTIONAL.get(key))
+            if saved != getattr(self, key):
                 fix = ("the state belongs to another pack index or dataset: build the sampler on the dataset and "
                        "index the checkpoint was saved with, or start this run without loading the state"
                        if key in _DATA_KEYS else
                        f"the state belongs to another sampler configuration: construct the sampler with "
-                       f"{key}={state[key]!r}")
+                       f"{key}={saved!r}")
                 raise SamplerStateError(
-                    f"sampler state: {key}: expected {getattr(self, key)!r} (this sampler), found {state[key]!r} "
-                    f"(saved); {fix}", field=key, expected=getattr(self, key), found=state[key])
+                    f"sampler state: {key}: expected {getattr(self, key)!r} (this sampler), found {saved!r} "
+                    f"(saved); {fix}", field=key, expected=getattr(self, key), found=saved)
         n = self.num_packs
         replicas = _state_int(state, "num_replicas", 1, None)
         _state_int(state, "rank", 0, replicas - 1)
@@ -255,7 +292,7 @@ def lockstep_state(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise SamplerStateError(field="states", expected="the sampler state of every rank", found="none")
     first = states[0]
     for s in states:
-        for k in STATE_KEYS + ("start", "consumed"):
+        for k in STATE_KEYS + ("start", "consumed", "window"):
             if k != "rank" and s.get(k) != first.get(k):
                 raise SamplerStateError(
                     f"sampler states: {k}: rank {first.get('rank')!r} saved {first.get(k)!r}, rank {s.get('rank')!r} "
@@ -281,5 +318,5 @@ def _state_int(state: dict[str, Any], key: str, low: int, high: int | None) -> i
 class PackSampler(DistributedPackSampler):
     """Single-process ``DistributedPackSampler`` (``num_replicas=1``): a seeded, resumable shuffle."""
 
-    def __init__(self, dataset, *, shuffle: bool = True, seed: int = 0) -> None:
-        super().__init__(dataset, 1, 0, shuffle=shuffle, seed=seed, drop_last=False, balance="none")
+    def __init__(self, dataset, *, shuffle: bool = True, seed: int = 0, window: int | None = None) -> None:
+        super().__init__(dataset, 1, 0, shuffle=shuffle, seed=seed, drop_last=False, balance="none", window=window)

@@ -19,7 +19,7 @@ from ..reader import Store
 from ..version import __version__
 from ..writer import DatasetWriter
 
-__all__ = ["next_fit_segments", "write_pack_index", "write_flat_dataset", "write_split_stores"]
+__all__ = ["next_fit_segments", "next_fit_members", "write_pack_index", "write_flat_dataset", "write_split_stores"]
 
 
 def next_fit_segments(lengths: np.ndarray, capacity: int, *, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -43,6 +43,20 @@ def next_fit_segments(lengths: np.ndarray, capacity: int, *, order: np.ndarray |
     pack_of_seg = seg_lo // capacity
     pack_offsets = np.searchsorted(pack_of_seg, np.arange(pack_of_seg[-1] + 2 if total else 1), side="left")
     return segments.astype(np.int64), pack_offsets.astype(np.int64)
+
+
+def next_fit_members(lengths: np.ndarray, doc_start: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """``next_fit_segments`` of each member's documents in turn (member ``m``: documents
+    ``doc_start[m]:doc_start[m + 1]``): packs in document order that never hold two members' documents,
+    as pack-ordered shards lay them out. Same return as ``next_fit_segments``."""
+    lengths, doc_start = np.asarray(lengths, dtype=np.int64), np.asarray(doc_start, dtype=np.int64)
+    segs, offsets = [np.zeros((0, 3), dtype=np.int64)], [np.zeros(1, dtype=np.int64)]
+    for lo, hi in zip(doc_start[:-1].tolist(), doc_start[1:].tolist()):
+        if hi > lo:
+            s, po = next_fit_segments(lengths[lo:hi], capacity)
+            segs.append(s + np.array([lo, 0, 0]))
+            offsets.append(po[1:] + offsets[-1][-1])
+    return np.concatenate(segs), np.concatenate(offsets)
 
 
 def write_pack_index(store: Store | str | os.PathLike, segments: np.ndarray, pack_offsets: np.ndarray, *, capacity: int,
