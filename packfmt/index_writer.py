@@ -24,7 +24,7 @@ MATERIALIZE_CHUNK_TOKENS = 1 << 24
 SEGMENT_ROWS_CHUNK = 1 << 20
 
 
-def write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
+def write_segments(path: Path, seg, result, *, direct: bool = True) -> tuple[dict, np.ndarray]:
     """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
 
     One thread writes (and hashes) chunk ``i`` while this one builds chunk ``i + 1`` into the other
@@ -32,6 +32,7 @@ def write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
     behind it. The buffers are aligned so that the disk reads them where they are (``O_DIRECT``,
     see ``HashedFile``). Returns the ``files`` entry and the tokens of each pack, summed from the
     same chunks (so the statistics need no second gather of the lengths in pack order).
+    ``direct=False``: through the page cache (the same bytes; benchmarks/bench_write_segments.py).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -40,7 +41,7 @@ def write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
     po = np.ascontiguousarray(result.pack_offsets, dtype=np.int64)
     pack_tokens = np.zeros(max(0, po.shape[0] - 1), dtype=np.int64)
     pack = 0  # the pack of the first row of the next chunk
-    f = HashedFile(path, direct=True)  # gigabytes at 10^8 documents: disk writes, no page cache copy
+    f = HashedFile(path, direct=direct)  # gigabytes at 10^8 documents: disk writes, no page cache copy
     rows_per_chunk = min(result.n_items, SEGMENT_ROWS_CHUNK)
     # two row buffers, alternating, aligned for O_DIRECT (a mixture's RepeatedSegmentation makes its own rows)
     buffers = [aligned_empty((rows_per_chunk, 3), F.OFFSET_DTYPE) for _ in range(2)] \
