@@ -69,7 +69,7 @@ class HashedFile:
     before ``close`` returns either way (its fsync), so the page cache's copy only costs memory
     and time: for a file of gigabytes (``segments.bin`` at 10^8 documents) filling and flushing
     the cache takes several times longer than the disk writes. Where the file system refuses
-    ``O_DIRECT`` (tmpfs, some FUSE mounts) every write is buffered; the bytes are the same.
+    ``O_DIRECT`` (tmpfs before Linux 6.6, some FUSE mounts) every write is buffered; the bytes are the same.
     """
 
     def __init__(self, path: Path, *, direct: bool = False) -> None:
