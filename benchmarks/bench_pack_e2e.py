@@ -12,13 +12,22 @@ and as the in-process seconds of the call). Aims (issue "Internet scale", point 
     python benchmarks/bench_pack_e2e.py --full              # N = 10^7 and 10^8 (~2 GB of disk per 10^8)
     python benchmarks/bench_pack_e2e.py --n 100000 --quick  # seconds, for a smoke test
     python benchmarks/bench_pack_e2e.py --label before --pythonpath /tmp/packfmt-base   # another checkout
+    python benchmarks/bench_pack_e2e.py --full --steps pack --repeats 5 --baseline /tmp/packfmt-base
+        # this checkout and another interleaved, run by run: the same machine load for both
 
-Columns: wall seconds (best of ``--repeats``), peak RSS, peak RSS per document, the peak RSS above
+On a shared machine the wall times move by 2x with the load of others: compare labels measured
+in one run with ``--baseline`` (each repeat runs both checkouts back to back), and read the spread
+(every run's wall is printed and stored, ``wall_s_all``) beside the best.
+
+Each ``pack`` run writes a new index: the previous run's is removed first, untimed (with
+``--overwrite`` replacing an index also unlinks the old one: 0.3-0.5 s for the 2.4 GB of
+``segments.bin`` at 10^8 documents on this machine's disk). Columns: wall seconds (best of ``--repeats``), peak RSS, peak RSS per document, the peak RSS above
 the same process on a 1,000-document store (Python, imports, numba: what does not grow with N)
 per document, and the wall time over the packing process's.
 
 Results are stored per ``--label`` in ``benchmarks/results/bench_pack_e2e.json`` (other labels in
-the file are kept), and the table shows every label side by side for each N. With two sizes or
+the file are kept), and the table shows this run's labels (``--all-labels``: every label stored)
+side by side for each N. With two sizes or
 more, a scaling model follows: a line through the two largest N of each label and step, read at
 10^9 documents (seconds, and GB of peak RSS: the floor plus bytes per document above it), marked
 as an extrapolation. ``--profile`` runs
@@ -141,46 +150,62 @@ def print_profile(path: Path, title: str) -> None:
     print("\n".join(lines[start:start + 13]))
 
 
-def measure(n: int, ds: Path, env: dict, profile_dir: Path | None, repeats: int = 1,
-            floors: dict | None = None) -> list[dict]:
-    """The processes on one store (best wall of ``repeats`` runs each); one row each.
+def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, repeats: int = 1,
+            floors: dict | None = None, steps: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+    """The processes on one store (best wall of ``repeats`` runs each); one row each, per label.
 
-    ``floors`` (step -> peak RSS MB of the same process on a store of FLOOR_DOCS documents: Python,
-    imports, numba) gives ``bytes_per_doc_above_floor``, the memory that grows with N.
+    ``envs``: label -> environment (its PYTHONPATH picks the checkout). With two labels, each
+    repeat runs the step once per label, alternating, so both see the same load on a shared
+    machine. ``floors`` (label -> step -> peak RSS MB of the same process on a store of
+    FLOOR_DOCS documents: Python, imports, numba) gives ``bytes_per_doc_above_floor``, the memory
+    that grows with N. ``steps``: only these (default: all).
     """
     cli = ["-c", CLI]
-    steps = [
+    all_steps = [
         ("pack_call", ["-c", PACK_ONLY, str(ds), str(CAPACITY), ALGORITHM]),
         ("pack", cli + ["pack", str(ds), "--capacity", str(CAPACITY), "--algorithm", ALGORITHM, "--overwrite",
                         "--json"]),
         ("validate_deep", cli + ["validate", str(ds), "--deep", "--quiet"]),
         ("inspect", cli + ["inspect", str(ds), "--json"]),
     ]
-    rows = []
-    for name, argv in steps:
-        prof = profile_dir / f"{name}-{n}.prof" if profile_dir and name != "pack_call" else None
-        r = min((spawn_wait(argv, env, prof) for _ in range(repeats)), key=lambda x: x["wall_s"])
-        row = {"n_docs": n, "step": name, "wall_s": r["wall_s"], "peak_rss_mb": r["peak_rss_bytes"] / 2**20,
-               "bytes_per_doc": r["peak_rss_bytes"] / n}
-        if name == "pack_call":
-            info = json.loads(r["stdout"].strip().splitlines()[-1])
-            row["call_s"] = info["call_seconds"]
-            row["packs"] = info["packs"]
-        if name == "pack":
-            stats = json.loads(r["stdout"])["stats"]
-            row["packs"] = stats["packs"]
-        rows.append(row)
-        print(f"  n={n:>11,d} {name:14s} {row['wall_s']:8.2f} s  {row['peak_rss_mb']:9.1f} MB  "
-              f"{row['bytes_per_doc']:6.1f} B/doc", flush=True)
-        if prof:
-            print_profile(prof, f"{name} n={n}")
-    base, call = rows[0]["wall_s"], rows[0]["call_s"]
-    for row in rows:
-        row["x_pack_process"] = row["wall_s"] / base
-        row["x_pack_call"] = row["wall_s"] / call
-        if floors:
-            row["bytes_per_doc_above_floor"] = (row["peak_rss_mb"] - floors[row["step"]]) * 2**20 / n
-    return rows
+    out: dict[str, list[dict]] = {label: [] for label in envs}
+    for name, argv in all_steps:
+        if steps and name not in steps and name != "pack_call":  # the ratios need the packing process
+            continue
+        runs: dict[str, list[dict]] = {label: [] for label in envs}
+        for _ in range(repeats):
+            for label, env in envs.items():
+                prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name != "pack_call" else None
+                if name == "pack":  # every run writes a new index, as the first does (untimed: the
+                    shutil.rmtree(ds / "packs", ignore_errors=True)  # unlink of the last run's 24 B/segment)
+                runs[label].append(spawn_wait(argv, env, prof))
+        for label, found in runs.items():
+            r = min(found, key=lambda x: x["wall_s"])
+            walls = sorted(x["wall_s"] for x in found)
+            row = {"n_docs": n, "step": name, "wall_s": r["wall_s"], "wall_s_all": walls,
+                   "peak_rss_mb": r["peak_rss_bytes"] / 2**20, "bytes_per_doc": r["peak_rss_bytes"] / n}
+            if name == "pack_call":
+                info = json.loads(r["stdout"].strip().splitlines()[-1])
+                row["call_s"] = info["call_seconds"]
+                row["packs"] = info["packs"]
+            if name == "pack":
+                stats = json.loads(r["stdout"])["stats"]
+                row["packs"] = stats["packs"]
+            out[label].append(row)
+            spread = f"  (all: {', '.join(f'{w:.2f}' for w in walls)})" if len(walls) > 1 else ""
+            print(f"  {label:>14s} n={n:>11,d} {name:14s} {row['wall_s']:8.2f} s  {row['peak_rss_mb']:9.1f} MB  "
+                  f"{row['bytes_per_doc']:6.1f} B/doc{spread}", flush=True)
+            prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name != "pack_call" else None
+            if prof:
+                print_profile(prof, f"{label} {name} n={n}")
+    for label, rows in out.items():
+        base, call = rows[0]["wall_s"], rows[0]["call_s"]
+        for row in rows:
+            row["x_pack_process"] = row["wall_s"] / base
+            row["x_pack_call"] = row["wall_s"] / call
+            if floors and row["step"] in floors[label]:
+                row["bytes_per_doc_above_floor"] = (row["peak_rss_mb"] - floors[label][row["step"]]) * 2**20 / n
+    return out
 
 
 def warm_numba(env: dict) -> None:
@@ -234,6 +259,11 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="also N = 10^8")
     ap.add_argument("--label", default="after", help="name of this run in the JSON / table (default: after)")
     ap.add_argument("--pythonpath", default=str(ROOT), help="the packfmt checkout the commands run (default: this one)")
+    ap.add_argument("--baseline", metavar="DIR", help="also run this checkout, interleaved with --pythonpath's "
+                                                      "(same load for both), as --baseline-label")
+    ap.add_argument("--baseline-label", default="before", help="label of --baseline (default: before)")
+    ap.add_argument("--steps", help="comma-separated: only these of pack, validate_deep, inspect (pack_call always)")
+    ap.add_argument("--all-labels", action="store_true", help="tables show every label stored, not only this run's")
     ap.add_argument("--data-dir", help="keep the generated stores here and reuse them (default: a temp dir)")
     ap.add_argument("--profile", action="store_true", help="cProfile each command; print its top functions")
     ap.add_argument("--repeats", type=int, help="runs per process, best wall kept (default 3 below 10^8, 1 from 10^8 on)")
@@ -243,17 +273,26 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="JSON output path")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.n] if args.n else ([10**7, 10**8] if args.full else [10**7])
-    env = dict(os.environ, PYTHONPATH=args.pythonpath, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    warm_numba(env)
+    steps = tuple(x.strip() for x in args.steps.split(",")) if args.steps else ()
+    paths = {args.label: args.pythonpath}
+    if args.baseline:
+        if args.baseline_label == args.label:
+            ap.error("--baseline-label must differ from --label")
+        paths[args.baseline_label] = args.baseline
+    envs = {label: dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+            for label, path in paths.items()}
+    for env in envs.values():
+        warm_numba(env)
     tmp = None if args.data_dir else tempfile.mkdtemp(prefix="bench_pack_e2e_")
     data_dir = Path(args.data_dir or tmp)
-    rows = []
+    rows: dict[str, list[dict]] = {label: [] for label in envs}
     try:
         floor_ds = data_dir / f"short-{FLOOR_DOCS}"
         if not (floor_ds / "manifest.json").exists():
             make_store(floor_ds, FLOOR_DOCS)
         shutil.rmtree(floor_ds / "packs", ignore_errors=True)
-        floors = {r["step"]: r["peak_rss_mb"] for r in measure(FLOOR_DOCS, floor_ds, env, None)}
+        floors = {label: {r["step"]: r["peak_rss_mb"] for r in found}
+                  for label, found in measure(FLOOR_DOCS, floor_ds, envs, None, steps=steps).items()}
         for n in sizes:
             ds = data_dir / (f"short-{n}" + (f"-long{args.long_every}" if args.long_every else ""))
             gen = None
@@ -263,10 +302,12 @@ def main(argv=None) -> int:
             shutil.rmtree(ds / "packs", ignore_errors=True)
             prof = Path(tempfile.mkdtemp(prefix="bench_prof_")) if args.profile else None
             repeats = args.repeats or (3 if n < 10**8 else 1)
-            found = measure(n, ds, env, prof, repeats, floors)
-            if gen is not None:
-                found[0]["generate_s"] = gen
-            rows += found
+            print(f"load average before n={n:,}: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+            for label, found in measure(n, ds, envs, prof, repeats, floors, steps).items():
+                if gen is not None:
+                    found[0]["generate_s"] = gen
+                found[0]["load_average"] = os.getloadavg()[0]
+                rows[label] += found
             if tmp:
                 shutil.rmtree(ds, ignore_errors=True)
     finally:
@@ -275,24 +316,30 @@ def main(argv=None) -> int:
     out = Path(args.out)
     report = json.loads(out.read_text()) if out.exists() else {}
     report.setdefault("labels", {})
-    previous = report["labels"].get(args.label, {}).get("rows", [])
-    kept = [r for r in previous if r["n_docs"] not in sizes]
-    checkout = "(this checkout)" if Path(args.pythonpath).resolve() == ROOT else "(another checkout, see the label)"
-    report["labels"][args.label] = {"rows": kept + rows, "floor_rss_mb": floors, "pythonpath": checkout,
-                                    "machine": machine_info()}
-    report["labels"][args.label]["long_every"] = args.long_every or None
+    for label, path in paths.items():
+        previous = report["labels"].get(label, {}).get("rows", [])
+        kept = [r for r in previous if r["n_docs"] not in sizes]
+        checkout = "(this checkout)" if Path(path).resolve() == ROOT else "(another checkout, see the label)"
+        report["labels"][label] = {"rows": kept + rows[label], "floor_rss_mb": floors[label], "pythonpath": checkout,
+                                   "machine": machine_info(), "long_every": args.long_every or None}
+        if args.baseline:
+            report["labels"][label]["interleaved_with"] = sorted(set(paths) - {label})
     report["setup"] = {"capacity": CAPACITY, "algorithm": ALGORITHM, "doc_lengths": f"uniform 1..{MAX_LEN}",
-                       "command": "python benchmarks/bench_pack_e2e.py [--full] [--label L --pythonpath DIR]"}
+                       "command": "python benchmarks/bench_pack_e2e.py [--full] [--label L --pythonpath DIR] "
+                                  "[--baseline DIR --baseline-label B]"}
     print()
-    table = side_by_side(report if not args.quick else {"labels": {args.label: {"rows": rows}}})
+    ran = {label: {"rows": rows[label], "floor_rss_mb": floors[label]} for label in paths}
+    shown = report if args.all_labels and not args.quick else {"labels": ran}
+    table = side_by_side(shown)
     cols = ["n_docs", "step"] + [c for c in table[0] if c not in ("n_docs", "step")] if table else []
     print_table(table, cols, title="wall seconds, peak RSS, bytes per document, wall / packing process")
-    model = scaling_model(report if not args.quick else {"labels": {args.label: {"rows": rows, "floor_rss_mb": floors}}})
+    model = scaling_model(shown)
     if model:
         print()
         print_table(model, list(model[0]), title="scaling model: a line through the two largest N, read at 10^9 "
                                                  "documents (extrapolated, not measured)")
-        report["scaling_model"] = model
+        if not args.quick:
+            report["scaling_model"] = scaling_model(report)
     if not args.quick:
         write_json(out, report)
         print(f"\nwrote {out}")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from . import format as F
-from ._io import HashedFile
+from ._io import HashedFile, aligned_empty
 from .collection.arrays import token_sources
 
 __all__ = ["write_segments", "write_packed_tokens", "SEGMENT_ROWS_CHUNK", "MATERIALIZE_CHUNK_TOKENS"]
@@ -23,25 +24,27 @@ MATERIALIZE_CHUNK_TOKENS = 1 << 24
 SEGMENT_ROWS_CHUNK = 1 << 20
 
 
-def write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
+def write_segments(path: Path, seg, result, *, direct: bool = True) -> tuple[dict, np.ndarray]:
     """Write ``segments.bin``: the rows ``(doc, begin, end)`` in pack order, built and written in chunks.
 
     One thread writes (and hashes) chunk ``i`` while this one builds chunk ``i + 1`` into the other
     of two buffers: the file's 24 bytes per segment go to disk at its speed, the building hides
-    behind it. Returns the ``files`` entry and the tokens of each pack, summed from the same chunks
-    (so the statistics need no second gather of the lengths in pack order).
+    behind it. The buffers are aligned so that the disk reads them where they are (``O_DIRECT``,
+    see ``HashedFile``). Returns the ``files`` entry and the tokens of each pack, summed from the
+    same chunks (so the statistics need no second gather of the lengths in pack order).
+    ``direct=False``: through the page cache (the same bytes; benchmarks/bench_write_segments.py).
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from .packing import Segmentation
 
-    po = result.pack_offsets
-    cum_at = np.zeros(po.shape[0], dtype=np.int64)  # tokens before each pack offset
-    total = 0
-    f = HashedFile(path)
+    po = np.ascontiguousarray(result.pack_offsets, dtype=np.int64)
+    pack_tokens = np.zeros(max(0, po.shape[0] - 1), dtype=np.int64)
+    pack = 0  # the pack of the first row of the next chunk
+    f = HashedFile(path, direct=direct)  # gigabytes at 10^8 documents: disk writes, no page cache copy
     rows_per_chunk = min(result.n_items, SEGMENT_ROWS_CHUNK)
-    # two row buffers, alternating (a mixture's RepeatedSegmentation makes its own rows)
-    buffers = [np.empty((rows_per_chunk, 3), dtype=F.OFFSET_DTYPE) for _ in range(2)] \
+    # two row buffers, alternating, aligned for O_DIRECT (a mixture's RepeatedSegmentation makes its own rows)
+    buffers = [aligned_empty((rows_per_chunk, 3), F.OFFSET_DTYPE) for _ in range(2)] \
         if isinstance(seg, Segmentation) else None
     pending = [None, None]  # the write of each buffer still in flight
     try:
@@ -53,18 +56,26 @@ def write_segments(path: Path, seg, result) -> tuple[dict, np.ndarray]:
                 idx = result.order[a:a + SEGMENT_ROWS_CHUNK]
                 rows = seg.rows(idx) if buffers is None else seg.rows(idx, out=buffers[slot])
                 pending[slot] = writer.submit(f.write_array, rows, F.OFFSET_DTYPE)
-                b = a + rows.shape[0]
-                cum = np.cumsum(rows[:, 2] - rows[:, 1]) + total
-                lo, hi = np.searchsorted(po, [a, b], side="right")  # offsets in (a, b]
-                cum_at[lo:hi] = cum[po[lo:hi] - a - 1]
-                total = int(cum[-1])
+                pack = _add_pack_tokens(rows, a, po, pack, pack_tokens)
             for fut in pending:
                 if fut is not None:
                     fut.result()
     except BaseException:
         f.abort()
         raise
-    return f.close(), np.diff(cum_at)
+    return f.close(), pack_tokens
+
+
+@njit(cache=True, nogil=True)
+def _add_pack_tokens(rows, start, pack_offsets, pack, sums):
+    """Add each row's tokens (``end - begin``) to ``sums`` of its pack; the rows are segments
+    ``start, start + 1, ...`` in pack order, the first in pack ``pack``. Returns the pack of the
+    segment after the last row."""
+    for i in range(rows.shape[0]):
+        while pack_offsets[pack + 1] <= start + i:
+            pack += 1
+        sums[pack] += rows[i, 2] - rows[i, 1]
+    return pack
 
 
 def write_packed_tokens(store, tmp: Path, seg, order: np.ndarray, pack_tokens: np.ndarray) -> dict:

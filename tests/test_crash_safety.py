@@ -60,8 +60,8 @@ PACKER = textwrap.dedent("""
     dataset, pause = sys.argv[1], float(sys.argv[2])
     class SlowFile(pi.HashedFile):
         opened = 0
-        def __init__(self, path):
-            super().__init__(path)
+        def __init__(self, path, **options):  # direct=True for segments.bin
+            super().__init__(path, **options)
             SlowFile.opened += 1
             if SlowFile.opened == 1:
                 print("ready", flush=True)  # the temp dir exists and the first file is open

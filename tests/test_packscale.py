@@ -9,6 +9,7 @@ and compares it with a Python-loop reference that follows the spec's words.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -20,7 +21,8 @@ from hypothesis import strategies as st
 
 from packfmt import format as F
 from packfmt import index_writer
-from packfmt._io import HashedFile
+from packfmt import _io
+from packfmt._io import DIRECT_ALIGN, HashedFile, aligned_empty
 from packfmt.index import PackIndex
 from packfmt.packindex import build_pack_index
 from packfmt.packing import segment_documents
@@ -184,6 +186,77 @@ def test_hashed_file_large_write_equals_buffered(tmp_path):
         small.write_array(data[a:a + (1 << 16)], np.int64)
     assert big.close() == small.close()
     assert (tmp_path / "big").read_bytes() == data.tobytes()
+
+
+@SETTINGS
+@given(writes=st.lists(st.tuples(st.integers(0, 5 * DIRECT_ALIGN), st.integers(0, 2)), min_size=1, max_size=8))
+def test_hashed_file_direct_writes_equal_buffered(writes):
+    """``direct=True`` (O_DIRECT for aligned large writes, buffered otherwise) writes the same bytes and
+    checksum as a buffered file, whatever mix of aligned, misaligned and small writes arrives
+    (``CHUNK_BYTES`` lowered so that a few KiB count as large)."""
+    saved, _io.CHUNK_BYTES = _io.CHUNK_BYTES, DIRECT_ALIGN
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            direct, plain = HashedFile(Path(tmp) / "direct", direct=True), HashedFile(Path(tmp) / "plain")
+            expected = b""
+            for i, (nbytes, shift) in enumerate(writes):  # shift: the buffer starts this many bytes past alignment
+                buf = aligned_empty((nbytes + shift,), np.uint8)
+                buf[:] = np.arange(buf.size, dtype=np.int64) * 7 + i
+                data = buf[shift:]
+                direct.write_array(data, np.uint8)
+                plain.write_array(data, np.uint8)
+                expected += data.tobytes()
+            assert direct.close() == plain.close()
+            assert (Path(tmp) / "direct").read_bytes() == expected
+    finally:
+        _io.CHUNK_BYTES = saved
+
+
+def test_hashed_file_direct_goes_around_the_page_cache(tmp_path):
+    """An aligned write of CHUNK_BYTES or more turns O_DIRECT on where the file system takes it (and a
+    tail that is not a whole block is written buffered after it); the bytes are the same."""
+    import fcntl
+
+    data = aligned_empty((3 << 20,), np.int64)  # 24 MiB
+    data[:] = np.arange(data.size)
+    f = HashedFile(tmp_path / "seg", direct=True)
+    f.write_array(data, np.int64)
+    if f._direct:  # the file system took O_DIRECT (ext4, xfs; not tmpfs before Linux 6.6)
+        assert fcntl.fcntl(f._f.fileno(), fcntl.F_GETFL) & os.O_DIRECT
+    f.write_array(data[:5], np.int64)  # 40 bytes: not a whole block, written buffered
+    f.flush()
+    assert not fcntl.fcntl(f._f.fileno(), fcntl.F_GETFL) & os.O_DIRECT
+    entry = f.close()
+    want = data.tobytes() + data[:5].tobytes()
+    assert (tmp_path / "seg").read_bytes() == want
+    assert entry == {"bytes": len(want), "checksum": _io.checksum_file(tmp_path / "seg")}
+
+
+def test_aligned_empty_is_aligned():
+    for shape, dtype in (((5, 3), np.int64), ((4097,), np.uint8), ((1 << 20, 3), np.int64)):
+        a = aligned_empty(shape, dtype)
+        assert a.shape == shape and a.dtype == dtype and a.ctypes.data % DIRECT_ALIGN == 0 and a.flags.c_contiguous
+    assert aligned_empty((0, 3), np.int64).shape == (0, 3)  # no rows (an empty index): no address to align
+
+
+def test_segments_written_direct_equal_reference_bytes(tmp_path):
+    """segments.bin through aligned O_DIRECT chunks and a buffered tail: the rows the reference packs
+    give, and tokens per pack summed across chunk boundaries."""
+    rng = np.random.default_rng(5)
+    lengths = [int(x) for x in rng.integers(1, 60, 1500)]
+    store = _store(tmp_path, lengths)
+    saved = index_writer.SEGMENT_ROWS_CHUNK, _io.CHUNK_BYTES
+    index_writer.SEGMENT_ROWS_CHUNK, _io.CHUNK_BYTES = 512, DIRECT_ALIGN  # chunks of 3 blocks, direct
+    try:
+        index = build_pack_index(store, capacity=50, algorithm="ffd", oversize="split")
+    finally:
+        index_writer.SEGMENT_ROWS_CHUNK, _io.CHUNK_BYTES = saved
+    rows, _ = ref_segments(lengths, 50, "split")
+    packs = ref_pack([int(e - b) for _, b, e in rows], 50, "ffd")
+    want = np.array([rows[i] for p in packs for i in p], dtype="<i8")
+    assert want.nbytes % DIRECT_ALIGN  # a tail that is not a whole block
+    assert (index.path / F.SEGMENTS).read_bytes() == want.tobytes()
+    np.testing.assert_array_equal(index.pack_lengths, [sum(int(rows[i][2] - rows[i][1]) for i in p) for p in packs])
 
 
 # ----------------------------------------------------------------------------- packfmt pack

@@ -130,12 +130,16 @@ def _whole_rows(idx, lengths, out):
 
 @njit(cache=True, nogil=True)
 def _compact_rows(idx, doc, length, piece_ids, piece_begin, out):
-    """``out[i] = (doc[j], b, b + length[j])`` for ``j = idx[i]``, ``b`` found by binary search in ``piece_ids``."""
+    """``out[i] = (doc[j], b, b + length[j])`` for ``j = idx[i]``, ``b`` found by binary search in ``piece_ids``.
+
+    Only a segment that follows one of its own document (``doc[j - 1] == doc[j]``: the segments are
+    sorted by document and start) starts inside it, so the search runs for those alone.
+    """
     k = piece_ids.shape[0]
     for i in range(idx.shape[0]):
         j = idx[i]
         b = 0
-        if k > 0:
+        if k > 0 and j > 0 and doc[j - 1] == doc[j]:
             pos = np.searchsorted(piece_ids, j)
             if pos < k and piece_ids[pos] == j:
                 b = piece_begin[pos]
