@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from packfmt import format as F
 from packfmt.collection import Collection, member_checks, write_collection
+from packfmt.collection.manifest import Member, member_list_checksum, members_json
 from packfmt.errors import FormatError
 from packfmt.reader import Store
 from packfmt.torch.testing import write_split_stores
@@ -86,3 +87,14 @@ def test_validate_still_warns_of_what_a_member_holds_besides_its_files(tmp_path)
     assert [p.file for p in report.warnings] == ["../stores/m000002/notes.txt"]
     np.testing.assert_array_equal(Collection(root).doc_lengths,
                                   np.concatenate([np.diff(Store(p).doc_offsets) for p in paths]))
+
+
+_text = st.text(st.characters(codec="utf-8"), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.builds(Member, _text, _text, st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1),
+                          st.integers(0, 2**63 - 1), _text), max_size=5))
+def test_the_member_list_is_written_as_canonical_json_byte_for_byte(members):
+    assert members_json(members) == F.canonical_json([m.to_json() for m in members])
+    assert member_list_checksum(members) == member_list_checksum([m.to_json() for m in members])

@@ -45,9 +45,19 @@ class Collection(Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS) -> None:
-        self.path = Path(path)
-        self.manifest: CollectionManifest = parse_collection_manifest(
-            F.read_json(self.path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
+        path = Path(path)
+        self._init(path, parse_collection_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST),
+                   max_open_members)
+
+    @classmethod
+    def _of_manifest(cls, path: Path, manifest: CollectionManifest) -> "Collection":
+        """The collection at ``path`` whose manifest the caller has just parsed (``validate``: one parse per command)."""
+        self = cls.__new__(cls)
+        self._init(Path(path), manifest, DEFAULT_OPEN_MEMBERS)
+        return self
+
+    def _init(self, path: Path, manifest: CollectionManifest, max_open_members: int) -> None:
+        self.path, self.manifest = path, manifest
         m = self.manifest.members
         self.doc_start = running_sum([x.documents for x in m])
         self.token_start = running_sum([x.tokens for x in m])

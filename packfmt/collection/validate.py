@@ -116,14 +116,13 @@ class _CollectionView:
     """What the index checks of ``packfmt.validate`` ask of a dataset, answered for a collection."""
 
     def __init__(self, root: Path, cm, out, members_ok: bool, lengths: np.ndarray | None = None) -> None:
-        from .manifest import member_list_checksum
         from .reader import Collection
 
         self.root, self.out = root, out
         self.m = SimpleNamespace(np_token_dtype=F.TOKEN_DTYPES[cm.shared["token_dtype"]],
                                  has_loss_mask=cm.shared["loss_mask"], num_images=cm.num_images)
-        self._binding = {"collection": member_list_checksum(cm.members)}
-        self.coll = Collection(root) if members_ok else None
+        self._members, self._binding = cm.members, None
+        self.coll = Collection._of_manifest(root, cm) if members_ok else None
         self.doc_offsets_ok = self.spans_ok = members_ok
         self._arrays: dict = {}
         if members_ok and lengths is not None:  # every member's lengths, read and checked with the members
@@ -131,6 +130,10 @@ class _CollectionView:
             np.cumsum(lengths, out=offsets[1:])
 
     def binding(self) -> dict:
+        from .manifest import member_list_checksum
+
+        if self._binding is None:  # only a collection with pack indexes asks
+            self._binding = {"collection": member_list_checksum(self._members)}
         return self._binding
 
     def array(self, name: str):
