@@ -127,18 +127,19 @@ def read_json_bytes(path, *, file: str) -> bytes:
         size = os.fstat(fd).st_size
         if size > MAX_JSON_BYTES:
             raise FormatError(file=file, field="size", expected=f"<= {MAX_JSON_BYTES} bytes", found=size)
-        parts = []
-        while True:  # a file grown since fstat is read whole, and then refused if now too large
-            chunk = os.read(fd, max(size + 1, 1 << 16))
-            if not chunk:
-                break
+        parts, total = [], 0
+        while True:  # a file grown since fstat is read to its end, or refused once too large
+            want = max(size + 1, 1 << 16)
+            chunk = os.read(fd, want)
             parts.append(chunk)
-        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+            total += len(chunk)
+            if total > MAX_JSON_BYTES:
+                raise FormatError(file=file, field="size", expected=f"<= {MAX_JSON_BYTES} bytes", found=f"> {total}")
+            if len(chunk) < want:  # a short read of a regular file: its end
+                break
     finally:
         os.close(fd)
-    if len(raw) > MAX_JSON_BYTES:
-        raise FormatError(file=file, field="size", expected=f"<= {MAX_JSON_BYTES} bytes", found=len(raw))
-    return raw
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def parse_json(raw: bytes, *, file: str) -> dict:

@@ -3,8 +3,10 @@
 A collection is cheap to open (its manifest only) and to pickle (its path). Member stores are
 opened when first needed, checked then (C2, C3: the member's manifest has the recorded checksum,
 its counts and tokenizer identity are the collection's, and ``Store`` checks its own offsets),
-and kept in a small LRU, so thousands of members never hold thousands of memory maps.
-Collection-wide document ``g`` is local document ``g - doc_start[m]`` of member ``m``.
+and kept in a small LRU, so thousands of members never hold thousands of memory maps. The
+documents' lengths (all that packing needs) are read without opening any member as a store:
+each member is checked the same way first, from one read of its manifest and one of its
+``doc_offsets.bin`` (``member_checks``). Collection-wide document ``g`` is local document ``g - doc_start[m]`` of member ``m``.
 """
 
 from __future__ import annotations
