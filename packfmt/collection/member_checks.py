@@ -9,8 +9,9 @@ its ``doc_offsets.bin`` holds valid offsets (V13), all checked before a length i
 them. These are the checks ``Store`` and ``Collection.member`` make when a member opens; here they
 cost one read of the manifest and one of ``doc_offsets.bin`` per member, with no memory map and no
 ``Store`` object, and V13 runs once over the offsets of many members at a time. A member with images
-(V14, V15, V19), one larger than a group, and any member a check here refuses are opened as a
-``Store`` instead: it checks them as always, and raises the error with the same words.
+(V14, V15, V19), one larger than a group, and any member a check here refuses take the long way:
+opened as a ``Store`` (which checks it as always and raises the error with the same words), or, for
+``validate``, that member's own full checks (which report everything).
 """
 
 from __future__ import annotations
