@@ -1,12 +1,15 @@
 """Per-member cost of a collection: open / pack / validate (structural) of one store against the same
-documents split into 10^3 and 10^4 tiny members (10^5 with ``--full``), side by side in one run.
+documents split into many members, side by side in one run.
 
-Each case runs in this process (warm page cache, imports and numba compiled before any timing):
-``packfmt.open`` + ``doc_lengths`` (what every command needs of a dataset), ``build_pack_index``
-(ffd, capacity 256) and ``packfmt.validate`` (structural). Best of ``--repeat``; ratios are to the
-one store. Members are written by ``packfmt.torch.testing.write_split_stores`` (2 documents each).
+Cases (``MEMBERSxDOCS``, documents per member): 10^3 and 10^4 tiny members of 2 documents (the fixed cost
+of a member), and 10^3 members of 1,000 documents (10^6 documents: the issue's "pack over 1,000 members
+<= 1.2x one store"); ``--full`` adds 10^5 tiny members. Each case runs in this process (warm page cache,
+imports and numba compiled before any timing): ``packfmt.open`` + ``doc_lengths`` (what every command
+needs of a dataset), ``build_pack_index`` (ffd, capacity 256) and ``packfmt.validate`` (structural).
+Best of ``--repeat``; ratios are to the one store. Members are written by
+``packfmt.torch.testing.write_split_stores``.
 
-    python benchmarks/bench_members.py [--docs-per-member 2] [--repeat 2] [--full]
+    python benchmarks/bench_members.py [--cases 1000x2,10000x2,1000x1000] [--repeat 3] [--full] [--out NAME]
 """
 
 from __future__ import annotations
@@ -62,33 +65,37 @@ def measure(path: Path, repeat: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs-per-member", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--full", action="store_true", help="also 10^5 members")
+    ap.add_argument("--cases", default="1000x2,10000x2,1000x1000", help="MEMBERSxDOCS_PER_MEMBER, comma separated")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--full", action="store_true", help="also 100000x2")
+    ap.add_argument("--out", default="bench_members.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
-    sizes = [1_000, 10_000] + ([100_000] if args.full else [])
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")] + ([(100_000, 2)] if args.full else [])
     rows = []
-    for members in sizes:
+    for members, per_member in cases:
         root = Path(tempfile.mkdtemp(prefix="bench_members_"))
         try:
             t0 = time.perf_counter()
-            single, coll = make(root, members, args.docs_per_member)
+            single, coll = make(root, members, per_member)
             built = time.perf_counter() - t0
             if not rows:
                 measure(single, 1)  # imports, numba compilation
             one, many = measure(single, args.repeat), measure(coll, args.repeat)
-            row = {"members": members, "documents": members * args.docs_per_member, "build_s": round(built, 2)}
+            row = {"members": members, "documents": members * per_member, "build_s": round(built, 2)}
             for key in ("open_s", "pack_s", "validate_s"):
-                row[f"store_{key}"] = round(one[key], 3)
-                row[f"coll_{key}"] = round(many[key], 3)
+                row[f"store_{key}"] = round(one[key], 4)
+                row[f"coll_{key}"] = round(many[key], 4)
                 row[f"{key[:-2]}_ratio"] = round(many[key] / one[key], 2)
+                row[f"{key[:-2]}_us_per_member"] = round(1e6 * (many[key] - one[key]) / members, 1)
             rows.append(row)
             print(row, flush=True)
         finally:
             shutil.rmtree(root, ignore_errors=True)
     print_table(rows, ["members", "documents", "store_open_s", "coll_open_s", "open_ratio", "store_pack_s",
-                       "coll_pack_s", "pack_ratio", "store_validate_s", "coll_validate_s", "validate_ratio"])
-    write_json(RESULTS_DIR / "bench_members.json", {"machine": machine_info(), "args": vars(args), "rows": rows})
+                       "coll_pack_s", "pack_ratio", "store_validate_s", "coll_validate_s", "validate_ratio",
+                       "open_us_per_member", "pack_us_per_member", "validate_us_per_member"])
+    write_json(RESULTS_DIR / args.out, {"machine": machine_info(), "packfmt": packfmt.__file__, "args": vars(args),
+                                        "rows": rows})
 
 
 if __name__ == "__main__":

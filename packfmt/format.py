@@ -111,16 +111,39 @@ def read_json(path, *, file: str) -> dict:
     V1 / V21 (spec §2.1): at most 64 MiB, UTF-8, no NaN/Infinity, no duplicate keys, root an object;
     deep nesting (``RecursionError``) is a FormatError like any other parse failure.
     """
+    return parse_json(read_json_bytes(path, file=file), file=file)
+
+
+def read_json_bytes(path, *, file: str) -> bytes:
+    """The bytes of a JSON file of at most ``MAX_JSON_BYTES`` (one open, one fstat): what a caller that also
+    hashes the file (a collection's member manifest, C3) parses with ``parse_json``, so both see the same bytes."""
     import os
 
     try:
-        size = os.path.getsize(path)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise FormatError(f"{file}: missing (expected a JSON file at {path})", file=file, expected="file", found="missing") from None
-    if size > MAX_JSON_BYTES:
-        raise FormatError(file=file, field="size", expected=f"<= {MAX_JSON_BYTES} bytes", found=size)
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        size = os.fstat(fd).st_size
+        if size > MAX_JSON_BYTES:
+            raise FormatError(file=file, field="size", expected=f"<= {MAX_JSON_BYTES} bytes", found=size)
+        parts, total = [], 0
+        while True:  # a file grown since fstat is read to its end, or refused once too large
+            want = max(size + 1, 1 << 16)
+            chunk = os.read(fd, want)
+            parts.append(chunk)
+            total += len(chunk)
+            if total > MAX_JSON_BYTES:
+                raise FormatError(file=file, field="size", expected=f"<= {MAX_JSON_BYTES} bytes", found=f"> {total}")
+            if len(chunk) < want:  # a short read of a regular file: its end
+                break
+    finally:
+        os.close(fd)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def parse_json(raw: bytes, *, file: str) -> dict:
+    """``read_json`` of bytes already read (``read_json_bytes``)."""
     try:
         obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
@@ -131,6 +154,9 @@ def read_json(path, *, file: str) -> dict:
 
 
 def _no_duplicate_keys(pairs):
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
     obj = {}
     for key, value in pairs:
         if key in obj:
@@ -154,17 +180,23 @@ class FileEntry:
 
 
 def require(obj: Mapping, key: str, types, *, file: str, prefix: str = "") -> Any:
-    field = f"{prefix}{key}"
-    if key not in obj:
+    value = obj.get(key, _MISSING)  # the field's name is composed only for an error (tens of calls per manifest)
+    cls = value.__class__
+    if cls is types or (types.__class__ is tuple and cls in types):  # exactly a wanted type (a bool is not an int)
+        return value
+    if value is _MISSING:
+        field = f"{prefix}{key}"
         raise FormatError(f"{file}: {field}: required key missing", file=file, field=field, expected="present", found="missing")
-    value = obj[key]
     if types is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in _as_tuple(types))
     if not ok:
-        raise FormatError(file=file, field=field, expected=_type_names(types), found=repr(value))
+        raise FormatError(file=file, field=f"{prefix}{key}", expected=_type_names(types), found=repr(value))
     return value
+
+
+_MISSING = object()
 
 
 def _as_tuple(t):

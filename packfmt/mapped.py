@@ -36,10 +36,10 @@ def map_file(path: Path, dtype: np.dtype, shape: tuple[int, ...], *, file: str) 
     return np.memmap(os.fspath(path), dtype=dtype, mode="r", shape=shape)
 
 
-def check_files_table(root: Path, files: dict[str, F.FileEntry], layout: dict, *, where: str) -> None:
+def check_files_table(root: str | os.PathLike, files: dict[str, F.FileEntry], layout: dict, *, where: str) -> None:
     """Every listed file exists with its recorded size; the size agrees with the layout."""
     for name, entry in files.items():
-        p = root / name
+        p = os.path.join(root, name)  # a str: a Path join parses its parts (a tenth of a member's open)
         label = f"{where}{name}"
         try:
             size = os.path.getsize(p)

@@ -46,7 +46,9 @@ class Store(Dataset):
         if not self.path.is_dir():
             raise FormatError(f"{self.path}: not a directory (expected a packfmt dataset directory)",
                               file=str(self.path), expected="directory", found="missing" if not self.path.exists() else "file")
-        obj = F.read_json(self.path / F.MANIFEST, file=F.MANIFEST)
+        #: the manifest's bytes, read once: parsed here, hashed by a collection that binds its checksum (C3)
+        self.manifest_bytes = F.read_json_bytes(self.path / F.MANIFEST, file=F.MANIFEST)
+        obj = F.parse_json(self.manifest_bytes, file=F.MANIFEST)
         if obj.get("format") == "packfmt-collection":
             raise UnsupportedVersionError(
                 f"{self.path / F.MANIFEST}: format: a packfmt collection (format {obj.get('format_version')}: many "

@@ -5,6 +5,7 @@ Floor 1 like ``packfmt.format``: plain JSON checked key by key, nothing read but
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from .unify import SHARED_KEYS, parse_unified
 
 __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
            "parse_collection_manifest", "member_list_checksum", "check_member_name", "check_member_path",
-           "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION"]
+           "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION", "members_json"]
 
 COLLECTION_FORMAT_NAME = "packfmt-collection"
 #: What this writer writes: 1.2 added ``unified`` (members with and without loss masks / image ids).
@@ -81,8 +82,23 @@ def check_member_path(path: Any, *, file: str = F.MANIFEST, field: str = "path")
 
 def member_list_checksum(members: list[dict] | tuple[Member, ...]) -> str:
     """``xxh3_64`` of the canonical JSON of the ``members`` array: what a collection's pack index binds to."""
+    if all(type(m) is Member for m in members):
+        return "xxh3_64:" + xxhash.xxh3_64(members_json(members)).hexdigest()
     raw = [m.to_json() if isinstance(m, Member) else m for m in members]
     return "xxh3_64:" + xxhash.xxh3_64(F.canonical_json(raw)).hexdigest()
+
+
+def members_json(members: tuple[Member, ...] | list[Member]) -> bytes:
+    """``F.canonical_json`` of ``[m.to_json() for m in members]``, byte for byte, written directly: the
+    indenting encoder is pure Python, ~10 us a member (a second at 10^5 members); ``json``'s own C string
+    escaping, ints as ``repr``, keys in sorted order (tests/test_member_checks.py compares the two)."""
+    if not members:
+        return b"[]\n"
+    enc = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) escapes a string with
+    return ("[\n" + ",\n".join(
+        f'  {{\n    "documents": {int.__repr__(m.documents)},\n    "images": {int.__repr__(m.images)},\n'
+        f'    "manifest": {enc(m.manifest)},\n    "name": {enc(m.name)},\n    "path": {enc(m.path)},\n'
+        f'    "tokens": {int.__repr__(m.tokens)}\n  }}' for m in members) + "\n]\n").encode("utf-8")
 
 
 def _count(obj: dict, key: str, *, file: str, prefix: str) -> int:

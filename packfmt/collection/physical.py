@@ -44,18 +44,20 @@ class _Head:
 
     path: Path
     manifest: F.Manifest
+    manifest_bytes: bytes  # what was parsed, and what a collection's recorded checksum is compared with (C3)
 
 
 def _head(path: str | os.PathLike) -> _Head:
     path = Path(path)
-    obj = F.read_json(path / F.MANIFEST, file=str(path / F.MANIFEST))
+    raw = F.read_json_bytes(path / F.MANIFEST, file=str(path / F.MANIFEST))
+    obj = F.parse_json(raw, file=str(path / F.MANIFEST))
     if is_collection(obj):
         raise FormatError(f"{path}: a collection listed as a member of a collection; list its members instead",
                           file=str(path / F.MANIFEST), field="format", expected="'packfmt' (a store)",
                           found="'packfmt-collection'")
     manifest = F.parse_manifest(obj, file=str(path / F.MANIFEST))
     check_files_table(path, manifest.files, F.expected_layout(manifest), where=f"{path}/")
-    return _Head(path, manifest)
+    return _Head(path, manifest, raw)
 
 
 def _check_chunk(src: VerifiedReader, rule: str, prev: int, chunk: np.ndarray, *, at: int, strict: bool, top: int,

@@ -3,8 +3,10 @@
 A collection is cheap to open (its manifest only) and to pickle (its path). Member stores are
 opened when first needed, checked then (C2, C3: the member's manifest has the recorded checksum,
 its counts and tokenizer identity are the collection's, and ``Store`` checks its own offsets),
-and kept in a small LRU, so thousands of members never hold thousands of memory maps.
-Collection-wide document ``g`` is local document ``g - doc_start[m]`` of member ``m``.
+and kept in a small LRU, so thousands of members never hold thousands of memory maps. The
+documents' lengths (all that packing needs) are read without opening any member as a store:
+each member is checked the same way first, from one read of its manifest and one of its
+``doc_offsets.bin`` (``member_checks``). Collection-wide document ``g`` is local document ``g - doc_start[m]`` of member ``m``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import format as F
-from .._io import checksum_file
 from ..dataset import Dataset, running_sum
 from ..errors import FormatError
 from ..reader import Store
@@ -26,7 +27,8 @@ from .manifest import (
     member_list_checksum,
     parse_collection_manifest,
 )
-from .unify import member_differences, ones_needed
+from .member_checks import manifest_checksum, member_doc_lengths, member_problems
+from .unify import ones_needed
 
 __all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]
 
@@ -45,9 +47,19 @@ class Collection(Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS) -> None:
-        self.path = Path(path)
-        self.manifest: CollectionManifest = parse_collection_manifest(
-            F.read_json(self.path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST)
+        path = Path(path)
+        self._init(path, parse_collection_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST),
+                   max_open_members)
+
+    @classmethod
+    def _of_manifest(cls, path: Path, manifest: CollectionManifest) -> "Collection":
+        """The collection at ``path`` whose manifest the caller has just parsed (``validate``: one parse per command)."""
+        self = cls.__new__(cls)
+        self._init(Path(path), manifest, DEFAULT_OPEN_MEMBERS)
+        return self
+
+    def _init(self, path: Path, manifest: CollectionManifest, max_open_members: int) -> None:
+        self.path, self.manifest = path, manifest
         m = self.manifest.members
         self.doc_start = running_sum([x.documents for x in m])
         self.token_start = running_sum([x.tokens for x in m])
@@ -57,6 +69,7 @@ class Collection(Dataset):
         #: Per member: True when it has no loss mask of its own and reads as all ones (§2.3, §6).
         self.all_trained = tuple(ones_needed(self.manifest.shared, self.manifest.unified, [x.name for x in m]))
         self._ones = np.ones(0, dtype=F.MASK_DTYPE)
+        self._binding: str | None = None
 
     def __getstate__(self) -> dict:
         return {"path": str(self.path), "max_open_members": self.max_open_members}
@@ -77,7 +90,9 @@ class Collection(Dataset):
 
     def index_binding(self) -> dict:
         """What a pack index of this collection records to bind to it (spec/COLLECTION.md §4)."""
-        return {"collection": member_list_checksum(self.members)}
+        if self._binding is None:  # the canonical JSON of every member entry: computed once per open collection
+            self._binding = member_list_checksum(self.members)
+        return {"collection": self._binding}
 
     # -- members
     def member_path(self, m: int) -> Path:
@@ -103,7 +118,7 @@ class Collection(Dataset):
         return store
 
     def _check_member(self, m: int, store: Store) -> Store:
-        problems = member_problems(self.manifest, m, checksum_file(store.path / F.MANIFEST), store.manifest,
+        problems = member_problems(self.manifest, m, manifest_checksum(store.manifest_bytes), store.manifest,
                                    store.path / F.MANIFEST)
         if problems:
             raise problems[0]
@@ -132,12 +147,10 @@ class Collection(Dataset):
 
     @property
     def doc_lengths(self) -> np.ndarray:
-        """int64 ``(num_documents,)``: every member's lengths in order (8 bytes per document)."""
-        out = np.empty(self.num_documents, dtype=np.int64)
-        for m in range(len(self.members)):
-            a, b = int(self.doc_start[m]), int(self.doc_start[m + 1])
-            out[a:b] = np.diff(self.member(m).doc_offsets)
-        return out
+        """int64 ``(num_documents,)``: every member's lengths in order (8 bytes per document), each member
+        checked as when it opens (C2, C3, its manifest, file sizes and V13) but not mapped
+        (``member_checks.member_doc_lengths``)."""
+        return member_doc_lengths(self.path, self.manifest, self.doc_start, lambda m: np.diff(self.member(m).doc_offsets))
 
     @property
     def doc_offsets(self) -> np.ndarray:
@@ -145,30 +158,6 @@ class Collection(Dataset):
         out = np.zeros(self.num_documents + 1, dtype=np.int64)
         np.cumsum(self.doc_lengths, out=out[1:])
         return out
-
-
-def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F.Manifest, where: Path) -> list:
-    """C2 (counts and shared keys) and C3 (manifest checksum) of member ``m``, as ``FormatError`` objects.
-
-    ``sm`` is the member's parsed manifest and ``found_checksum`` that of its bytes at ``where``.
-    """
-    entry, label = coll.members[m], f"{F.MANIFEST}: members[{m}] ({coll.members[m].name})"
-    out = []
-    if found_checksum != entry.manifest:
-        out.append(FormatError(f"{label}: manifest: expected {entry.manifest} (recorded in the collection), found "
-                               f"{found_checksum} in {where}: the member changed after the collection was "
-                               "written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
-                               expected=entry.manifest, found=found_checksum))
-    for key, value in (("documents", sm.num_documents), ("tokens", sm.num_tokens), ("images", sm.num_images)):
-        if getattr(entry, key) != value:
-            out.append(FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value,
-                                   found=getattr(entry, key)))
-    for field, expected, found, why in member_differences(coll.shared, coll.unified, entry.name, sm.raw):
-        name = field if field.startswith("unified.") else f"members[{m}].{field}"
-        out.append(FormatError(f"{label}: {name}: expected {expected}, found {found} in {where}"
-                               + (f" ({why})" if why else ""), file=F.MANIFEST, field=name, expected=expected,
-                               found=found))
-    return out
 
 
 def nested_collection_error(root: Path, m: int, entry: Member) -> FormatError | None:

@@ -16,11 +16,16 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import format as F
-from .._io import checksum_file
 from ..errors import PackfmtError
 from ..validation.directory import index_dirs, validate_store
 from ..validation.index import _IndexChecks
-from ..validation.report import WARNING, Problem, _Collector, _listed, parsed_or_reported
+from ..validation.report import (
+    WARNING,
+    Problem,
+    _Collector,
+    _listed,
+    parsed_or_reported,
+)
 
 __all__ = ["validate_collection"]
 
@@ -36,11 +41,15 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
         return report
     report.checked.update(members=len(cm.members), documents=cm.num_documents, tokens=cm.num_tokens,
                           images=cm.num_images)
-    members_ok = all([_check_member(root, cm, m, out, deep, progress, decode_images) for m in range(len(cm.members))])
+    if deep:
+        members_ok = all([_check_member(root, cm, m, out, deep, progress, decode_images) for m in range(len(cm.members))])
+        lengths = None
+    else:  # a member with nothing to report passes the reader's own checks of it, read once (member_checks)
+        lengths, members_ok = _structural_members(root, cm, out, decode_images)
     for p in sorted(root.iterdir()):  # members/: a Ray build's stores; shards/: a pack-ordered layout's (§1)
         if p.name not in (F.MANIFEST, F.PACKS_DIR, "members", "shards"):
             out.add(p.name, None, severity=WARNING, detail="unknown entry in a collection directory; readers ignore it")
-    view = _CollectionView(root, cm, out, members_ok)
+    view = _CollectionView(root, cm, out, members_ok, lengths)
     names = index_dirs(root, out)
     if view.layout is not None and view.layout["index"] not in names:  # C6 (structural)
         out.add(F.MANIFEST, "layout.index", f"a pack index {F.PACKS_DIR}/{view.layout['index']}/ (the index the members "
@@ -55,16 +64,38 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     return report
 
 
+def _structural_members(root: Path, cm, out, decode_images: bool) -> tuple[np.ndarray, bool]:
+    """C2, C3 and every member's structural checks; the collection's document lengths, and True when no member
+    has an error. A member that passes ``member_doc_lengths``' checks with ``bare`` (C2, C3, V1-V11, V13, nothing
+    else in its directory) has nothing to report; any other takes ``_check_member``, which reports it all."""
+    from ..dataset import running_sum
+    from .member_checks import member_doc_lengths
+
+    ok = [True]
+
+    def slow(m: int):
+        if not _check_member(root, cm, m, out, False, False, decode_images):
+            ok[0] = False
+            return None
+        offsets = np.fromfile(root / cm.members[m].path / F.DOC_OFFSETS, dtype=F.OFFSET_DTYPE)  # V13 held
+        return np.diff(offsets)
+
+    doc_start = running_sum([x.documents for x in cm.members])
+    lengths = member_doc_lengths(root, cm, doc_start, slow, bare=True)
+    return lengths, ok[0]
+
+
 def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decode_images: bool) -> bool:
     """C2, C3 and the member's own checks (C4 when ``deep``); True when the member has no error."""
-    from .reader import member_problems, nested_collection_error
-
     from .manifest import is_collection
+    from .member_checks import manifest_checksum, member_problems
+    from .reader import nested_collection_error
 
     entry = cm.members[m]
     path = root / entry.path
-    try:  # read once: the nested-collection check, the member's own checks and C2 / C3 share it
-        obj = F.read_json(path / F.MANIFEST, file=F.MANIFEST)
+    try:  # read once: the nested-collection check, the member's own checks and C2 / C3 share its bytes
+        raw = F.read_json_bytes(path / F.MANIFEST, file=F.MANIFEST)
+        obj = F.parse_json(raw, file=F.MANIFEST)
     except (PackfmtError, OSError):
         obj = None  # validate_store reads it again and names the problem
     if obj is not None and is_collection(obj):
@@ -86,7 +117,7 @@ def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decod
             if sub.ok:  # e.g. a collection listed as a member: valid on its own, not a store (C2)
                 out.add(F.MANIFEST, f"members[{m}].path", f"a store (C2; {entry.path}: {exc})", entry.path)
         if sm is not None:
-            for exc in member_problems(cm, m, checksum_file(path / F.MANIFEST), sm, path / F.MANIFEST):
+            for exc in member_problems(cm, m, manifest_checksum(raw), sm, path / F.MANIFEST):
                 out.from_error(exc, F.MANIFEST)
     return len(out.report.errors) == before
 
@@ -94,21 +125,27 @@ def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decod
 class _CollectionView:
     """What the index checks of ``packfmt.validate`` ask of a dataset, answered for a collection."""
 
-    def __init__(self, root: Path, cm, out, members_ok: bool) -> None:
+    def __init__(self, root: Path, cm, out, members_ok: bool, lengths: np.ndarray | None = None) -> None:
         from .layout import layout_of
-        from .manifest import member_list_checksum
         from .reader import Collection
 
         self.root, self.out = root, out
         self.layout = layout_of(cm)  # a pack-ordered layout (§9): its index has its own coverage rule
         self.m = SimpleNamespace(np_token_dtype=F.TOKEN_DTYPES[cm.shared["token_dtype"]],
                                  has_loss_mask=cm.shared["loss_mask"], num_images=cm.num_images)
-        self._binding = {"collection": member_list_checksum(cm.members)}
-        self.coll = Collection(root) if members_ok else None
+        self._members, self._binding = cm.members, None
+        self.coll = Collection._of_manifest(root, cm) if members_ok else None
         self.doc_offsets_ok = self.spans_ok = members_ok
         self._arrays: dict = {}
+        if members_ok and lengths is not None:  # every member's lengths, read and checked with the members
+            self._arrays[F.DOC_OFFSETS] = offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
 
     def binding(self) -> dict:
+        from .manifest import member_list_checksum
+
+        if self._binding is None:  # only a collection with pack indexes asks
+            self._binding = {"collection": member_list_checksum(self._members)}
         return self._binding
 
     def array(self, name: str):

@@ -1,0 +1,174 @@
+"""A collection's members checked without opening them as stores (spec/COLLECTION.md C2, C3; FORMAT.md §6).
+
+``member_problems`` is C2 and C3 of one member, as ``FormatError`` objects (what ``Collection.member``
+raises and ``validate`` reports). ``member_doc_lengths`` is what a command that needs only the
+documents' lengths (packing, describing, the mixture planners) asks of every member: its manifest has
+the recorded checksum (C3, hashed from the very bytes that are then parsed), it is a store with the
+recorded counts and the collection's shared keys (C2; V1-V11 of its manifest and files table), and
+its ``doc_offsets.bin`` holds valid offsets (V13), all checked before a length is computed from
+them. These are the checks ``Store`` and ``Collection.member`` make when a member opens; here they
+cost one read of the manifest and one of ``doc_offsets.bin`` per member, with no memory map and no
+``Store`` object, and V13 runs once over the offsets of many members at a time. A member with images
+(V14, V15, V19), one larger than a group, and any member a check here refuses take the long way:
+opened as a ``Store`` (which checks it as always and raises the error with the same words), or, for
+``validate``, that member's own full checks (which report everything).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import numpy as np
+import xxhash
+
+from .. import format as F
+from ..errors import FormatError, PackfmtError
+from ..mapped import check_files_table
+from .manifest import CollectionManifest, is_collection
+from .unify import member_differences
+
+__all__ = ["member_problems", "member_doc_lengths", "GROUP_OFFSETS"]
+
+#: Offsets of consecutive members read end to end and checked (V13) in one vectorised pass: 8 MiB.
+GROUP_OFFSETS = 1 << 20
+
+
+def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F.Manifest, where) -> list:
+    """C2 (counts and shared keys) and C3 (manifest checksum) of member ``m``, as ``FormatError`` objects.
+
+    ``sm`` is the member's parsed manifest and ``found_checksum`` that of its bytes at ``where``.
+    """
+    entry, label = coll.members[m], f"{F.MANIFEST}: members[{m}] ({coll.members[m].name})"
+    out = []
+    if found_checksum != entry.manifest:
+        out.append(FormatError(f"{label}: manifest: expected {entry.manifest} (recorded in the collection), found "
+                               f"{found_checksum} in {where}: the member changed after the collection was "
+                               "written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
+                               expected=entry.manifest, found=found_checksum))
+    for key, value in (("documents", sm.num_documents), ("tokens", sm.num_tokens), ("images", sm.num_images)):
+        if getattr(entry, key) != value:
+            out.append(FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value,
+                                   found=getattr(entry, key)))
+    for field, expected, found, why in member_differences(coll.shared, coll.unified, entry.name, sm.raw):
+        name = field if field.startswith("unified.") else f"members[{m}].{field}"
+        out.append(FormatError(f"{label}: {name}: expected {expected}, found {found} in {where}"
+                               + (f" ({why})" if why else ""), file=F.MANIFEST, field=name, expected=expected,
+                               found=found))
+    return out
+
+
+def manifest_checksum(raw: bytes) -> str:
+    """``"xxh3_64:<hex>"`` of a manifest's bytes (what a collection records of each member, C3)."""
+    return "xxh3_64:" + xxhash.xxh3_64_hexdigest(raw)
+
+
+def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_start: np.ndarray,
+                       slow: Callable[[int], np.ndarray | None], *, bare: bool = False) -> np.ndarray:
+    """int64 ``(documents,)``: the lengths of every member's documents in order, each member checked first
+    (C2, C3, V1-V11, V13; see the module doc).
+
+    ``slow(m)``: the lengths of member ``m`` the long way, for a member with images, a large one, or one
+    refused here, called in member order: ``np.diff`` of ``Collection.member(m).doc_offsets`` (which raises
+    what is wrong), or ``validate``'s checks of it (which report it, and give None: its lengths are left
+    unset). ``bare``: also refuse a member whose directory holds anything but its manifest and the files
+    it lists, lists a file the format does not define, or has a newer minor version (what ``validate``
+    of the member would warn about), so a member that passes has nothing to report.
+    """
+    out = np.empty(cm.num_documents, dtype=np.int64)
+    root = os.fspath(root)
+    buf = np.empty(GROUP_OFFSETS, dtype=F.OFFSET_DTYPE)
+    group: list[int] = []  # consecutive members whose offsets are buf[:used], end to end
+    used = 0
+
+    def the_long_way(m: int) -> None:
+        lengths = slow(m)
+        if lengths is not None:
+            out[doc_start[m]:doc_start[m + 1]] = lengths
+
+    for m, entry in enumerate(cm.members):
+        n = entry.documents + 1
+        if used + n > GROUP_OFFSETS or (group and (entry.images or n > GROUP_OFFSETS)):
+            _check_group(cm, doc_start, group, buf[:used], out, the_long_way)
+            group, used = [], 0
+        if not (entry.images or n > GROUP_OFFSETS) and _read_member(root, cm, m, buf[used:used + n], bare):
+            group.append(m)
+            used += n
+            continue
+        _check_group(cm, doc_start, group, buf[:used], out, the_long_way)  # members before m first, in order
+        group, used = [], 0
+        the_long_way(m)
+    _check_group(cm, doc_start, group, buf[:used], out, the_long_way)
+    return out
+
+
+def _read_member(root: str, cm: CollectionManifest, m: int, dest: np.ndarray, bare: bool) -> bool:
+    """Member ``m`` passes C3, C2 and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its
+    ``doc_offsets.bin`` (exactly ``dest.nbytes`` bytes by them) is read into ``dest``; False on anything
+    else (the caller takes the long way, which says why)."""
+    entry = cm.members[m]
+    path = os.path.join(root, entry.path)
+    try:
+        raw = F.read_json_bytes(os.path.join(path, F.MANIFEST), file=F.MANIFEST)
+        found = manifest_checksum(raw)
+        if found != entry.manifest:
+            return False
+        obj = F.parse_json(raw, file=F.MANIFEST)
+        if is_collection(obj):
+            return False
+        sm = F.parse_manifest(obj, file=F.MANIFEST)
+        if sm.num_images or member_problems(cm, m, found, sm, path):
+            return False
+        if bare and not (sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
+                         and len(names := os.listdir(path)) == len(sm.files) + 1
+                         and set(names) == {F.MANIFEST, *sm.files}):
+            return False
+        check_files_table(path, sm.files, F.expected_layout(sm), where="")  # V10, V11: sizes of every file
+        return _read_exact(os.path.join(path, F.DOC_OFFSETS), dest)
+    except (PackfmtError, OSError):
+        return False
+
+
+def _read_exact(path: str, dest: np.ndarray) -> bool:
+    """Read the file at ``path`` into ``dest`` when it has exactly ``dest.nbytes`` bytes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if os.fstat(fd).st_size != dest.nbytes:
+            return False
+        view, got = memoryview(dest).cast("B"), 0
+        while got < dest.nbytes:
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                return False
+            got += n
+        return True
+    finally:
+        os.close(fd)
+
+
+def _check_group(cm: CollectionManifest, doc_start: np.ndarray, group: list[int], off: np.ndarray,
+                 out: np.ndarray, the_long_way: Callable[[int], None]) -> None:
+    """V13 of consecutive members ``group`` at once (their offsets end to end in ``off``), then their lengths into
+    ``out``; a member that breaks it takes the long way (``Store`` raises ``checks.offsets``' error)."""
+    if not group:
+        return
+    ms = np.asarray(group, dtype=np.int64)
+    docs = doc_start[ms + 1] - doc_start[ms]
+    firsts = np.zeros(ms.shape[0], dtype=np.int64)
+    np.cumsum(docs[:-1] + 1, out=firsts[1:])
+    lasts = firsts + docs
+    tokens = np.fromiter((cm.members[m].tokens for m in group), dtype=np.int64, count=ms.shape[0])
+    lengths = np.delete(np.diff(off), lasts[:-1])  # the steps inside each member
+    bad = (off[firsts] != 0) | (off[lasts] != tokens)
+    short = np.flatnonzero(lengths <= 0)
+    if short.size:
+        bad[np.repeat(np.arange(ms.shape[0]), docs)[short]] = True
+    a = doc_start[group[0]]
+    if not bad.any():
+        out[a:doc_start[group[-1] + 1]] = lengths
+        return
+    for k, m in enumerate(group):  # in member order: the first error raised is the first member's
+        if bad[k]:
+            the_long_way(m)
+        else:
+            out[doc_start[m]:doc_start[m + 1]] = lengths[doc_start[m] - a:doc_start[m + 1] - a]

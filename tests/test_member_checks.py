@@ -1,0 +1,100 @@
+"""Every member's lengths read and checked without opening it as a Store (packfmt.collection.member_checks):
+the same lengths as each member's own ``Store``, and a broken member refused (or reported by ``validate``)
+with the words ``Store`` and ``Collection.member`` use, first broken member first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packfmt import format as F
+from packfmt.collection import Collection, member_checks, write_collection
+from packfmt.collection.manifest import Member, member_list_checksum, members_json
+from packfmt.errors import FormatError
+from packfmt.reader import Store
+from packfmt.torch.testing import write_split_stores
+from packfmt.validate import validate
+
+
+def _members(root, counts, seed=0):
+    """A collection of members holding ``counts[m]`` documents each (1-40 tokens), and their paths."""
+    rng = np.random.default_rng(seed)
+    cuts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    lengths = rng.integers(1, 40, int(cuts[-1])).astype(np.int64)
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, 1000, int(offsets[-1]), dtype=np.uint16)
+    paths = [Path(p) for p in write_split_stores(root / "stores", tokens, offsets, cuts, vocab_size=1000)]
+    coll = write_collection(root / "coll", [(None, p) for p in paths])
+    return coll.path, paths, lengths
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(counts=st.lists(st.integers(1, 9), min_size=1, max_size=12), group=st.integers(2, 40))
+def test_lengths_are_each_members_own_whatever_the_grouping(tmp_path_factory, monkeypatch, counts, group):
+    root, paths, lengths = _members(tmp_path_factory.mktemp("c"), counts)
+    monkeypatch.setattr(member_checks, "GROUP_OFFSETS", group)  # members split across groups, some alone
+    coll = Collection(root)
+    got = coll.doc_lengths
+    np.testing.assert_array_equal(got, np.concatenate([np.diff(Store(p).doc_offsets) for p in paths]))
+    np.testing.assert_array_equal(got, lengths)
+    assert sorted(coll._open) == [m for m, n in enumerate(counts) if n + 1 > group]  # only those larger than a group
+    assert validate(root).ok
+
+
+def _break_offsets(path, at: int) -> None:
+    """Member at ``path``: document ``at`` empty (offsets not strictly increasing), same size, same manifest."""
+    off = np.fromfile(path / F.DOC_OFFSETS, dtype=F.OFFSET_DTYPE)
+    off[at + 1] = off[at]
+    off.tofile(path / F.DOC_OFFSETS)
+
+
+def test_a_broken_member_raises_what_its_store_raises_first_one_first(tmp_path):
+    root, paths, _ = _members(tmp_path, [3] * 20)
+    _break_offsets(paths[13], 1)
+    _break_offsets(paths[7], 0)
+    with pytest.raises(FormatError) as own:
+        Store(paths[7])
+    with pytest.raises(FormatError) as got:
+        Collection(root).doc_lengths
+    assert str(got.value) == str(own.value) and "V13" in str(got.value)
+    report = validate(root)
+    bad = sorted({p.file for p in report.errors})
+    assert bad == [f"../stores/m{m:06d}/{F.DOC_OFFSETS}" for m in (7, 13)], bad
+    assert report.checked["members"] == 20
+
+
+def test_a_changed_member_manifest_is_refused_as_changed(tmp_path):
+    root, paths, _ = _members(tmp_path, [2] * 6)
+    obj = json.loads((paths[4] / F.MANIFEST).read_text())
+    obj["producer"]["version"] = "other"  # valid, and no longer the bytes the collection recorded (C3)
+    (paths[4] / F.MANIFEST).write_text(json.dumps(obj))
+    with pytest.raises(FormatError, match=r"members\[4\] \(m000004\).*changed after the collection was written"):
+        Collection(root).doc_lengths
+    assert [p.field for p in validate(root).errors] == ["members[4].manifest"]
+
+
+def test_validate_still_warns_of_what_a_member_holds_besides_its_files(tmp_path):
+    root, paths, _ = _members(tmp_path, [2] * 5)
+    (paths[2] / "notes.txt").write_text("x")
+    report = validate(root)
+    assert report.ok
+    assert [p.file for p in report.warnings] == ["../stores/m000002/notes.txt"]
+    np.testing.assert_array_equal(Collection(root).doc_lengths,
+                                  np.concatenate([np.diff(Store(p).doc_offsets) for p in paths]))
+
+
+_text = st.text(st.characters(codec="utf-8"), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.builds(Member, _text, _text, st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1),
+                          st.integers(0, 2**63 - 1), _text), max_size=5))
+def test_the_member_list_is_written_as_canonical_json_byte_for_byte(members):
+    assert members_json(members) == F.canonical_json([m.to_json() for m in members])
+    assert member_list_checksum(members) == member_list_checksum([m.to_json() for m in members])
