@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from limits import time_limit as limit
+from s3_server import BUCKET, s3_server, time_limit  # noqa: F401  (fixtures)
+from test_storage_stream_images import _member as image_member
 from torch.utils.data import DataLoader
 
 import packfmt
@@ -32,10 +35,6 @@ from packfmt.cli import main
 from packfmt.collection import write_collection
 from packfmt.torch import DistributedPackSampler, PackedDataset, collate_varlen
 from packfmt.torch.prefetch import prefetch
-
-from limits import time_limit as limit
-from s3_server import BUCKET, s3_server, time_limit  # noqa: F401  (fixtures)
-from test_storage_stream_images import _member as image_member
 
 MEMBERS, BATCH, RANKS = 200, 4, 2
 
@@ -57,7 +56,7 @@ def _shards(src: Path, url: str, shard_size: str, cache_root: Path) -> packfmt.C
 
 
 @pytest.fixture(scope="module")
-def text(s3_server, tmp_path_factory):
+def text(s3_server, tmp_path_factory):  # noqa: F811
     """(source collection, shards URL, shard bytes)."""
     root = tmp_path_factory.mktemp("e2e")
     rng = np.random.default_rng(7)
@@ -153,7 +152,7 @@ def test_global_index_shards_streamed_with_window(text, tmp_path, workers):
         assert fetched <= 1.2 * total, (fetched, total)  # each shard fetched about once per rank
 
 
-def test_image_text_global_index_shards_streamed_with_window(s3_server, tmp_path):
+def test_image_text_global_index_shards_streamed_with_window(s3_server, tmp_path):  # noqa: F811
     """Image-text members (real PNGs) and text members, one ffd index over all, as shards, streamed with window=2:
     images equal the source's too."""
     rng = np.random.default_rng(3)
