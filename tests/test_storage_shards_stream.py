@@ -25,9 +25,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from limits import time_limit as limit
-from s3_server import BUCKET, s3_server, time_limit  # noqa: F401  (fixtures)
-from test_storage_stream_images import _member as image_member
 from torch.utils.data import DataLoader
 
 import packfmt
@@ -35,6 +32,10 @@ from packfmt.cli import main
 from packfmt.collection import write_collection
 from packfmt.torch import DistributedPackSampler, PackedDataset, collate_varlen
 from packfmt.torch.prefetch import prefetch
+
+from limits import time_limit as limit
+from s3_server import BUCKET, s3_server, time_limit  # noqa: F401  (fixtures)
+from test_storage_stream_images import _member as image_member
 
 MEMBERS, BATCH, RANKS = 200, 4, 2
 
