@@ -11,8 +11,8 @@ batches, each followed by a simulated training step of ``--step-ms`` (the time p
 the loader alone, which a streamed read can only feed at the link's rate):
 
 - ``fully cached``: ``PackedDataset(url)``: every member fetched at open (not timed), then read;
-- ``streamed``: ``PackedDataset(url, stream=True, cache_limit=10%)`` + ``prefetch(ds, order)``: members
-  fetched while the batches before them are read.
+- ``streamed``: ``PackedDataset(url, stream=True, cache_limit=10%)`` + ``prefetch(ds, order, threads=T)``:
+  members fetched while the batches before them are read, ``T`` at once (``--threads``, one row each).
 
 Each in three orders, side by side (``vs_cached``: streamed over fully cached in the same order):
 
@@ -154,6 +154,8 @@ def main() -> None:
     ap.add_argument("--packs", choices=("member", "collection", "shards"), default="member",
                     help="next fit within each member (as pack-ordered shards lay them out), next fit across the whole "
                          "collection, or shards: a global ffd index over the members written by `pack --shards`")
+    ap.add_argument("--threads", default="1,2", type=lambda t: [int(x) for x in t.split(",")],
+                    help="prefetch threads of the streamed rows, one row each (default 1,2)")
     ap.add_argument("--shard-size", default="2MiB", help="--packs shards: bytes per shard (default 2MiB)")
     ap.add_argument("--window", type=int, default=2, help="members per window of the window-shuffle rows (0: none)")
     ap.add_argument("--shuffle-batches", type=int, default=16,
@@ -193,24 +195,27 @@ def main() -> None:
                 seconds, tokens = read(full, order, args.warmup, args.step_ms / 1e3)
                 rows.append({"order": name, "case": "fully cached", "open_s": full_open_s, "tokens": tokens,
                              "seconds": seconds})
-                cache = tmp / f"cache-stream-{len(rows)}"
-                os.environ["PACKFMT_CACHE"] = str(cache)
-                t0 = time.perf_counter()
-                ds = PackedDataset(url, "p", stream=True, cache_limit=nbytes // 10)
-                open_s = time.perf_counter() - t0
-                prefetch(ds, order, batch_size=BATCH)
-                try:
-                    seconds, tokens = read(ds, order, args.warmup, args.step_ms / 1e3)
-                except StorageError as e:  # a batch touches more members than the limit holds (the plain shuffle)
-                    rows.append({"order": name, "case": "streamed, limit 10%", "error": str(e).split(":")[1].strip()})
-                    print(f"{name}, streamed: {e}", file=sys.stderr)
-                    continue
-                fetched = sum(e["bytes"] for e in map(json.loads, (cache / "downloads.log").read_text().splitlines())
-                              if "/members/" in e["url"] or "/shards/" in e["url"])
-                rows.append({"order": name, "case": "streamed, limit 10%", "open_s": open_s, "tokens": tokens,
-                             "seconds": seconds, "fetched_bytes": fetched,
-                             "fetched_x": fetched / _bytes_touched(full, order, member_bytes)})
-                del ds
+                for threads in args.threads:
+                    case = f"streamed, limit 10%, {threads} thread{'s' if threads > 1 else ''}"
+                    cache = tmp / f"cache-stream-{len(rows)}"
+                    os.environ["PACKFMT_CACHE"] = str(cache)
+                    t0 = time.perf_counter()
+                    ds = PackedDataset(url, "p", stream=True, cache_limit=nbytes // 10)
+                    open_s = time.perf_counter() - t0
+                    # (threads=1 is left out: this script then also runs against a packfmt without it, for before/after)
+                    prefetch(ds, order, batch_size=BATCH, **({"threads": threads} if threads != 1 else {}))
+                    try:
+                        seconds, tokens = read(ds, order, args.warmup, args.step_ms / 1e3)
+                    except StorageError as e:  # a batch touches more members than the limit holds (plain shuffle)
+                        rows.append({"order": name, "case": case, "error": str(e).split(":")[1].strip()})
+                        print(f"{name}, streamed: {e}", file=sys.stderr)
+                        continue
+                    fetched = sum(e["bytes"] for e in map(json.loads, (cache / "downloads.log").read_text()
+                                                          .splitlines()) if "/members/" in e["url"] or "/shards/" in e["url"])
+                    rows.append({"order": name, "case": case, "open_s": open_s, "tokens": tokens,
+                                 "seconds": seconds, "fetched_bytes": fetched,
+                                 "fetched_x": fetched / _bytes_touched(full, order, member_bytes)})
+                    del ds
     finally:
         proc.terminate()
         proc.wait()
