@@ -35,6 +35,7 @@ from packfmt.torch.prefetch import prefetch
 
 from limits import time_limit as limit
 from s3_server import BUCKET, s3_server, time_limit  # noqa: F401  (fixtures)
+from test_storage_stream import _size
 from test_storage_stream_images import _member as image_member
 
 MEMBERS, BATCH, RANKS = 200, 4, 2
@@ -77,7 +78,7 @@ def text(s3_server, tmp_path_factory):  # noqa: F811
 
 def _cache_on_disk(cache_root: Path) -> int:
     """Bytes of shard files in a reader's cache (what ``cache_limit`` bounds)."""
-    return sum(f.stat().st_size for f in cache_root.rglob("*") if f.is_file() and f.parent.parent.name == "shards"
+    return sum(_size(f) for f in cache_root.rglob("*") if f.is_file() and f.parent.parent.name == "shards"
                and f.parent.name.isdigit() and ".packfmt-state" not in f.parts and f.name != "manifest.json")
 
 
