@@ -225,6 +225,7 @@ class StreamedMembers:
                                    "flight): raise cache_limit= / $PACKFMT_CACHE_LIMIT, or use smaller batches")
             self.fetching[m] = size
             self.used += size
+            self.cond.notify_all()  # (a prefetch thread waits for another's reservation before fetching past it)
         try:
             local, pin, store = self._fetch_files(m, murl, raw)
             self._map(m, local)

@@ -127,11 +127,13 @@ def _run(stream, window: int) -> None:
         with stream.cond:
             plan = stream.plan
             for p, m in (plan.upcoming(window) if plan is not None else ()):
-                if (m not in stream.resident and m not in stream.fetching and m not in stream.failed
-                        and m not in stream._claimed):
-                    todo = (p, m, plan)
-                    stream._claimed.add(m)
-                    break
+                if m in stream.resident or m in stream.fetching or m in stream.failed:
+                    continue
+                if m in stream._claimed:  # another thread has not reserved its room yet: nothing past it before
+                    break  # (a smaller later member would fit where it may not, and be evicted for it: fetched twice)
+                todo = (p, m, plan)
+                stream._claimed.add(m)
+                break
             if todo is None:
                 stream.cond.wait(timeout=1.0)
                 continue
