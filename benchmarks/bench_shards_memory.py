@@ -8,7 +8,7 @@ allocations are traced; memory-mapped files are not). Baseline, side by side: th
 ``segments.bin`` as one int64 array in memory (24 B per segment), what any reader of the whole
 index holds.
 
-    python benchmarks/bench_shards_memory.py [--segments 1000000,3000000] [--shard-size 64MiB]
+    python benchmarks/bench_shards_memory.py [--segments 1000000,3000000] [--shard-size 1MiB]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--segments", default="1000000,3000000",
                     type=lambda t: [int(float(x)) for x in t.split(",")], help="documents of each source (comma list)")
-    ap.add_argument("--shard-size", default="64MiB")
+    ap.add_argument("--shard-size", default="1MiB")
     args = ap.parse_args()
     rows = []
     for n in args.segments:
