@@ -11,8 +11,8 @@ batches, each followed by a simulated training step of ``--step-ms`` (the time p
 the loader alone, which a streamed read can only feed at the link's rate):
 
 - ``fully cached``: ``PackedDataset(url)``: every member fetched at open (not timed), then read;
-- ``streamed``: ``PackedDataset(url, stream=True, cache_limit=10%)`` + ``prefetch(ds, order)``: members
-  fetched while the batches before them are read.
+- ``streamed``: ``PackedDataset(url, stream=True, cache_limit=10%)`` + ``prefetch(ds, order, threads=T)``:
+  members fetched while the batches before them are read, ``T`` at once (``--threads``, one row each).
 
 Each in three orders, side by side (``vs_cached``: streamed over fully cached in the same order):
 
@@ -25,7 +25,12 @@ Each in three orders, side by side (``vs_cached``: streamed over fully cached in
 
 ``fetched_x``: member bytes fetched over the member bytes of the packs read (in order: 1.0).
 
+``--packs shards`` is the real pipeline (issue 18): one ffd index over the whole collection (each pack
+mixes members), ``write_shards`` (``packfmt pack --shards``) rewrites its packs in pack order as shards of
+``--shard-size``, and the shards are what is uploaded and read (members = shards in the rows).
+
     python benchmarks/bench_stream.py [--docs 40000] [--members 40] [--mbps 2] [--step-ms 50] [--window 2]
+    python benchmarks/bench_stream.py --packs shards --members 200 --shard-size 1MiB
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from bench_remote import start_server  # noqa: E402
 from common import RESULTS_DIR, machine_info, print_table, web_like_corpus, write_json  # noqa: E402
 
 from packfmt.collection import write_collection  # noqa: E402
+from packfmt.collection.shards import parse_size, write_shards  # noqa: E402
+from packfmt.packindex import build_pack_index  # noqa: E402
 from packfmt.storage.errors import StorageError  # noqa: E402
 from packfmt.storage.upload import upload_tree  # noqa: E402
 from packfmt.torch import DistributedPackSampler, PackedDataset  # noqa: E402
@@ -104,7 +111,8 @@ class Throttle:
             threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
 
 
-def make(root: Path, n_docs: int, members: int, packs: str) -> tuple[Path, int, np.ndarray]:
+def make(root: Path, n_docs: int, members: int, packs: str, shard_bytes: int) -> tuple[Path, int, np.ndarray]:
+    """(the tree to upload as ``coll``, its member bytes, bytes of each member)."""
     rng, lengths, offsets, tokens = web_like_corpus(n_docs)
     cuts = np.linspace(0, n_docs, members + 1).astype(np.int64)
     paths = []
@@ -113,13 +121,16 @@ def make(root: Path, n_docs: int, members: int, packs: str) -> tuple[Path, int, 
         paths.append(root / "members" / f"m{m:05d}")
         write_flat_dataset(paths[-1], tokens[offsets[a]:offsets[b]], offsets[a:b + 1] - offsets[a], vocab_size=50_000)
     coll = write_collection(root / "coll", [(None, p) for p in paths])
-    if packs == "member":
-        segs, po = next_fit_members(lengths, coll.doc_start, CAPACITY)
+    if packs == "shards":  # the real pipeline: one global ffd index (packs mix members), its packs as shards
+        build_pack_index(coll, capacity=CAPACITY, algorithm="ffd", name="p")
+        coll = write_shards(coll, "p", root / "shards", shard_bytes=shard_bytes)
+        paths = [Path(coll.member_path(m)) for m in range(len(coll.members))]
+    elif packs == "member":
+        write_pack_index(coll, *next_fit_members(lengths, coll.doc_start, CAPACITY), capacity=CAPACITY, name="p")
     else:
-        segs, po = next_fit_segments(lengths, CAPACITY)
-    write_pack_index(coll, segs, po, capacity=CAPACITY, name="p")
+        write_pack_index(coll, *next_fit_segments(lengths, CAPACITY), capacity=CAPACITY, name="p")
     member_bytes = np.array([sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") for p in paths])
-    return coll.path, int(member_bytes.sum()), member_bytes
+    return (coll.path if packs == "shards" else root), int(member_bytes.sum()), member_bytes
 
 
 def read(ds, order: np.ndarray, warmup: int, step_s: float) -> tuple[float, int]:
@@ -140,8 +151,12 @@ def main() -> None:
     ap.add_argument("--mbps", type=float, default=2.0, help="bandwidth cap, MB/s")
     ap.add_argument("--step-ms", type=float, default=50.0, help="simulated training step per batch (0: read only)")
     ap.add_argument("--warmup", type=int, default=4, help="batches read before the timing")
-    ap.add_argument("--packs", choices=("member", "collection"), default="member",
-                    help="next fit within each member (pack-ordered shards) or across the whole collection")
+    ap.add_argument("--packs", choices=("member", "collection", "shards"), default="member",
+                    help="next fit within each member (as pack-ordered shards lay them out), next fit across the whole "
+                         "collection, or shards: a global ffd index over the members written by `pack --shards`")
+    ap.add_argument("--threads", default="1,2", type=lambda t: [int(x) for x in t.split(",")],
+                    help="prefetch threads of the streamed rows, one row each (default 1,2)")
+    ap.add_argument("--shard-size", default="2MiB", help="--packs shards: bytes per shard (default 2MiB)")
     ap.add_argument("--window", type=int, default=2, help="members per window of the window-shuffle rows (0: none)")
     ap.add_argument("--shuffle-batches", type=int, default=16,
                     help="batches of the plain-shuffle rows (0: none; -1: the whole epoch, which refetches members)")
@@ -153,8 +168,10 @@ def main() -> None:
         s3fs.S3FileSystem().mkdir("bench")
         with tempfile.TemporaryDirectory(prefix="bench_stream_") as tmp:
             tmp = Path(tmp)
-            _, nbytes, member_bytes = make(tmp / "data", args.docs, args.members, args.packs)
-            upload_tree(tmp / "data", "s3://bench/data")
+            tree, nbytes, member_bytes = make(tmp / "data", args.docs, args.members, args.packs,
+                                              parse_size(args.shard_size))
+            upload_tree(tree, "s3://bench/data" if args.packs != "shards" else "s3://bench/data/coll")
+            shards = len(member_bytes)
             port = int(endpoint.rsplit(":", 1)[1])
             proxy = Throttle(("127.0.0.1", port), args.mbps * 1e6)
             os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
@@ -178,24 +195,27 @@ def main() -> None:
                 seconds, tokens = read(full, order, args.warmup, args.step_ms / 1e3)
                 rows.append({"order": name, "case": "fully cached", "open_s": full_open_s, "tokens": tokens,
                              "seconds": seconds})
-                cache = tmp / f"cache-stream-{len(rows)}"
-                os.environ["PACKFMT_CACHE"] = str(cache)
-                t0 = time.perf_counter()
-                ds = PackedDataset(url, "p", stream=True, cache_limit=nbytes // 10)
-                open_s = time.perf_counter() - t0
-                prefetch(ds, order, batch_size=BATCH)
-                try:
-                    seconds, tokens = read(ds, order, args.warmup, args.step_ms / 1e3)
-                except StorageError as e:  # a batch touches more members than the limit holds (the plain shuffle)
-                    rows.append({"order": name, "case": "streamed, limit 10%", "error": str(e).split(":")[1].strip()})
-                    print(f"{name}, streamed: {e}", file=sys.stderr)
-                    continue
-                fetched = sum(json.loads(line)["bytes"] for line in (cache / "downloads.log").read_text()
-                              .splitlines() if "/members/" in line)
-                rows.append({"order": name, "case": "streamed, limit 10%", "open_s": open_s, "tokens": tokens,
-                             "seconds": seconds, "fetched_bytes": fetched,
-                             "fetched_x": fetched / _bytes_touched(full, order, member_bytes)})
-                del ds
+                for threads in args.threads:
+                    case = f"streamed, limit 10%, {threads} thread{'s' if threads > 1 else ''}"
+                    cache = tmp / f"cache-stream-{len(rows)}"
+                    os.environ["PACKFMT_CACHE"] = str(cache)
+                    t0 = time.perf_counter()
+                    ds = PackedDataset(url, "p", stream=True, cache_limit=nbytes // 10)
+                    open_s = time.perf_counter() - t0
+                    # (threads=1 is left out: this script then also runs against a packfmt without it, for before/after)
+                    prefetch(ds, order, batch_size=BATCH, **({"threads": threads} if threads != 1 else {}))
+                    try:
+                        seconds, tokens = read(ds, order, args.warmup, args.step_ms / 1e3)
+                    except StorageError as e:  # a batch touches more members than the limit holds (plain shuffle)
+                        rows.append({"order": name, "case": case, "error": str(e).split(":")[1].strip()})
+                        print(f"{name}, streamed: {e}", file=sys.stderr)
+                        continue
+                    fetched = sum(e["bytes"] for e in map(json.loads, (cache / "downloads.log").read_text()
+                                                          .splitlines()) if "/members/" in e["url"] or "/shards/" in e["url"])
+                    rows.append({"order": name, "case": case, "open_s": open_s, "tokens": tokens,
+                                 "seconds": seconds, "fetched_bytes": fetched,
+                                 "fetched_x": fetched / _bytes_touched(full, order, member_bytes)})
+                    del ds
     finally:
         proc.terminate()
         proc.wait()
@@ -208,8 +228,10 @@ def main() -> None:
     print_table(rows, ["order", "case", "open_s", "tokens", "seconds", "tokens_per_s", "vs_cached", "fetched_x",
                        "error"],
                 title=f"after {args.warmup} warm-up batches, {args.step_ms} ms step per batch, {args.mbps} MB/s cap; "
-                      f"{args.members} members, {nbytes:,} bytes, packs next fit per {args.packs}")
-    write_json(RESULTS_DIR / "bench_stream.json", {"rows": rows, "member_bytes": nbytes, "bandwidth_MBps": args.mbps,
+                      f"{args.members} members, {nbytes:,} bytes, " + (
+                          f"global ffd index as {shards} shards of {args.shard_size}" if args.packs == "shards" else
+                          f"packs next fit per {args.packs}"))
+    write_json(RESULTS_DIR / ("bench_stream.json" if args.packs == "member" else f"bench_stream_{args.packs}.json"), {"rows": rows, "member_bytes": nbytes, "bandwidth_MBps": args.mbps,
                                                    "machine": machine_info(), "args": vars(args)})
 
 

@@ -23,6 +23,7 @@ from packfmt.torch import DistributedPackSampler, PackedDataset, collate_varlen
 from packfmt.torch.prefetch import prefetch
 
 from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
+from test_storage_stream import _size
 
 IMG, BATCH = 999, 4
 IMAGE_MEMBERS, TEXT_MEMBERS = 8, 4
@@ -70,7 +71,7 @@ def remote(s3_server, tmp_path_factory):
 
 def _on_disk(cache_root: Path) -> int:
     """Bytes of member files in the cache's mirror (what cache_limit bounds), image files included."""
-    return sum(f.stat().st_size for f in cache_root.rglob("*") if f.is_file() and "/members/" in f.as_posix()
+    return sum(_size(f) for f in cache_root.rglob("*") if f.is_file() and "/members/" in f.as_posix()
                and ".packfmt-state" not in f.parts and f.name != "manifest.json")
 
 

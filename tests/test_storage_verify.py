@@ -116,6 +116,35 @@ def test_corrupted_bucket_object_refused_on_every_open_path(s3_server, data, cac
     assert packfmt.open(url).num_documents > 0  # the good object is accepted again
 
 
+@pytest.mark.parametrize("chunk", [1 << 23, 1000])
+@pytest.mark.parametrize("damage", ["longer", "shorter", "missing"])
+def test_object_of_another_size_is_refused_whatever_the_chunking(s3_server, data, cache, monkeypatch, chunk, damage):
+    """Downloads are ranged reads of ``CHUNK_BYTES`` (the last one past the listed size): an object one byte longer
+    or shorter than listed, or gone, is refused, with chunks the size of the file or many per file; the good object
+    reads back byte for byte through the same chunking."""
+    import packfmt.storage.cache as C
+
+    monkeypatch.setattr(C, "CHUNK_BYTES", chunk)
+    key = _key(f"{STORE}/tokens.bin")
+    good = s3_server.cat_file(key)
+    assert len(good) > 2 * 1000  # several chunks of 1000 bytes
+    bad = {"longer": good + b"\0", "shorter": good[:-1], "missing": None}[damage]
+    if bad is None:
+        s3_server.rm_file(key)
+    else:
+        s3_server.pipe_file(key, bad)
+    try:
+        with pytest.raises(FormatError) as exc:
+            packfmt.open(STORE)
+        msg = _one_line(exc.value, f"{STORE}/tokens.bin")
+        assert {"longer": f"found more than {len(good)}", "shorter": f"found {len(good) - 1}",
+                "missing": "missing"}[damage] in msg
+        assert not (mirror_path(STORE) / "tokens.bin").exists() and not list(cache.rglob("*.part-*"))
+    finally:
+        s3_server.pipe_file(key, good)
+    assert (mirror_path(STORE) / "tokens.bin").read_bytes() == good if packfmt.open(STORE) else False
+
+
 def test_changed_cached_byte_is_hashed_again_and_refetched_never_served(s3_server, data, cache):
     want = np.asarray(packfmt.open(STORE).tokens).copy()
     local = mirror_path(STORE) / "tokens.bin"

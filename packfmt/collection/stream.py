@@ -209,8 +209,8 @@ class StreamedMembers:
         f = self.fetcher
         with storage_errors(murl, f.so, f.root):
             fs, rpath = uri.filesystem(murl, f.so)
-            files = F.parse_manifest(json.loads(f.manifest(fs, f"{rpath}/{F.MANIFEST}", murl)),
-                                     file=f"{murl}/{F.MANIFEST}").files
+            raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", murl)  # read once: what is reserved is what is fetched
+            files = F.parse_manifest(json.loads(raw), file=f"{murl}/{F.MANIFEST}").files
         size = sum(e.bytes for e in files.values())
         with self.cond:
             while before is None and m in self.fetching:  # the prefetcher took it meanwhile: wait for its end
@@ -225,8 +225,9 @@ class StreamedMembers:
                                    "flight): raise cache_limit= / $PACKFMT_CACHE_LIMIT, or use smaller batches")
             self.fetching[m] = size
             self.used += size
+            self.cond.notify_all()  # (a prefetch thread waits for another's reservation before fetching past it)
         try:
-            local, pin, store = self._fetch_files(m, murl)
+            local, pin, store = self._fetch_files(m, murl, raw)
             self._map(m, local)
         except BaseException as exc:
             try:  # nothing half-fetched stays mapped or on disk (outside the bound)
@@ -248,7 +249,7 @@ class StreamedMembers:
             self.cond.notify_all()
         return True
 
-    def _fetch_files(self, m: int, murl: str):
+    def _fetch_files(self, m: int, murl: str, raw: bytes):
         """``(mirror folder, its pin, the member's Store)`` of member ``m``, every file verified and the member checked
         (a member with images: its image arrays too, V14, V15, V19)."""
         from ..reader import Store
@@ -257,7 +258,7 @@ class StreamedMembers:
         f.result = Fetched(path=Path(), root=f.root)
         try:
             with storage_errors(murl, f.so, f.root):
-                local = f.dataset(murl, packs=False)  # every file hashed while it streams, then the manifest
+                local = f.dataset(murl, packs=False, raw=raw)  # every file hashed while it streams, then the manifest
             store = Store(local)  # its offsets checked (V13)
             self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
         except BaseException:

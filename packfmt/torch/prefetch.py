@@ -5,7 +5,12 @@ The order a process reads packs in is known ahead (``DistributedPackSampler.epoc
 member, the positions of the order whose packs touch it. The member cache (``collection.stream``) then
 evicts the resident member whose next use is furthest ahead (Belady), and a background thread fetches
 the members of the coming packs in order, as far ahead as the cache limit allows without evicting a
-member needed sooner than the one it fetches. Reads never depend on the plan: a batch that is not
+member needed sooner than the one it fetches. ``threads`` (default 2) such threads fetch the next members
+at once, each claiming the first coming member no other fetches: a member's requests (its manifest, then
+its files) are round trips, and with several in flight their latency overlaps the transfer of the others
+(one thread spent ~60 ms of round trips per member on moto: ``benchmarks/bench_stream.py --packs
+shards``). They still fetch in the plan's order, so the members in flight are the earliest ones missing,
+which the coming batches need first. Reads never depend on the plan: a batch that is not
 the plan's next packs drops the plan (a warning) and the cache falls back to fetching on demand.
 
 With DataLoader workers, give ``batch_size``: worker ``w`` of ``W`` reads batches ``w, w + W, ...``
@@ -72,13 +77,16 @@ class Plan:
         return False
 
 
-def prefetch(ds, order, *, batch_size: int | None = None, window: int = 4096) -> None:
+def prefetch(ds, order, *, batch_size: int | None = None, window: int = 4096, threads: int = 2) -> None:
     """Plan ``ds`` (a ``PackedDataset`` with ``stream=True``) to read ``order`` (pack ids, e.g. ``sampler.epoch_indices()``)
     and start fetching its members ahead in a background thread. Call again for every epoch.
 
-    ``window``: how many (position, member) pairs ahead the thread considers at a time.
+    ``window``: how many (position, member) pairs ahead the threads consider at a time; ``threads``: how many
+    members are fetched at once (>= 1).
     """
-    ds._stream_plan = (np.asarray(order, dtype=np.int64).reshape(-1), batch_size, int(window))
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"prefetch: threads: expected an integer >= 1, found {threads!r}")
+    ds._stream_plan = (np.asarray(order, dtype=np.int64).reshape(-1), batch_size, int(window), threads)
     if ds._arrays is not None:
         start(ds)
 
@@ -90,7 +98,7 @@ def start(ds) -> None:
     stream = a.get("stream")
     if spec is None or stream is None:
         return
-    order, batch_size, window = spec
+    order, batch_size, window, threads = spec
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
@@ -102,9 +110,14 @@ def start(ds) -> None:
     with stream.cond:
         stream.plan = Plan(stream, order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]))
         stream.cond.notify_all()
-    if getattr(stream, "_thread", None) is None:
-        stream._thread = threading.Thread(target=_run, args=(stream, window), daemon=True, name="packfmt-prefetch")
-        stream._thread.start()
+    with stream.cond:
+        running = getattr(stream, "_threads", None)
+        if running is None:
+            running = stream._threads = []
+            stream._claimed = set()  # members a prefetch thread is fetching (from before their manifest is read)
+        for _ in range(threads - len(running)):
+            running.append(threading.Thread(target=_run, args=(stream, window), daemon=True, name="packfmt-prefetch"))
+            running[-1].start()
 
 
 def _run(stream, window: int) -> None:
@@ -114,9 +127,13 @@ def _run(stream, window: int) -> None:
         with stream.cond:
             plan = stream.plan
             for p, m in (plan.upcoming(window) if plan is not None else ()):
-                if m not in stream.resident and m not in stream.fetching and m not in stream.failed:
-                    todo = (p, m, plan)
-                    break
+                if m in stream.resident or m in stream.fetching or m in stream.failed:
+                    continue
+                if m in stream._claimed:  # another thread has not reserved its room yet: nothing past it before
+                    break  # (a smaller later member would fit where it may not, and be evicted for it: fetched twice)
+                todo = (p, m, plan)
+                stream._claimed.add(m)
+                break
             if todo is None:
                 stream.cond.wait(timeout=1.0)
                 continue
@@ -124,7 +141,11 @@ def _run(stream, window: int) -> None:
         try:
             done = stream.fetch(m, before=p)
         except Exception:  # noqa: BLE001 - the batch that needs it fetches it again and reports the error
-            continue
+            done = True
+        finally:
+            with stream.cond:
+                stream._claimed.discard(m)
+                stream.cond.notify_all()
         if not done:
             with stream.cond:
                 if stream.plan is plan:

@@ -1,0 +1,177 @@
+"""End to end, the streaming read of issue 18: a collection packed by ONE global index (ffd over all its
+members, so a pack mixes documents of several members), ``packfmt pack --shards s3://...`` rewriting those
+packs in pack order as member shards, then the shards read through a real S3-protocol server (moto on
+127.0.0.1) with ``stream=True`` (cache bounded to 10% of the shard bytes), ``DistributedPackSampler(window=2)``
+and ``prefetch``, by a DataLoader with 0 and 2 workers, as 2 ranks read separately (each its own cache, as on
+two nodes).
+
+Asserted for every rank: every batch equals the SOURCE collection's packs read locally (``input_ids``,
+``labels``, ``position_ids``; images too for the image-text case), the cache bound holds after every batch,
+and each shard is fetched about once (member bytes fetched <= 1.2x the shard bytes: each rank reads a share
+of every window, so it fetches every shard); over the ranks, every pack is read exactly once (plus the deal's
+padding, the epoch's first packs).
+
+Why ~100 shards, not fewer: with 2 workers each has half of the limit (5%), and a batch that straddles two
+windows touches up to 4 shards, which that half must hold.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import packfmt
+from packfmt.cli import main
+from packfmt.collection import write_collection
+from packfmt.torch import DistributedPackSampler, PackedDataset, collate_varlen
+from packfmt.torch.prefetch import prefetch
+
+from limits import time_limit as limit
+from s3_server import BUCKET, s3_server, time_limit  # noqa: F401  (fixtures)
+from test_storage_stream import _size
+from test_storage_stream_images import _member as image_member
+
+MEMBERS, BATCH, RANKS = 200, 4, 2
+
+
+def _shard_bytes(coll) -> int:
+    """Bytes of the shards' member files (what ``cache_limit`` bounds), manifests left out."""
+    return sum(f.stat().st_size for m in range(len(coll.members)) for f in Path(coll.member_path(m)).iterdir()
+               if f.is_file() and f.name != "manifest.json")
+
+
+def _shards(src: Path, url: str, shard_size: str, cache_root: Path) -> packfmt.Collection:
+    """``packfmt pack SRC --capacity 64 --name g --shards URL``: the global ffd index, its packs as shards (written
+    where ``cache_root`` mirrors URL, then uploaded); returns them opened there."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PACKFMT_CACHE", str(cache_root))
+        assert main(["pack", str(src), "--capacity", "64", "--name", "g", "--algorithm", "ffd", "--shards", url,
+                     "--shard-size", shard_size]) == 0
+    return packfmt.open(url, cache_dir=cache_root)
+
+
+@pytest.fixture(scope="module")
+def text(s3_server, tmp_path_factory):  # noqa: F811
+    """(source collection, shards URL, shard bytes)."""
+    root = tmp_path_factory.mktemp("e2e")
+    rng = np.random.default_rng(7)
+    paths = []
+    for m in range(MEMBERS):
+        paths.append(root / "members" / f"m{m:03d}")
+        with packfmt.DatasetWriter(paths[-1], vocab_size=1000, loss_mask=True,
+                                   tokenizer={"name": "t", "hash": None}) as w:
+            for n in rng.integers(1, 40, 12):
+                w.add_document(rng.integers(0, 1000, int(n)), rng.integers(0, 2, int(n)))
+    src = write_collection(root / "src", [(None, p) for p in paths])
+    url = f"s3://{BUCKET}/e2e/shards"
+    with limit(240, "packing 200 members and uploading their shards"):
+        out = _shards(src.path, url, "1400", root / "writer-cache")
+    return src, url, _shard_bytes(out), out
+
+
+def _cache_on_disk(cache_root: Path) -> int:
+    """Bytes of shard files in a reader's cache (what ``cache_limit`` bounds)."""
+    return sum(_size(f) for f in cache_root.rglob("*") if f.is_file() and f.parent.parent.name == "shards"
+               and f.parent.name.isdigit() and ".packfmt-state" not in f.parts and f.name != "manifest.json")
+
+
+def _fetched(cache_root: Path, url: str) -> int:
+    """Shard bytes a reader's cache downloaded (its ``downloads.log``; pack index files left out)."""
+    log = (cache_root / "downloads.log").read_text().splitlines()
+    return sum(e["bytes"] for e in map(json.loads, log) if e["url"].startswith(f"{url}/shards/"))
+
+
+def _same(a: dict, b: dict, images: bool) -> None:
+    for key in ("input_ids", "labels", "position_ids", "cu_seqlens", "pack_ids"):
+        assert torch.equal(a[key], b[key]), key
+    if images:
+        assert len(a["images"]) == len(b["images"])
+        for x, y in zip(a["images"], b["images"], strict=True):
+            assert torch.equal(x, y)
+        for key in ("image_spans", "pixel_values"):
+            assert (key in a) == (key in b) and (key not in a or torch.equal(a[key], b[key])), key
+
+
+def _rank_epoch(src, url, cache_root: Path, limit: int, rank: int, workers: int, images: bool = False):
+    """One rank's epoch streamed from the shards, batch by batch against the source read locally: (packs read,
+    member bytes fetched)."""
+    reference = PackedDataset(src.path, "g")
+    ds = PackedDataset(url, "g", stream=True, cache_limit=limit, cache_dir=cache_root)
+    assert len(ds) == len(reference)
+    sampler = DistributedPackSampler(ds, num_replicas=RANKS, rank=rank, shuffle=True, seed=5, window=2)
+    sampler.set_epoch(1)
+    order = sampler.epoch_indices()
+    prefetch(ds, order, batch_size=BATCH)
+    got = DataLoader(ds, batch_size=BATCH, sampler=sampler, collate_fn=collate_varlen, num_workers=workers)
+    want = DataLoader(reference, batch_size=BATCH, sampler=order.tolist(), collate_fn=collate_varlen)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the reads follow the plan (a dropped plan warns)
+        for a, b in zip(got, want, strict=True):
+            _same(a, b, images)
+            seen += a["pack_ids"].tolist()
+            assert _cache_on_disk(cache_root) <= limit  # the bound holds after every batch
+    assert seen == order.tolist()
+    return seen, _fetched(cache_root, url)
+
+
+def _global_pack_mix(src) -> float:
+    """The fraction of the global index's packs whose segments come from more than one source member."""
+    idx = src.pack_index("g")
+    segs, po = np.asarray(idx.segments), np.asarray(idx.pack_offsets)
+    member = src.member_of(segs[:, 0])
+    change = np.concatenate([[False], member[1:] != member[:-1]])
+    return float(np.mean(np.add.reduceat(change.astype(np.int64), po[:-1])
+                         - change[po[:-1]].astype(np.int64) > 0))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_global_index_shards_streamed_with_window(text, tmp_path, workers):
+    src, url, total, out = text
+    assert _global_pack_mix(src) > 0.3  # the realistic case: packs mix members (ffd over the whole collection)
+    assert 80 <= len(out.members) <= 130, len(out.members)
+    with pytest.raises(packfmt.PackfmtError, match="write pack-ordered shards"):  # why shards: the source's own index
+        DistributedPackSampler(PackedDataset(src.path, "g"), num_replicas=RANKS, rank=0, window=2)  # mixes members
+    cap = total // 10
+    with limit(300, "two ranks streaming ~100 shards each"):
+        per_rank = [_rank_epoch(src, url, tmp_path / f"rank{r}", cap, r, workers) for r in range(RANKS)]
+    n = len(PackedDataset(src.path, "g"))
+    counts = Counter(p for seen, _ in per_rank for p in seen)
+    pad = (-n) % RANKS
+    whole = DistributedPackSampler(PackedDataset(url, "g", stream=True, cache_dir=tmp_path / "order"), num_replicas=1,
+                                   rank=0, shuffle=True, seed=5, window=2)  # the global order (opening fetches no shard)
+    whole.set_epoch(1)
+    extra = Counter(whole.epoch_indices()[:pad].tolist())
+    assert counts == Counter(range(n)) + extra  # every pack exactly once over the ranks (+ the padding)
+    for _, fetched in per_rank:
+        assert fetched <= 1.2 * total, (fetched, total)  # each shard fetched about once per rank
+
+
+def test_image_text_global_index_shards_streamed_with_window(s3_server, tmp_path):  # noqa: F811
+    """Image-text members (real PNGs) and text members, one ffd index over all, as shards, streamed with window=2:
+    images equal the source's too."""
+    rng = np.random.default_rng(3)
+    kinds = [True] * 12 + [False] * 6
+    rng.shuffle(kinds)
+    paths = [image_member(tmp_path / "members" / f"m{m:02d}", rng, images) for m, images in enumerate(kinds)]
+    src = write_collection(tmp_path / "src", [(None, p) for p in paths])
+    url = f"s3://{BUCKET}/e2e/image-shards"
+    with limit(120, "image shards written, uploaded and streamed"):
+        out = _shards(src.path, url, "3KiB", tmp_path / "writer-cache")
+        assert len(out.members) >= 8 and sum(1 for m in out.members if m.images) >= 4
+        total = _shard_bytes(out)
+        cap = max(total // 3, 4 * max(_shard_bytes_of(out, m) for m in range(len(out.members))))
+        assert cap < total  # streamed: never all of it at once
+        for r in range(RANKS):
+            _rank_epoch(src, url, tmp_path / f"rank{r}", cap, r, 0, images=True)
+
+
+def _shard_bytes_of(coll, m: int) -> int:
+    return sum(f.stat().st_size for f in Path(coll.member_path(m)).iterdir() if f.is_file() and f.name != "manifest.json")
