@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -15,6 +15,7 @@ import xxhash
 from .. import format as F
 from ..errors import FormatError, UnsupportedVersionError
 from .layout import parse_layout
+from .lengths import parse_collection_files
 from .unify import SHARED_KEYS, parse_unified
 
 __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
@@ -22,9 +23,10 @@ __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_S
            "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION", "members_json"]
 
 COLLECTION_FORMAT_NAME = "packfmt-collection"
-#: What this writer writes: 1.2 added ``unified`` (members with and without loss masks / image ids).
-COLLECTION_VERSION = (1, 2)
-COLLECTION_VERSION_STR = "1.2"
+#: What this writer writes: 1.2 added ``unified`` (members with and without loss masks / image ids), 1.3 ``layout``
+#: and ``files`` (``doc_lengths.bin``, written in every collection).
+COLLECTION_VERSION = (1, 3)
+COLLECTION_VERSION_STR = "1.3"
 #: Collections were added in 1.1; 1.1 collections are still read.
 OLDEST_COLLECTION_VERSION = (1, 1)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -56,6 +58,8 @@ class CollectionManifest:
     num_tokens: int
     num_images: int
     raw: dict
+    #: The ``files`` table (§2.4): ``{"doc_lengths.bin": FileEntry}`` or {} (none recorded).
+    files: dict = field(default_factory=dict)
 
 
 def is_collection(obj: dict) -> bool:
@@ -159,4 +163,6 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
               "loss_mask": loss_mask}
     unified = parse_unified(obj, [m.name for m in members], shared, version, file=file)
     parse_layout(obj, version, file=file)  # 1.3: a pack-ordered layout (spec/COLLECTION.md §9)
-    return CollectionManifest(version, shared, unified, tuple(members), sums["documents"], sums["tokens"], sums["images"], obj)
+    files = parse_collection_files(obj, version, sums["documents"], file=file)  # 1.3: doc_lengths.bin (§2.4)
+    return CollectionManifest(version, shared, unified, tuple(members), sums["documents"], sums["tokens"], sums["images"],
+                              obj, files)
