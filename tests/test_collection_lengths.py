@@ -14,6 +14,7 @@ import pytest
 import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from old_collections import without_lengths_record
 
 from packfmt import format as F
 from packfmt.collection import Collection, write_collection
@@ -24,8 +25,6 @@ from packfmt.packindex import build_pack_index
 from packfmt.reader import Store
 from packfmt.torch.testing import write_split_stores
 from packfmt.validate import validate
-
-from old_collections import without_lengths_record
 
 
 def _members(root: Path, counts, seed=0):

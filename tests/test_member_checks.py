@@ -101,3 +101,47 @@ _text = st.text(st.characters(codec="utf-8"), max_size=12)
 def test_the_member_list_is_written_as_canonical_json_byte_for_byte(members):
     assert members_json(members) == F.canonical_json([m.to_json() for m in members])
     assert member_list_checksum(members) == member_list_checksum([m.to_json() for m in members])
+
+
+_names = st.one_of(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,5}", fullmatch=True), _text)
+_paths = st.one_of(st.lists(st.sampled_from(["a", "..", ".", "", "b c", "x\\y", "/"]), min_size=1, max_size=4)
+                   .map("/".join), _text)
+_counts = st.one_of(st.integers(0, 3), st.sampled_from([-1, 2**63 - 1, 2**63, True, False, None, "1", 1.0]))
+_digests = st.one_of(st.just("xxh3_64:0123456789abcdef"), st.sampled_from(["xxh3_64:0123", "xxh3_64:0123456789ABCDEF"]),
+                     _text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(st.fixed_dictionaries({"name": _names, "path": _paths, "documents": _counts, "tokens": _counts,
+                                                "images": _counts, "manifest": _digests}), min_size=1, max_size=3))
+def test_the_inlined_member_checks_accept_exactly_what_the_long_ones_do(entries):
+    from packfmt.collection import manifest as M
+
+    def parse():
+        obj = json.loads((Path(__file__).parent / "data" / "golden_v1_0" / F.MANIFEST).read_text())
+        obj = {k: obj[k] for k in ("vocab_size", "token_dtype", "tokenizer", "special_tokens", "loss_mask")}
+        ints = [e for e in entries if all(type(e[k]) is int for k in ("documents", "tokens", "images"))]
+        obj.update(format="packfmt-collection", format_version="1.2", producer={"name": "t", "version": "0"},
+                   members=entries, counts={"members": len(entries), **{k: sum(e[k] for e in ints)
+                                                                       for k in ("documents", "tokens", "images")}})
+        try:
+            return M.parse_collection_manifest(obj).members
+        except FormatError as exc:
+            return (exc.field, exc.expected, exc.found)
+
+    fast = parse()
+    inlined, M._well_formed_member = M._well_formed_member, lambda entry, names: None
+    try:
+        assert parse() == fast
+    finally:
+        M._well_formed_member = inlined
+
+
+def test_a_well_formed_entry_takes_the_inlined_checks():
+    from packfmt.collection.manifest import _well_formed_member
+
+    entry = {"name": "web.0", "path": "../a/b", "documents": 2, "tokens": 9, "images": 0,
+             "manifest": "xxh3_64:0123456789abcdef"}
+    assert _well_formed_member(entry, set()) == Member("web.0", "../a/b", 2, 9, 0, "xxh3_64:0123456789abcdef")
+    for bad in ({"path": "a/./b"}, {"path": "a//b"}, {"path": "a/"}, {"documents": True}, {"name": "web.0"}):
+        assert _well_formed_member({**entry, **bad}, {"web.0"} if "name" in bad else set()) is None

@@ -12,7 +12,7 @@ member whose lengths differ from its slice of the file, before any offset of it 
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import xxhash

@@ -25,13 +25,13 @@ from .. import format as F
 from ..dataset import Dataset, running_sum
 from ..errors import FormatError
 from ..reader import Store
+from .lengths import member_lengths_problem, read_lengths
 from .manifest import (
     CollectionManifest,
     Member,
     member_list_checksum,
     parse_collection_manifest,
 )
-from .lengths import member_lengths_problem, read_lengths
 from .member_checks import manifest_checksum, member_doc_lengths, member_problems
 from .unify import ones_needed
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import format as F
 import numpy as np
 
+from .. import format as F
 from .._io import checksum_file, publish_dir, remove_stale_temps, staging, write_durably
 from ..errors import DatasetExistsError, WriteError
 from ..reader import Store
 from ..version import __version__
+from .lengths import LENGTHS_DTYPE, LENGTHS_FILE, lengths_record, store_lengths
 from .manifest import (
     COLLECTION_FORMAT_NAME,
     COLLECTION_VERSION_STR,
@@ -19,7 +20,6 @@ from .manifest import (
     check_member_name,
     is_collection,
 )
-from .lengths import LENGTHS_FILE, lengths_record, store_lengths
 from .reader import Collection
 from .unify import SHARED_KEYS, unify
 
@@ -115,7 +115,8 @@ def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path, *,
     """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``);
     ``files``: the table listing its ``doc_lengths.bin`` (``write_lengths``, or ``lengths.lengths_record`` where it
     is uploaded), which every writer writes (§2.4)."""
-    if set(files) != {LENGTHS_FILE} or files[LENGTHS_FILE]["bytes"] != 8 * sum(m.documents for m, _, _ in members):
+    if set(files) != {LENGTHS_FILE} or files[LENGTHS_FILE]["bytes"] != LENGTHS_DTYPE.itemsize * sum(
+            m.documents for m, _, _ in members):
         raise ValueError(f"collection_manifest: files must list {LENGTHS_FILE} of every member's documents")
     shared, unified = unify([(m.name, m.path, sh) for m, _, sh in members])
     entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
