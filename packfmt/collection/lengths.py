@@ -21,7 +21,7 @@ from .. import format as F
 from ..errors import ChecksumError, FormatError
 
 __all__ = ["LENGTHS_FILE", "LENGTHS_DTYPE", "FILES_VERSION", "parse_collection_files", "lengths_record",
-           "read_lengths", "check_lengths", "member_lengths_problem", "store_lengths"]
+           "read_lengths", "check_record", "check_lengths", "member_lengths_problem", "store_lengths"]
 
 #: The one file a collection's ``files`` table may list in format 1.3.
 LENGTHS_FILE = "doc_lengths.bin"
@@ -80,6 +80,13 @@ def read_lengths(root: str | os.PathLike, cm) -> np.ndarray | None:
             raw = fh.read(entry.bytes + 1)
     except FileNotFoundError:
         return None
+    return check_record(raw, cm)
+
+
+def check_record(raw: bytes, cm) -> np.ndarray:
+    """The lengths in ``raw``, the bytes of ``doc_lengths.bin`` (at most one byte more than recorded is enough to
+    tell), once their size, checksum and contents (C7) are checked against ``cm``."""
+    entry = cm.files[LENGTHS_FILE]
     if len(raw) != entry.bytes:
         raise FormatError(f"{LENGTHS_FILE}: size: expected {entry.bytes} bytes (manifest), found {len(raw)}"
                           + ("+" if len(raw) > entry.bytes else ""), file=LENGTHS_FILE, field="size",

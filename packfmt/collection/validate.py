@@ -30,8 +30,11 @@ from ..validation.report import (
 __all__ = ["validate_collection"]
 
 
-def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool):
-    """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``."""
+def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool, record=None):
+    """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``.
+
+    ``record``: for a mirror of a collection in object storage (which the cache mirrors without its
+    ``doc_lengths.bin``), a function giving that file's bytes from the bucket (None when it is not there)."""
     from .manifest import parse_collection_manifest
 
     out = _Collector(report)
@@ -47,7 +50,7 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     else:  # a member with nothing to report passes the reader's own checks of it, read once (member_checks)
         lengths, failed = _structural_members(root, cm, out, decode_images)
     members_ok = not failed
-    _check_lengths_record(root, cm, out, lengths, failed)  # C7: doc_lengths.bin against the members' own
+    _check_lengths_record(root, cm, out, lengths, failed, record)  # C7: doc_lengths.bin against the members' own
     listed = set(cm.files)
     for p in sorted(root.iterdir()):  # members/: a Ray build's stores; shards/: a pack-ordered layout's (§1)
         if p.name not in (F.MANIFEST, F.PACKS_DIR, "members", "shards", *listed):
@@ -89,23 +92,29 @@ def _structural_members(root: Path, cm, out, decode_images: bool) -> tuple[np.nd
     return lengths, failed
 
 
-def _check_lengths_record(root: Path, cm, out, lengths: np.ndarray | None, failed: set) -> None:
+def _check_lengths_record(root: Path, cm, out, lengths: np.ndarray | None, failed: set, remote=None) -> None:
     """C7: ``doc_lengths.bin``, when the manifest lists it, exists (a warning: readers then use the members) with its
     size and checksum, its contents agree with the counts, and each member that passed its checks has exactly its slice of it (``lengths``: the
     members' own, from their ``doc_offsets.bin``; None: read here)."""
     from ..dataset import running_sum
-    from .lengths import LENGTHS_FILE, member_lengths_problem, read_lengths
+    from .lengths import LENGTHS_FILE, check_record, member_lengths_problem
 
     entry = cm.files.get(LENGTHS_FILE)
     if entry is None:
         return
-    if not (root / LENGTHS_FILE).is_file():
+    raw = None
+    if (root / LENGTHS_FILE).is_file():
+        with open(root / LENGTHS_FILE, "rb") as fh:
+            raw = fh.read(entry.bytes + 1)
+    elif remote is not None:
+        raw = remote(entry.bytes + 1)
+    if raw is None:
         out.add(LENGTHS_FILE, None, f"{entry.bytes} bytes (listed in {F.MANIFEST} files)", "missing",
                 detail=f"missing (listed in {F.MANIFEST} files with {entry.bytes} bytes); readers read every "
                 "member's lengths instead (slower, as valid); run `packfmt merge` again to write it", severity=WARNING)
         return
     try:
-        record = read_lengths(root, cm)
+        record = check_record(raw, cm)
     except PackfmtError as exc:
         out.from_error(exc, LENGTHS_FILE)
         return
