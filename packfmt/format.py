@@ -23,7 +23,8 @@ FORMAT_VERSION = (1, 0)
 FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
 #: The newest version this reader knows: 1.1 added collections (spec/COLLECTION.md). Stores and
 #: their pack indexes are still written as 1.0; a collection's pack indexes as 1.1; a collection
-#: itself as 1.2 (``collection.manifest.COLLECTION_VERSION``: 1.2 added ``unified``).
+#: itself as 1.3 (``collection.manifest.COLLECTION_VERSION``: 1.2 added ``unified``, 1.3 ``layout`` and
+#: ``doc_lengths.bin``).
 KNOWN_VERSION = (1, 1)
 PACK_INDEX_FORMAT_NAME = "packfmt-pack-index"
 

@@ -57,7 +57,14 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
             where, msg = exc.file or str(path), str(exc)
             _Collector(report).add(where, None, detail=msg.removeprefix(f"{where}: "))
             return report
-        report = validate(fetched.path, deep=deep, progress=progress, decode_images=decode_images)
+        if _is_collection(Path(fetched.path)):  # its doc_lengths.bin is read from the bucket (the mirror has none)
+            from .collection.validate import validate_collection
+
+            report = validate_collection(Path(fetched.path), Report(str(fetched.path), deep), deep=deep,
+                                         progress=progress, decode_images=decode_images,
+                                         record=lambda size: _remote_record(str(path), storage_options, size))
+        else:
+            report = validate(fetched.path, deep=deep, progress=progress, decode_images=decode_images)
         report.path = str(path)
         return report
     root = Path(local_file(path))
@@ -67,6 +74,20 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
         return validate_collection(root, Report(str(root), deep), deep=deep, progress=progress,
                                    decode_images=decode_images)
     return validate_store(root, deep=deep, progress=progress, decode_images=decode_images)
+
+
+def _remote_record(url: str, storage_options: dict | None, size: int) -> bytes | None:
+    """The first ``size`` bytes of the collection's ``doc_lengths.bin`` at ``url`` (spec/COLLECTION.md §2.4), or None."""
+    from .collection.lengths import LENGTHS_FILE
+    from .storage.errors import storage_errors
+    from .storage.uri import filesystem
+
+    with storage_errors(url, storage_options):
+        fs, rpath = filesystem(url.rstrip("/"), storage_options)
+        try:
+            return fs.cat_file(f"{rpath}/{LENGTHS_FILE}", start=0, end=size)
+        except FileNotFoundError:
+            return None
 
 
 def _is_collection(root: Path) -> bool:

@@ -44,12 +44,14 @@ def test_collection_reads_members_in_order_without_copying(tmp_path, three):
     assert coll.doc_lengths.tolist() == [len(d) for d in docs]
     assert [m.name for m in coll.members] == ["web", "code", "books"]
     assert [m.path for m in coll.members] == ["../web", "../code", "../books"]
-    assert sorted(p.name for p in (tmp_path / "mix").iterdir()) == ["manifest.json"]  # nothing copied
+    # nothing copied: the manifest and the record of the lengths (8 bytes a document)
+    assert sorted(p.name for p in (tmp_path / "mix").iterdir()) == ["doc_lengths.bin", "manifest.json"]
+    assert (tmp_path / "mix" / "doc_lengths.bin").stat().st_size == 8 * 9
 
 
 def test_a_store_reader_refuses_a_collection_naming_its_version(tmp_path, three):
     write_collection(tmp_path / "mix", [(None, p) for p in three])
-    with pytest.raises(UnsupportedVersionError, match=r"collection \(format 1\.2.*packfmt\.open"):
+    with pytest.raises(UnsupportedVersionError, match=r"collection \(format 1\.3.*packfmt\.open"):
         packfmt.Store(tmp_path / "mix")
 
 

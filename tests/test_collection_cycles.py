@@ -19,6 +19,7 @@ from packfmt.errors import FormatError
 from packfmt.validate import validate
 
 from limits import time_limit
+from old_collections import without_lengths_record
 
 
 def make_store(root: Path, lengths, seed: int) -> Path:
@@ -30,7 +31,9 @@ def make_store(root: Path, lengths, seed: int) -> Path:
 
 
 def add_member(coll: Path, name: str, path: str, like: int = 0) -> None:
-    """Append a member entry (counts copied from member ``like``, so the manifest itself stays valid, C1)."""
+    """Append a member entry (counts copied from member ``like``, so the manifest itself stays valid, C1; the
+    collection made a 1.2 one first, without ``doc_lengths.bin``, whose size counts the documents)."""
+    without_lengths_record(coll)
     manifest = json.loads((coll / F.MANIFEST).read_text())
     entry = {**manifest["members"][like], "name": name, "path": path}
     manifest["members"].append(entry)

@@ -1,6 +1,7 @@
 """Every member's lengths read and checked without opening it as a Store (packfmt.collection.member_checks):
 the same lengths as each member's own ``Store``, and a broken member refused (or reported by ``validate``)
-with the words ``Store`` and ``Collection.member`` use, first broken member first."""
+with the words ``Store`` and ``Collection.member`` use, first broken member first. The collections here have
+no ``doc_lengths.bin`` (as written before 1.3, ``old_collections``): that record is tests/test_collection_lengths.py's."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from packfmt.reader import Store
 from packfmt.torch.testing import write_split_stores
 from packfmt.validate import validate
 
+from old_collections import without_lengths_record
+
 
 def _members(root, counts, seed=0):
     """A collection of members holding ``counts[m]`` documents each (1-40 tokens), and their paths."""
@@ -31,7 +34,7 @@ def _members(root, counts, seed=0):
     tokens = rng.integers(0, 1000, int(offsets[-1]), dtype=np.uint16)
     paths = [Path(p) for p in write_split_stores(root / "stores", tokens, offsets, cuts, vocab_size=1000)]
     coll = write_collection(root / "coll", [(None, p) for p in paths])
-    return coll.path, paths, lengths
+    return without_lengths_record(coll.path), paths, lengths
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -98,3 +101,47 @@ _text = st.text(st.characters(codec="utf-8"), max_size=12)
 def test_the_member_list_is_written_as_canonical_json_byte_for_byte(members):
     assert members_json(members) == F.canonical_json([m.to_json() for m in members])
     assert member_list_checksum(members) == member_list_checksum([m.to_json() for m in members])
+
+
+_names = st.one_of(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,5}", fullmatch=True), _text)
+_paths = st.one_of(st.lists(st.sampled_from(["a", "..", ".", "", "b c", "x\\y", "/"]), min_size=1, max_size=4)
+                   .map("/".join), _text)
+_counts = st.one_of(st.integers(0, 3), st.sampled_from([-1, 2**63 - 1, 2**63, True, False, None, "1", 1.0]))
+_digests = st.one_of(st.just("xxh3_64:0123456789abcdef"), st.sampled_from(["xxh3_64:0123", "xxh3_64:0123456789ABCDEF"]),
+                     _text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(st.fixed_dictionaries({"name": _names, "path": _paths, "documents": _counts, "tokens": _counts,
+                                                "images": _counts, "manifest": _digests}), min_size=1, max_size=3))
+def test_the_inlined_member_checks_accept_exactly_what_the_long_ones_do(entries):
+    from packfmt.collection import manifest as M
+
+    def parse():
+        obj = json.loads((Path(__file__).parent / "data" / "golden_v1_0" / F.MANIFEST).read_text())
+        obj = {k: obj[k] for k in ("vocab_size", "token_dtype", "tokenizer", "special_tokens", "loss_mask")}
+        ints = [e for e in entries if all(type(e[k]) is int for k in ("documents", "tokens", "images"))]
+        obj.update(format="packfmt-collection", format_version="1.2", producer={"name": "t", "version": "0"},
+                   members=entries, counts={"members": len(entries), **{k: sum(e[k] for e in ints)
+                                                                       for k in ("documents", "tokens", "images")}})
+        try:
+            return M.parse_collection_manifest(obj).members
+        except FormatError as exc:
+            return (exc.field, exc.expected, exc.found)
+
+    fast = parse()
+    inlined, M._well_formed_member = M._well_formed_member, lambda entry, names: None
+    try:
+        assert parse() == fast
+    finally:
+        M._well_formed_member = inlined
+
+
+def test_a_well_formed_entry_takes_the_inlined_checks():
+    from packfmt.collection.manifest import _well_formed_member
+
+    entry = {"name": "web.0", "path": "../a/b", "documents": 2, "tokens": 9, "images": 0,
+             "manifest": "xxh3_64:0123456789abcdef"}
+    assert _well_formed_member(entry, set()) == Member("web.0", "../a/b", 2, 9, 0, "xxh3_64:0123456789abcdef")
+    for bad in ({"path": "a/./b"}, {"path": "a//b"}, {"path": "a/"}, {"documents": True}, {"name": "web.0"}):
+        assert _well_formed_member({**entry, **bad}, {"web.0"} if "name" in bad else set()) is None

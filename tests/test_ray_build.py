@@ -48,7 +48,7 @@ def assert_same_as_local(ray_out: Path, local: Path, tmp_path: Path) -> None:
 
 def no_leftovers(out: Path) -> None:
     """Nothing but the collection: no staging folder, no temp sibling, no dead attempt."""
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "members"]
+    assert sorted(p.name for p in out.iterdir()) == ["doc_lengths.bin", "manifest.json", "members"]
     hidden = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
     assert hidden == []
     for member in (out / "members").iterdir():
@@ -235,10 +235,12 @@ def bucket_keys(fs, prefix: str) -> list[str]:
 
 
 def only_listed_members(fs, prefix: str) -> list[str]:
-    """Every object under ``prefix`` is the manifest or inside a member it lists; the member paths."""
-    listed = [m["path"] for m in json.loads(fs.cat_file(f"{prefix}/manifest.json"))["members"]]
+    """Every object under ``prefix`` is the manifest, a file it lists or inside a member it lists; the member paths."""
+    manifest = json.loads(fs.cat_file(f"{prefix}/manifest.json"))
+    listed = [m["path"] for m in manifest["members"]]
     for key in bucket_keys(fs, prefix):
-        assert key == "manifest.json" or any(key.startswith(p + "/") for p in listed), f"unlisted object {key}"
+        assert key == "manifest.json" or key in manifest["files"] or any(key.startswith(p + "/") for p in listed), \
+            f"unlisted object {key}"
     return listed
 
 
@@ -267,6 +269,8 @@ def test_ray_build_to_object_storage(tmp_path, monkeypatch, s3_server):
     local = packfmt.open(build_text([SAMPLE / "text.jsonl"], tmp_path / "local", SAMPLE_TOK).path)
     assert coll.num_documents == local.num_documents == 60
     assert all(coll.document(d).tolist() == local.document(d).tolist() for d in range(60))
+    record = np.frombuffer(s3_server.cat_file(f"{BUCKET}/ray/text/doc_lengths.bin"), dtype="<i8")  # the tasks' lengths
+    np.testing.assert_array_equal(record, np.asarray(local.doc_lengths))
 
 
 _DRIVER_OPENS: list | None = None  # paths this process opens while a test watches (sys.addaudithook, below)

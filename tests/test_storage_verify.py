@@ -218,6 +218,22 @@ def test_validate_sees_the_dataset_only(s3_server, data, cache):
     assert list((cache / V.STATE).rglob("*.verified")) and list((cache / V.STATE).rglob(V.PIN))
 
 
+def test_validate_of_a_url_checks_the_buckets_lengths_record(s3_server, data, cache):
+    """The cache mirrors a collection without its doc_lengths.bin (spec/COLLECTION.md §2.4): validate reads the
+    bucket's copy, and reports one that changed, or is gone."""
+    url = f"{COLL}/doc_lengths.bin"
+    assert s3_server.exists(_key(url)) and validate(COLL).ok
+    with corrupt(s3_server, url):
+        assert [(p.file, p.field) for p in validate(COLL).errors] == [("doc_lengths.bin", "checksum")]
+    good = s3_server.cat_file(_key(url))
+    s3_server.rm_file(_key(url))
+    try:
+        report = validate(COLL)
+        assert report.ok and [(p.file, p.found) for p in report.warnings] == [("doc_lengths.bin", "missing")]
+    finally:
+        s3_server.pipe_file(_key(url), good)
+
+
 def _collection_with_member_path(s3_server, url: str, path: str) -> None:
     obj = json.loads(s3_server.cat_file(f"{_key(COLL)}/manifest.json"))
     obj["members"][0]["path"] = path

@@ -2,7 +2,9 @@
 
 ``member_problems`` is C2 and C3 of one member, as ``FormatError`` objects (what ``Collection.member``
 raises and ``validate`` reports). ``member_doc_lengths`` is what a command that needs only the
-documents' lengths (packing, describing, the mixture planners) asks of every member: its manifest has
+documents' lengths (packing, describing, the mixture planners) asks of every member of a collection
+without ``doc_lengths.bin`` (written before format 1.3, or a mirror without it: ``collection.lengths``),
+and what ``validate`` compares that record with: its manifest has
 the recorded checksum (C3, hashed from the very bytes that are then parsed), it is a store with the
 recorded counts and the collection's shared keys (C2; V1-V11 of its manifest and files table), and
 its ``doc_offsets.bin`` holds valid offsets (V13), all checked before a length is computed from

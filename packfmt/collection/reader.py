@@ -4,9 +4,13 @@ A collection is cheap to open (its manifest only) and to pickle (its path). Memb
 opened when first needed, checked then (C2, C3: the member's manifest has the recorded checksum,
 its counts and tokenizer identity are the collection's, and ``Store`` checks its own offsets),
 and kept in a small LRU, so thousands of members never hold thousands of memory maps. The
-documents' lengths (all that packing needs) are read without opening any member as a store:
-each member is checked the same way first, from one read of its manifest and one of its
-``doc_offsets.bin`` (``member_checks``). Collection-wide document ``g`` is local document ``g - doc_start[m]`` of member ``m``.
+documents' lengths (all that packing needs) come from the collection's own ``doc_lengths.bin``
+(``collection.lengths``: one read, its checksum and C7 checked; no member touched); once they are
+read, every member opened is also checked to have exactly its slice of them (before any offset of it
+is used). A collection without the file (written before 1.3, or a mirror that lacks it) reads them
+from its members instead, each checked the same way first, from one read of its manifest and one of
+its ``doc_offsets.bin`` (``member_checks``). Collection-wide document ``g`` is local document
+``g - doc_start[m]`` of member ``m``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .. import format as F
 from ..dataset import Dataset, running_sum
 from ..errors import FormatError
 from ..reader import Store
+from .lengths import member_lengths_problem, read_lengths
 from .manifest import (
     CollectionManifest,
     Member,
@@ -70,6 +75,8 @@ class Collection(Dataset):
         self.all_trained = tuple(ones_needed(self.manifest.shared, self.manifest.unified, [x.name for x in m]))
         self._ones = np.ones(0, dtype=F.MASK_DTYPE)
         self._binding: str | None = None
+        #: ``doc_lengths.bin``, once read and checked (``doc_lengths``); every member opened since is compared with it.
+        self._lengths: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
         return {"path": str(self.path), "max_open_members": self.max_open_members}
@@ -118,11 +125,22 @@ class Collection(Dataset):
         return store
 
     def _check_member(self, m: int, store: Store) -> Store:
+        """C2, C3 of member ``m`` opened as ``store``; and, once this collection's lengths were read from
+        ``doc_lengths.bin``, C7: its own lengths are its slice of them (SECURITY.md A20)."""
         problems = member_problems(self.manifest, m, manifest_checksum(store.manifest_bytes), store.manifest,
                                    store.path / F.MANIFEST)
         if problems:
             raise problems[0]
+        if self._lengths is not None:
+            self._check_member_lengths(m, store)
         return store
+
+    def _check_member_lengths(self, m: int, store: Store) -> None:
+        a, b = int(self.doc_start[m]), int(self.doc_start[m + 1])
+        problem = member_lengths_problem(self.manifest, m, a, np.diff(store.doc_offsets), self._lengths[a:b],
+                                         store.path / F.DOC_OFFSETS)
+        if problem is not None:
+            raise problem
 
     # -- documents
     def document(self, g: int) -> np.ndarray:
@@ -147,10 +165,25 @@ class Collection(Dataset):
 
     @property
     def doc_lengths(self) -> np.ndarray:
-        """int64 ``(num_documents,)``: every member's lengths in order (8 bytes per document), each member
-        checked as when it opens (C2, C3, its manifest, file sizes and V13) but not mapped
+        """int64 ``(num_documents,)``: every document's length in order (8 bytes per document), read-only.
+
+        From ``doc_lengths.bin`` when the collection has it (read once, checksum and C7 checked; the members
+        opened so far, and every one opened later, compared with their slices), else from every member,
+        each checked as when it opens (C2, C3, its manifest, file sizes and V13) but not mapped
         (``member_checks.member_doc_lengths``)."""
-        return member_doc_lengths(self.path, self.manifest, self.doc_start, lambda m: np.diff(self.member(m).doc_offsets))
+        if self._lengths is None:
+            lengths = read_lengths(self.path, self.manifest)
+            if lengths is None:  # no record (or none in this mirror): the members themselves
+                return member_doc_lengths(self.path, self.manifest, self.doc_start,
+                                          lambda m: np.diff(self.member(m).doc_offsets))
+            self._lengths = lengths
+            for m, store in list(self._open.items()):  # opened before the record was read: compared now
+                try:
+                    self._check_member_lengths(m, store)
+                except FormatError:
+                    self._lengths = None
+                    raise
+        return self._lengths
 
     @property
     def doc_offsets(self) -> np.ndarray:

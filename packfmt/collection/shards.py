@@ -36,7 +36,7 @@ from .layout import LAYOUT_KIND, LAYOUT_VERSION_STR
 from .manifest import Member, member_list_checksum, parse_collection_manifest
 from .reader import Collection
 from .unify import SHARED_KEYS
-from .writer import collection_manifest, prepare_destination
+from .writer import collection_manifest, prepare_destination, write_lengths
 
 __all__ = ["DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size", "write_shards"]
 
@@ -130,7 +130,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
             shared = {key: w.manifest()[key] for key in SHARED_KEYS}
             members.append((Member(f"{k:05d}", str(path), w.num_documents, w.num_tokens, w.num_images,
                                    checksum_file(path / F.MANIFEST)), path, shared))
-        manifest = collection_manifest(members, tmp)
+        manifest = collection_manifest(members, tmp, files=write_lengths(tmp, seg_len + ahead))  # OUT doc s: L_s
         _check_counts(manifest, segs, seg_len, ahead, 0 if spans is None else int((last_image - first_image).sum()))
         _write_index(tmp, pm, idx.name, seg_len, po, member_list_checksum(manifest["members"]), time.perf_counter() - t0)
         manifest["format_version"] = LAYOUT_VERSION_STR

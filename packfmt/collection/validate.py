@@ -30,8 +30,11 @@ from ..validation.report import (
 __all__ = ["validate_collection"]
 
 
-def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool):
-    """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``."""
+def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool, record=None):
+    """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``.
+
+    ``record``: for a mirror of a collection in object storage (which the cache mirrors without its
+    ``doc_lengths.bin``), a function giving that file's bytes from the bucket (None when it is not there)."""
     from .manifest import parse_collection_manifest
 
     out = _Collector(report)
@@ -42,12 +45,15 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     report.checked.update(members=len(cm.members), documents=cm.num_documents, tokens=cm.num_tokens,
                           images=cm.num_images)
     if deep:
-        members_ok = all([_check_member(root, cm, m, out, deep, progress, decode_images) for m in range(len(cm.members))])
+        failed = {m for m in range(len(cm.members)) if not _check_member(root, cm, m, out, deep, progress, decode_images)}
         lengths = None
     else:  # a member with nothing to report passes the reader's own checks of it, read once (member_checks)
-        lengths, members_ok = _structural_members(root, cm, out, decode_images)
+        lengths, failed = _structural_members(root, cm, out, decode_images)
+    members_ok = not failed
+    _check_lengths_record(root, cm, out, lengths, failed, record)  # C7: doc_lengths.bin against the members' own
+    listed = set(cm.files)
     for p in sorted(root.iterdir()):  # members/: a Ray build's stores; shards/: a pack-ordered layout's (§1)
-        if p.name not in (F.MANIFEST, F.PACKS_DIR, "members", "shards"):
+        if p.name not in (F.MANIFEST, F.PACKS_DIR, "members", "shards", *listed):
             out.add(p.name, None, severity=WARNING, detail="unknown entry in a collection directory; readers ignore it")
     view = _CollectionView(root, cm, out, members_ok, lengths)
     names = index_dirs(root, out)
@@ -64,25 +70,66 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     return report
 
 
-def _structural_members(root: Path, cm, out, decode_images: bool) -> tuple[np.ndarray, bool]:
-    """C2, C3 and every member's structural checks; the collection's document lengths, and True when no member
-    has an error. A member that passes ``member_doc_lengths``' checks with ``bare`` (C2, C3, V1-V11, V13, nothing
-    else in its directory) has nothing to report; any other takes ``_check_member``, which reports it all."""
+def _structural_members(root: Path, cm, out, decode_images: bool) -> tuple[np.ndarray, set]:
+    """C2, C3 and every member's structural checks; the collection's document lengths (read from the members,
+    those of a failed member unset), and the members that have an error. A member that passes
+    ``member_doc_lengths``' checks with ``bare`` (C2, C3, V1-V11, V13, nothing else in its directory) has
+    nothing to report; any other takes ``_check_member``, which reports it all."""
     from ..dataset import running_sum
     from .member_checks import member_doc_lengths
 
-    ok = [True]
+    failed: set = set()
 
     def slow(m: int):
         if not _check_member(root, cm, m, out, False, False, decode_images):
-            ok[0] = False
+            failed.add(m)
             return None
         offsets = np.fromfile(root / cm.members[m].path / F.DOC_OFFSETS, dtype=F.OFFSET_DTYPE)  # V13 held
         return np.diff(offsets)
 
     doc_start = running_sum([x.documents for x in cm.members])
     lengths = member_doc_lengths(root, cm, doc_start, slow, bare=True)
-    return lengths, ok[0]
+    return lengths, failed
+
+
+def _check_lengths_record(root: Path, cm, out, lengths: np.ndarray | None, failed: set, remote=None) -> None:
+    """C7: ``doc_lengths.bin``, when the manifest lists it, exists (a warning: readers then use the members) with its
+    size and checksum, its contents agree with the counts, and each member that passed its checks has exactly its slice of it (``lengths``: the
+    members' own, from their ``doc_offsets.bin``; None: read here)."""
+    from ..dataset import running_sum
+    from .lengths import LENGTHS_FILE, check_record, member_lengths_problem
+
+    entry = cm.files.get(LENGTHS_FILE)
+    if entry is None:
+        return
+    raw = None
+    if (root / LENGTHS_FILE).is_file():
+        with open(root / LENGTHS_FILE, "rb") as fh:
+            raw = fh.read(entry.bytes + 1)
+    elif remote is not None:
+        raw = remote(entry.bytes + 1)
+    if raw is None:
+        out.add(LENGTHS_FILE, None, f"{entry.bytes} bytes (listed in {F.MANIFEST} files)", "missing",
+                detail=f"missing (listed in {F.MANIFEST} files with {entry.bytes} bytes); readers read every "
+                "member's lengths instead (slower, as valid); run `packfmt merge` again to write it", severity=WARNING)
+        return
+    try:
+        record = check_record(raw, cm)
+    except PackfmtError as exc:
+        out.from_error(exc, LENGTHS_FILE)
+        return
+    if lengths is not None and not failed and np.array_equal(lengths, record):
+        return  # the one comparison of a valid collection
+    doc_start = running_sum([x.documents for x in cm.members])
+    for m, x in enumerate(cm.members):
+        if m in failed:
+            continue  # its own problems are reported; its lengths are not known
+        a, b = int(doc_start[m]), int(doc_start[m + 1])
+        where = root / x.path / F.DOC_OFFSETS
+        own = lengths[a:b] if lengths is not None else np.diff(np.fromfile(where, dtype=F.OFFSET_DTYPE))
+        problem = member_lengths_problem(cm, m, a, own, record[a:b], where)
+        if problem is not None:
+            out.from_error(problem, LENGTHS_FILE)
 
 
 def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decode_images: bool) -> bool:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from .. import format as F
 from .._io import checksum_file, publish_dir, remove_stale_temps, staging, write_durably
 from ..errors import DatasetExistsError, WriteError
 from ..reader import Store
 from ..version import __version__
+from .lengths import LENGTHS_DTYPE, LENGTHS_FILE, lengths_record, store_lengths
 from .manifest import (
     COLLECTION_FORMAT_NAME,
     COLLECTION_VERSION_STR,
@@ -20,7 +23,8 @@ from .manifest import (
 from .reader import Collection
 from .unify import SHARED_KEYS, unify
 
-__all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree"]
+__all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree",
+           "write_lengths", "local_member_lengths"]
 
 
 def parse_source(text: str) -> tuple[str | None, str]:
@@ -93,8 +97,27 @@ def _shared(store: Store) -> dict:
     return {key: store.manifest.raw.get(key) for key in SHARED_KEYS}
 
 
-def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path) -> dict:
-    """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``)."""
+def local_member_lengths(members: list[tuple[Member, Path, dict]]) -> np.ndarray:
+    """int64: every document's length, member after member, from the ``doc_offsets.bin`` of each (local, opened
+    and checked already: V13) member store, for ``doc_lengths.bin``."""
+    parts = [store_lengths(path, m.documents) for m, path, _ in members]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def write_lengths(directory: Path, lengths: np.ndarray) -> dict:
+    """``doc_lengths.bin`` written (durably) into ``directory``, a collection being staged; its ``files`` table."""
+    data, files = lengths_record(lengths)
+    write_durably(Path(directory) / LENGTHS_FILE, data)
+    return files
+
+
+def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path, *, files: dict) -> dict:
+    """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``);
+    ``files``: the table listing its ``doc_lengths.bin`` (``write_lengths``, or ``lengths.lengths_record`` where it
+    is uploaded), which every writer writes (§2.4)."""
+    if set(files) != {LENGTHS_FILE} or files[LENGTHS_FILE]["bytes"] != LENGTHS_DTYPE.itemsize * sum(
+            m.documents for m, _, _ in members):
+        raise ValueError(f"collection_manifest: files must list {LENGTHS_FILE} of every member's documents")
     shared, unified = unify([(m.name, m.path, sh) for m, _, sh in members])
     entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
                       m.manifest).to_json() for m, _, _ in members]
@@ -105,6 +128,7 @@ def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path) ->
         "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
                    "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
         "members": entries,
+        "files": files,
         **({"unified": {key: list(names) for key, names in unified.items()}} if unified else {}),
     }
 
@@ -116,7 +140,8 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     Members must agree on token dtype, vocabulary, tokenizer identity (name and hash) and special
     tokens but ``image`` (spec/COLLECTION.md C2); members with and without a loss mask or an image
     id mix, recorded in ``unified`` (§2.3); names must be unique (give ``NAME=PATH``).
-    The manifest is written last, in a temporary sibling renamed into place: a killed merge
+    Every document's length is recorded in ``doc_lengths.bin`` (§2.4), so that packing and opening it read
+    no member. The manifest is written last, in a temporary sibling renamed into place: a killed merge
     leaves nothing that opens as a collection.
     """
     from ..storage import is_url
@@ -132,8 +157,9 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     members = resolve_members(sources)
     check_members_agree(members)
     prepare_destination(dst, overwrite)
-    manifest = collection_manifest(members, dst.resolve().parent / dst.name)
+    lengths = local_member_lengths(members)
     with staging(dst) as tmp:
+        manifest = collection_manifest(members, dst.resolve().parent / dst.name, files=write_lengths(tmp, lengths))
         write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))
         publish_dir(tmp, dst, overwrite=overwrite)
     return Collection(dst)

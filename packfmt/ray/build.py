@@ -87,7 +87,9 @@ def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: b
     from ..collection.writer import (
         check_members_agree,
         collection_manifest,
+        local_member_lengths,
         resolve_members,
+        write_lengths,
     )
 
     members_dir = tmp / "members"
@@ -101,7 +103,7 @@ def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: b
     shutil.rmtree(tmp / "staging")  # dead attempts' folders, stores of 0 documents
     members = resolve_members(sources)  # opens each store: the structural checks of a reader
     check_members_agree(members)
-    manifest = collection_manifest(members, tmp)
+    manifest = collection_manifest(members, tmp, files=write_lengths(tmp, local_member_lengths(members)))
     manifest["build_report"] = report
     with open(tmp / F.MANIFEST, "wb") as fh:
         fh.write(F.canonical_json(manifest))

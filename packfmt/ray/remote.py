@@ -121,6 +121,9 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
     are (what killed attempts or a killed build left), never other objects that share the prefix.
     """
     from .. import format as F
+    import numpy as np
+
+    from ..collection.lengths import LENGTHS_FILE, lengths_record
     from ..collection.manifest import Member
     from ..collection.writer import check_members_agree, collection_manifest
     from ..storage.errors import storage_errors
@@ -132,7 +135,9 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
         members.append((Member(f"{i:05d}", f"{url}/{MEMBERS}/{r['dir']}", m["documents"], m["tokens"], m["images"],
                                m["manifest"]), None, m["shared"]))
     check_members_agree(members)
-    manifest = collection_manifest(members, url)  # paths relative to url: members/<task>-<attempt>
+    parts = [r["member"]["lengths"] for r in returns if r["dir"] is not None]  # each write task's own (sink._upload)
+    lengths_bytes, files = lengths_record(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    manifest = collection_manifest(members, url, files=files)  # paths relative to url: members/<task>-<attempt>
     manifest["build_report"] = report
     keep = {e["path"] for e in manifest["members"]}
     with storage_errors(url, storage_options):
@@ -141,6 +146,7 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
         if fs.exists(f"{rpath}/{F.MANIFEST}"):
             fs.rm_file(f"{rpath}/{F.MANIFEST}")  # the replaced dataset stops existing first (§5.4)
         _sweep(fs, rpath, keep, under="" if replacing else MEMBERS)  # killed attempts; the replaced dataset
+        fs.pipe_file(f"{rpath}/{LENGTHS_FILE}", lengths_bytes)  # before the manifest that lists it
         fs.pipe_file(f"{rpath}/{F.MANIFEST}", F.canonical_json(manifest))
         fs.invalidate_cache(rpath)
     return url

@@ -105,8 +105,9 @@ class MemberSink(Datasink):
                 "written": tally.written, "tokens": tally.tokens, "images": tally.images, "bad": bad}
 
     def _upload(self, local: Path, name: str) -> dict:
-        """Upload the store (manifest last); its member entry (counts, manifest checksum) and shared keys."""
-        from ..collection.writer import resolve_members
+        """Upload the store (manifest last); its member entry (counts, manifest checksum), shared keys and its
+        documents' lengths (the driver writes the collection's ``doc_lengths.bin`` from them: it reads no member)."""
+        from ..collection.writer import local_member_lengths, resolve_members
         from ..storage.errors import storage_errors
         from ..storage.upload import upload_tree
 
@@ -115,7 +116,8 @@ class MemberSink(Datasink):
         with storage_errors(url, self.storage_options):
             upload_tree(local, url, self.storage_options)
         return {"documents": member.documents, "tokens": member.tokens, "images": member.images,
-                "manifest": member.manifest, "shared": shared}
+                "manifest": member.manifest, "shared": shared,
+                "lengths": local_member_lengths([(member, local, shared)])}
 
     def _remove_remote(self, name: str) -> None:
         from ..storage.uri import filesystem

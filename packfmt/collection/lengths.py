@@ -1,0 +1,152 @@
+"""A collection's own record of its documents' lengths: ``doc_lengths.bin`` (spec/COLLECTION.md §2.4, C7).
+
+Floor 0 like ``collection.manifest``: the file's bytes and the checks on them, nothing opened but the
+file. ``doc_lengths.bin`` holds one little-endian ``i8`` per collection document, in collection order,
+listed with its size and checksum in the manifest's ``files`` table; packing, describing and opening a
+collection read it once (checksum verified, C7 checked in one vectorised pass) instead of every
+member's manifest and ``doc_offsets.bin``. It is only a record: a member's own offsets are the truth,
+and ``member_lengths_problem`` (run when a member is first opened, and by ``validate``) refuses a
+member whose lengths differ from its slice of the file, before any offset of it is used.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import xxhash
+
+from .. import format as F
+from ..errors import ChecksumError, FormatError
+
+__all__ = ["LENGTHS_FILE", "LENGTHS_DTYPE", "FILES_VERSION", "parse_collection_files", "lengths_record",
+           "read_lengths", "check_record", "check_lengths", "member_lengths_problem", "store_lengths"]
+
+#: The one file a collection's ``files`` table may list in format 1.3.
+LENGTHS_FILE = "doc_lengths.bin"
+#: ``i8`` little-endian, as ``doc_offsets.bin`` (FORMAT.md §3.2).
+LENGTHS_DTYPE = F.OFFSET_DTYPE
+#: ``files`` (and ``doc_lengths.bin``) were added in collection format 1.3.
+FILES_VERSION = (1, 3)
+
+
+def parse_collection_files(obj: Mapping, version: tuple[int, int], documents: int, *,
+                           file: str = F.MANIFEST) -> dict[str, F.FileEntry]:
+    """C1 of ``files``: {} when absent; the known entries (``doc_lengths.bin``, of ``8 * documents`` bytes) else.
+
+    A name other than ``doc_lengths.bin`` is an error in a 1.3 collection and ignored in a newer minor."""
+    if "files" not in obj:
+        return {}
+    if version < FILES_VERSION:
+        raise FormatError(file=file, field="files", expected=f"absent in a collection of format {version[0]}.{version[1]} "
+                          "(added in 1.3)", found=repr(obj["files"])[:200])
+    files = F.parse_files_table(obj, file=file)
+    unknown = sorted(set(files) - {LENGTHS_FILE})
+    if unknown and version <= FILES_VERSION:
+        raise FormatError(file=file, field="files", expected=f"only {LENGTHS_FILE!r} (collection format 1.3)",
+                          found=repr(unknown))
+    entry = files.get(LENGTHS_FILE)
+    if entry is not None and entry.bytes != LENGTHS_DTYPE.itemsize * documents:
+        raise FormatError(f"{file}: files.{LENGTHS_FILE}.bytes: expected {LENGTHS_DTYPE.itemsize * documents} "
+                          f"(8 bytes x counts.documents {documents}), found {entry.bytes}", file=file,
+                          field=f"files.{LENGTHS_FILE}.bytes", expected=LENGTHS_DTYPE.itemsize * documents,
+                          found=entry.bytes)
+    return {LENGTHS_FILE: entry} if entry is not None else {}
+
+
+def lengths_record(lengths: np.ndarray) -> tuple[bytes, dict]:
+    """The bytes of ``doc_lengths.bin`` for ``lengths`` and the manifest's ``files`` table listing them."""
+    data = np.ascontiguousarray(lengths, dtype=LENGTHS_DTYPE).tobytes()
+    return data, {LENGTHS_FILE: {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)}}
+
+
+def store_lengths(path: str | os.PathLike, documents: int) -> np.ndarray:
+    """int64 lengths of the store at ``path`` (one already opened and checked, V13) from its ``doc_offsets.bin``."""
+    offsets = np.fromfile(os.path.join(os.fspath(path), F.DOC_OFFSETS), dtype=F.OFFSET_DTYPE, count=documents + 1)
+    return np.diff(offsets)
+
+
+def read_lengths(root: str | os.PathLike, cm) -> np.ndarray | None:
+    """The checked lengths of ``doc_lengths.bin`` (read-only int64); None when ``cm`` records none, or when the file
+    is absent (a reader then computes them from the members, which it checks: §2.4). Raises ``FormatError`` /
+    ``ChecksumError`` naming the file when its size, checksum or contents (C7) are wrong."""
+    entry = cm.files.get(LENGTHS_FILE)
+    if entry is None:
+        return None
+    path = os.path.join(os.fspath(root), LENGTHS_FILE)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(entry.bytes + 1)
+    except FileNotFoundError:
+        return None
+    return check_record(raw, cm)
+
+
+def check_record(raw: bytes, cm) -> np.ndarray:
+    """The lengths in ``raw``, the bytes of ``doc_lengths.bin`` (at most one byte more than recorded is enough to
+    tell), once their size, checksum and contents (C7) are checked against ``cm``."""
+    entry = cm.files[LENGTHS_FILE]
+    if len(raw) != entry.bytes:
+        raise FormatError(f"{LENGTHS_FILE}: size: expected {entry.bytes} bytes (manifest), found {len(raw)}"
+                          + ("+" if len(raw) > entry.bytes else ""), file=LENGTHS_FILE, field="size",
+                          expected=entry.bytes, found=len(raw))
+    found = "xxh3_64:" + xxhash.xxh3_64_hexdigest(raw)
+    if found != entry.checksum:
+        raise ChecksumError(f"{LENGTHS_FILE}: checksum: expected {entry.checksum} (manifest), found {found}: the file "
+                            "changed after the collection was written; run `packfmt merge` again", file=LENGTHS_FILE,
+                            field="checksum", expected=entry.checksum, found=found)
+    lengths = np.frombuffer(raw, dtype=LENGTHS_DTYPE)
+    check_lengths(lengths, cm)
+    return lengths
+
+
+def check_lengths(lengths: np.ndarray, cm) -> None:
+    """C7 of the record's contents: ``counts.documents`` lengths, each ``>= 1``, summing per member to its ``tokens``.
+
+    One pass: the running sum strictly increases (every length ``>= 1`` and no int64 overflow) and takes the
+    values of the members' running token counts at their first documents."""
+    n = cm.num_documents
+    if lengths.shape != (n,):
+        raise FormatError(file=LENGTHS_FILE, field="length", expected=f"{n} lengths (counts.documents)",
+                          found=lengths.shape[0])
+    run = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=run[1:])
+    short = np.flatnonzero(run[1:] <= run[:-1])
+    if short.size:
+        d = int(short[0])
+        raise FormatError(f"{LENGTHS_FILE}: [{d}]: expected a length >= 1 (every document has a token; the running "
+                          f"sum stays below 2^63), found {int(lengths[d])}", file=LENGTHS_FILE, field=f"[{d}]",
+                          expected=">= 1", found=int(lengths[d]))
+    doc_start = np.zeros(len(cm.members) + 1, dtype=np.int64)
+    token_start = np.zeros(len(cm.members) + 1, dtype=np.int64)
+    np.cumsum([x.documents for x in cm.members], out=doc_start[1:])
+    np.cumsum([x.tokens for x in cm.members], out=token_start[1:])
+    bad = np.flatnonzero(run[doc_start] != token_start)
+    if bad.size:
+        m = int(bad[0]) - 1  # run[doc_start[0]] = 0 = token_start[0]: the first mismatch ends member m
+        entry = cm.members[m]
+        found = int(run[doc_start[m + 1]] - run[doc_start[m]])
+        raise FormatError(f"{LENGTHS_FILE}: [{doc_start[m]}:{doc_start[m + 1]}] (members[{m}] {entry.name}): expected "
+                          f"lengths summing to {entry.tokens} (its tokens in {F.MANIFEST}), found {found}",
+                          file=LENGTHS_FILE, field=f"[{doc_start[m]}:{doc_start[m + 1]}]", expected=entry.tokens,
+                          found=found)
+
+
+def member_lengths_problem(cm, m: int, doc_start: int, own: np.ndarray, lengths: np.ndarray,
+                           where) -> FormatError | None:
+    """The error when member ``m``'s own lengths ``own`` (``np.diff`` of its ``doc_offsets.bin`` at ``where``, V13
+    held) differ from ``lengths``, its slice of ``doc_lengths.bin`` (which starts at document ``doc_start``)."""
+    if own.shape == lengths.shape and np.array_equal(own, lengths):
+        return None
+    entry = cm.members[m]
+    if own.shape != lengths.shape:
+        d, expected, found = 0, f"{own.shape[0]} documents", f"{lengths.shape[0]}"
+    else:
+        d = int(np.flatnonzero(own != lengths)[0])
+        expected, found = int(own[d]), int(lengths[d])
+    g = doc_start + d
+    return FormatError(f"{LENGTHS_FILE}: [{g}] (members[{m}] {entry.name}, its document {d}): expected {expected} "
+                       f"(the length in {where}), found {found}: the collection's record of its lengths lies about "
+                       "this member; run `packfmt merge` again", file=LENGTHS_FILE, field=f"[{g}]",
+                       expected=expected, found=found)

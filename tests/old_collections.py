@@ -1,0 +1,22 @@
+"""A collection as written before ``doc_lengths.bin`` (spec/COLLECTION.md 1.2): the record removed, so its
+readers take the per-member path (each member's manifest and ``doc_offsets.bin``), which stays valid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from packfmt import format as F
+from packfmt.collection.lengths import LENGTHS_FILE
+
+
+def without_lengths_record(root) -> Path:
+    """Rewrite the collection at ``root`` as a 1.2 one (no ``files``, no ``doc_lengths.bin``); return ``root``."""
+    root = Path(root)
+    obj = json.loads((root / F.MANIFEST).read_bytes())
+    obj.pop("files", None)
+    if "layout" not in obj:
+        obj["format_version"] = "1.2"
+    (root / F.MANIFEST).write_bytes(F.canonical_json(obj))
+    (root / LENGTHS_FILE).unlink(missing_ok=True)
+    return root
