@@ -23,21 +23,8 @@ from packfmt.collection.shards import write_shards
 from packfmt.errors import ChecksumError, FormatError
 from packfmt.packindex import build_pack_index
 from packfmt.reader import Store
-from packfmt.torch.testing import write_split_stores
+from packfmt.torch.testing import write_random_collection, write_split_stores
 from packfmt.validate import validate
-
-
-def _members(root: Path, counts, seed=0):
-    """A collection over members of ``counts[m]`` documents (1-40 tokens each); its path, member paths, lengths."""
-    rng = np.random.default_rng(seed)
-    cuts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    lengths = rng.integers(1, 40, int(cuts[-1])).astype(np.int64)
-    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    tokens = rng.integers(0, 1000, int(offsets[-1]), dtype=np.uint16)
-    paths = [Path(p) for p in write_split_stores(root / "stores", tokens, offsets, cuts, vocab_size=1000)]
-    coll = write_collection(root / "coll", [(None, p) for p in paths])
-    return coll.path, paths, lengths
 
 
 def _rewrite_record(root: Path, lengths: np.ndarray) -> None:
@@ -52,7 +39,7 @@ def _rewrite_record(root: Path, lengths: np.ndarray) -> None:
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(counts=st.lists(st.integers(0, 7), min_size=1, max_size=10).filter(any), seed=st.integers(0, 99))
 def test_the_record_is_the_members_lengths_and_opening_reads_no_member(tmp_path_factory, counts, seed):
-    root, paths, lengths = _members(tmp_path_factory.mktemp("c"), counts, seed)
+    root, paths, lengths = write_random_collection(tmp_path_factory.mktemp("c"), counts, seed)
     record = np.fromfile(root / LENGTHS_FILE, dtype="<i8")
     np.testing.assert_array_equal(record, np.concatenate([np.diff(Store(p).doc_offsets) for p in paths]))
     np.testing.assert_array_equal(record, lengths)
@@ -67,7 +54,7 @@ def test_the_record_is_the_members_lengths_and_opening_reads_no_member(tmp_path_
 
 
 def test_a_merge_of_a_collection_and_a_store_records_every_member(tmp_path):
-    root, paths, lengths = _members(tmp_path, [3, 1, 4])
+    root, paths, lengths = write_random_collection(tmp_path, [3, 1, 4])
     extra = Path(write_split_stores(tmp_path / "more", np.arange(5, dtype=np.uint16), np.array([0, 2, 5]),
                                     np.array([0, 2]), vocab_size=1000)[0])
     big = write_collection(tmp_path / "big", [("a", root), ("b", extra)])
@@ -75,8 +62,8 @@ def test_a_merge_of_a_collection_and_a_store_records_every_member(tmp_path):
     assert validate(big.path).ok
 
 
-def test_packing_reads_the_record_not_the_members(tmp_path):
-    root, paths, _ = _members(tmp_path, [5, 2, 6])
+def test_packing_reads_the_record_not_thewrite_random_collection(tmp_path):
+    root, paths, _ = write_random_collection(tmp_path, [5, 2, 6])
     want = build_pack_index(root, capacity=64, algorithm="ffd", name="a")
     for p in paths:  # no member can give its lengths now: only the record can
         os.rename(p / F.DOC_OFFSETS, p / "moved")
@@ -86,7 +73,7 @@ def test_packing_reads_the_record_not_the_members(tmp_path):
 
 
 def test_shards_record_their_documents(tmp_path):
-    root, _, _ = _members(tmp_path, [6, 5, 7])
+    root, _, _ = write_random_collection(tmp_path, [6, 5, 7])
     build_pack_index(root, capacity=48, algorithm="ffd", name="p")
     out = write_shards(root, "p", tmp_path / "out", shard_bytes=64)
     members = [Store(out.member_path(m)) for m in range(len(out.members))]
@@ -106,7 +93,7 @@ def _lie_about(root: Path, lengths: np.ndarray, g: int) -> np.ndarray:
 
 
 def test_a_record_that_lies_about_a_member_is_refused_when_it_opens(tmp_path):
-    root, paths, lengths = _members(tmp_path, [3, 4, 3], seed=3)
+    root, paths, lengths = write_random_collection(tmp_path, [3, 4, 3], seed=3)
     g = 3 + int(np.flatnonzero(lengths[4:7] >= 2)[0])  # member 1 holds documents 3..6
     lie = _lie_about(root, lengths, g)
     coll = Collection(root)
@@ -140,7 +127,7 @@ def _read_all(root: Path) -> None:
 
 
 def test_members_open_before_the_record_is_read_are_compared_then(tmp_path):
-    root, _, lengths = _members(tmp_path, [4, 4], seed=5)
+    root, _, lengths = write_random_collection(tmp_path, [4, 4], seed=5)
     g = int(np.flatnonzero(lengths[1:4] >= 2)[0])
     _lie_about(root, lengths, g)
     coll = Collection(root)
@@ -158,7 +145,7 @@ def test_members_open_before_the_record_is_read_are_compared_then(tmp_path):
     (lambda x: np.concatenate([x[:-1], [2**63 - 1 - int(x[:-1].sum())]]), r"summing to"),
 ])
 def test_a_record_whose_contents_break_c7_is_refused_as_it_is_read(tmp_path, lie, match):
-    root, _, lengths = _members(tmp_path, [3, 3])
+    root, _, lengths = write_random_collection(tmp_path, [3, 3])
     _rewrite_record(root, lie(lengths))
     with pytest.raises(FormatError, match=match) as e:
         Collection(root).doc_lengths
@@ -167,7 +154,7 @@ def test_a_record_whose_contents_break_c7_is_refused_as_it_is_read(tmp_path, lie
 
 
 def test_a_changed_or_resized_record_is_refused(tmp_path):
-    root, _, lengths = _members(tmp_path, [3, 3])
+    root, _, lengths = write_random_collection(tmp_path, [3, 3])
     flipped = lengths.copy()
     flipped[[0, 1]] = flipped[[1, 0]]  # valid contents, not the recorded bytes
     (root / LENGTHS_FILE).write_bytes(flipped.astype("<i8").tobytes())
@@ -186,7 +173,7 @@ def test_a_changed_or_resized_record_is_refused(tmp_path):
 
 
 def test_files_is_checked_as_c1(tmp_path):
-    root, _, _ = _members(tmp_path, [2, 2])
+    root, _, _ = write_random_collection(tmp_path, [2, 2])
     raw = json.loads((root / F.MANIFEST).read_bytes())
     for change, field in [(lambda o: o.update(format_version="1.2"), "files"),
                           (lambda o: o["files"].update({"other.bin": dict(o["files"][LENGTHS_FILE])}), "files"),
@@ -206,7 +193,7 @@ def test_files_is_checked_as_c1(tmp_path):
 
 
 def test_without_the_file_the_members_give_the_lengths(tmp_path):
-    root, _, lengths = _members(tmp_path, [3, 2, 4])
+    root, _, lengths = write_random_collection(tmp_path, [3, 2, 4])
     os.remove(root / LENGTHS_FILE)  # listed, absent: a reader reads the members; validate reports it
     coll = Collection(root)
     np.testing.assert_array_equal(coll.doc_lengths, lengths)

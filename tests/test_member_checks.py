@@ -14,27 +14,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packfmt import format as F
-from packfmt.collection import Collection, member_checks, write_collection
+from packfmt.collection import Collection, member_checks
 from packfmt.collection.manifest import Member, member_list_checksum, members_json
 from packfmt.errors import FormatError
 from packfmt.reader import Store
-from packfmt.torch.testing import write_split_stores
+from packfmt.torch.testing import write_random_collection
 from packfmt.validate import validate
 
 from old_collections import without_lengths_record
 
 
 def _members(root, counts, seed=0):
-    """A collection of members holding ``counts[m]`` documents each (1-40 tokens), and their paths."""
-    rng = np.random.default_rng(seed)
-    cuts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    lengths = rng.integers(1, 40, int(cuts[-1])).astype(np.int64)
-    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    tokens = rng.integers(0, 1000, int(offsets[-1]), dtype=np.uint16)
-    paths = [Path(p) for p in write_split_stores(root / "stores", tokens, offsets, cuts, vocab_size=1000)]
-    coll = write_collection(root / "coll", [(None, p) for p in paths])
-    return without_lengths_record(coll.path), paths, lengths
+    """A collection of members holding ``counts[m]`` documents each (1-39 tokens) as written before
+    ``doc_lengths.bin``, its member paths and lengths."""
+    path, paths, lengths = write_random_collection(root, counts, seed)
+    return without_lengths_record(path), paths, lengths
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

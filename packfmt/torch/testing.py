@@ -19,7 +19,8 @@ from ..reader import Store
 from ..version import __version__
 from ..writer import DatasetWriter
 
-__all__ = ["next_fit_segments", "next_fit_members", "write_pack_index", "write_flat_dataset", "write_split_stores"]
+__all__ = ["next_fit_segments", "next_fit_members", "write_pack_index", "write_flat_dataset", "write_split_stores",
+           "write_random_collection"]
 
 
 def next_fit_segments(lengths: np.ndarray, capacity: int, *, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -158,3 +159,21 @@ def write_split_stores(root: str | os.PathLike, tokens: np.ndarray, doc_offsets:
         with open(os.path.join(paths[m], F.MANIFEST), "wb") as f:
             f.write(F.canonical_json(man))
     return paths
+
+
+def write_random_collection(root: str | os.PathLike, counts, seed: int = 0) -> tuple:
+    """A collection ``root/coll`` over members ``root/stores/m<m>`` of ``counts[m]`` random documents (1-39
+    tokens, ids < 1000, uint16) each; returns ``(its path, the member paths, every document's length)``."""
+    from pathlib import Path
+
+    from ..collection.writer import write_collection
+
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    cuts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    lengths = rng.integers(1, 40, int(cuts[-1])).astype(np.int64)
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, 1000, int(offsets[-1]), dtype=np.uint16)
+    paths = [Path(p) for p in write_split_stores(root / "stores", tokens, offsets, cuts, vocab_size=1000)]
+    return write_collection(root / "coll", [(None, p) for p in paths]).path, paths, lengths
