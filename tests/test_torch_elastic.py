@@ -183,16 +183,21 @@ def test_any_sequence_of_world_sizes_consumes_the_epoch_once(datasets, data):
                shuffle=data.draw(st.booleans(), label="shuffle"), drop_last=data.draw(st.booleans(), label="drop_last"),
                balance=data.draw(st.sampled_from(["tokens", "none"]), label="balance"))
     order = spec_order(n, cfg["seed"], cfg["epoch"], cfg["shuffle"])
+    consumed, order, finisher, _ = check_epoch(datasets[n], draw_runs(data, order, cfg["drop_last"]), **cfg)
+    assert_epoch_multiset(consumed, order, finisher, cfg["drop_last"])
+
+
+def draw_runs(data, order, drop_last):
+    """Up to 3 interrupted runs on drawn world sizes, each stopped after a drawn number of rounds of the deal
+    from where the last one stopped, then a last world size that finishes the epoch: ``check_epoch``'s ``runs``."""
     runs, pos = [], 0
     for _ in range(data.draw(st.integers(0, 3), label="interruptions")):
         world = data.draw(st.integers(1, 6), label="world")
-        length = len(spec_entries(order, pos, world, cfg["drop_last"])) // world
+        length = len(spec_entries(order, pos, world, drop_last)) // world
         rounds = data.draw(st.integers(0, length), label="rounds")
         runs.append((world, rounds))
-        pos = n if rounds == length else pos + rounds * world
-    runs.append((data.draw(st.integers(1, 6), label="last world"), None))
-    consumed, order, finisher, _ = check_epoch(datasets[n], runs, **cfg)
-    assert_epoch_multiset(consumed, order, finisher, cfg["drop_last"])
+        pos = len(order) if rounds == length else pos + rounds * world
+    return runs + [(data.draw(st.integers(1, 6), label="last world"), None)]
 
 
 def per_rank(ds, world, state, stops, epoch=2, **cfg):

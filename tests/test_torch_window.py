@@ -22,7 +22,7 @@ from packfmt.errors import PackfmtError
 from packfmt.torch import DistributedPackSampler, PackedDataset, PackSampler, SamplerStateError
 from packfmt.torch._deal import epoch_order, group_runs, window_order
 from packfmt.torch.testing import next_fit_members, write_flat_dataset, write_pack_index, write_split_stores
-from test_torch_elastic import assert_epoch_multiset, check_epoch, roundtrip, run, spec_entries, spec_order
+from test_torch_elastic import assert_epoch_multiset, check_epoch, draw_runs, roundtrip, run, spec_order
 
 MEMBERS, DOCS = 10, 6  # documents per member
 _names = itertools.count()
@@ -137,15 +137,7 @@ def test_window_epochs_deal_and_resume_on_any_world_sizes(coll, data):
     groups = ds.pack_groups().tolist()
     order = spec_order(len(ds), cfg["seed"], cfg["epoch"], True, window, groups)
     windows_of(order, groups, window)
-    runs, pos = [], 0
-    for _ in range(data.draw(st.integers(0, 3), label="interruptions")):
-        world = data.draw(st.integers(1, 6), label="world")
-        length = len(spec_entries(order, pos, world, cfg["drop_last"])) // world
-        rounds = data.draw(st.integers(0, length), label="rounds")
-        runs.append((world, rounds))
-        pos = len(order) if rounds == length else pos + rounds * world
-    runs.append((data.draw(st.integers(1, 6), label="last world"), None))
-    consumed, got_order, finisher, _ = check_epoch(ds, runs, **cfg)
+    consumed, got_order, finisher, _ = check_epoch(ds, draw_runs(data, order, cfg["drop_last"]), **cfg)
     assert got_order == order
     assert_epoch_multiset(consumed, order, finisher, cfg["drop_last"])
 
