@@ -57,7 +57,7 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
             where, msg = exc.file or str(path), str(exc)
             _Collector(report).add(where, None, detail=msg.removeprefix(f"{where}: "))
             return report
-        if _is_collection(Path(fetched.path)):  # its doc_lengths.bin is read from the bucket (the mirror has none)
+        if _is_collection(Path(fetched.path)):  # a doc_lengths.bin the mirror lacks is looked for in the bucket
             from .collection.validate import validate_collection
 
             report = validate_collection(Path(fetched.path), Report(str(fetched.path), deep), deep=deep,

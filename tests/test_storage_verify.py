@@ -94,9 +94,10 @@ OPENERS = {
     "validate --deep": _validate_refuses,
 }
 #: (object corrupted in the bucket, dataset opened): a store's own file, its pack index file, a collection
-#: member's file, the collection's pack index file.
+#: member's file, the collection's pack index file, the collection's own doc_lengths.bin.
 BAD = [(f"{STORE}/tokens.bin", STORE), (f"{STORE}/packs/{INDEX}/segments.bin", STORE),
-       (f"{OTHER}/doc_offsets.bin", COLL), (f"{COLL}/packs/{INDEX}/segments.bin", COLL)]
+       (f"{OTHER}/doc_offsets.bin", COLL), (f"{COLL}/packs/{INDEX}/segments.bin", COLL),
+       (f"{COLL}/doc_lengths.bin", COLL)]
 
 
 @pytest.mark.parametrize("when", ["cold cache", "after clearing the cache"])
@@ -218,16 +219,22 @@ def test_validate_sees_the_dataset_only(s3_server, data, cache):
     assert list((cache / V.STATE).rglob("*.verified")) and list((cache / V.STATE).rglob(V.PIN))
 
 
-def test_validate_of_a_url_checks_the_buckets_lengths_record(s3_server, data, cache):
-    """The cache mirrors a collection without its doc_lengths.bin (spec/COLLECTION.md §2.4): validate reads the
-    bucket's copy, and reports one that changed, or is gone."""
+def test_a_collections_lengths_record_is_mirrored_verified_or_left_out_when_missing(s3_server, data, cache):
+    """The cache mirrors a collection's doc_lengths.bin (spec/COLLECTION.md §2.4) with its other files, verified
+    (a corrupted copy: every open path refuses it, test above), so a remote collection packs from it; one missing
+    from the bucket is left out: the collection opens on its members' own lengths and validate warns."""
     url = f"{COLL}/doc_lengths.bin"
-    assert s3_server.exists(_key(url)) and validate(COLL).ok
-    with corrupt(s3_server, url):
-        assert [(p.file, p.field) for p in validate(COLL).errors] == [("doc_lengths.bin", "checksum")]
+    coll = packfmt.open(COLL)
+    assert (mirror_path(COLL) / "doc_lengths.bin").read_bytes() == s3_server.cat_file(_key(url))
+    lengths = coll.doc_lengths.copy()
+    assert validate(COLL).ok
     good = s3_server.cat_file(_key(url))
     s3_server.rm_file(_key(url))
     try:
+        shutil.rmtree(cache, ignore_errors=True)
+        bare = packfmt.open(COLL)
+        assert not (mirror_path(COLL) / "doc_lengths.bin").exists()
+        np.testing.assert_array_equal(bare.doc_lengths, lengths)  # the members' own
         report = validate(COLL)
         assert report.ok and [(p.file, p.found) for p in report.warnings] == [("doc_lengths.bin", "missing")]
     finally:

@@ -33,8 +33,9 @@ __all__ = ["validate_collection"]
 def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool, record=None):
     """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``.
 
-    ``record``: for a mirror of a collection in object storage (which the cache mirrors without its
-    ``doc_lengths.bin``), a function giving that file's bytes from the bucket (None when it is not there)."""
+    ``record``: for a mirror of a collection in object storage that lacks its ``doc_lengths.bin`` (the cache
+    leaves out one missing from the bucket), a function giving that file's bytes from the bucket (None when
+    it is not there)."""
     from .manifest import parse_collection_manifest
 
     out = _Collector(report)

@@ -220,8 +220,10 @@ class _Fetcher:
             from ..collection.manifest import parse_collection_manifest
 
             label = f"{url}/{F.MANIFEST}"
-            for i, member in enumerate(parse_collection_manifest(obj, file=label).members):
+            cm = parse_collection_manifest(obj, file=label)
+            for i, member in enumerate(cm.members):
                 self.dataset(uri.member_url(url, member.path, file=label, field=f"members[{i}].path"), packs=False)  # a collection reads its own indexes only
+            self.collection_files(fs, rpath, url, local, cm)
         else:
             for name, entry in F.parse_manifest(obj, file=f"{url}/{F.MANIFEST}").files.items():
                 self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
@@ -229,6 +231,20 @@ class _Fetcher:
             self.packs(fs, rpath, url, local)
         self.write_atomic(local / F.MANIFEST, raw)
         return local
+
+    def collection_files(self, fs, rpath: str, url: str, local: Path, cm) -> None:
+        """Mirror the files a collection's manifest lists of its own (``doc_lengths.bin``, spec/COLLECTION.md §2.4),
+        verified as every file, so that packing and opening it read its lengths, not every member. One missing
+        from the bucket is left out (readers then take the members' own lengths, as the spec allows; validate
+        warns); one that fails its size or checksum is refused like any listed file."""
+        for name, entry in cm.files.items():
+            try:
+                self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
+            except FormatError as exc:
+                if exc.found != "missing":
+                    raise
+                V.forget(self.root, local / name)
+                (local / name).unlink(missing_ok=True)  # an earlier copy is not this manifest's evidence
 
     def packs(self, fs, rpath: str, url: str, local: Path) -> None:
         """Mirror every pack index under ``packs/``; drop mirrored ones the bucket no longer has."""
