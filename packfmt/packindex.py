@@ -102,6 +102,10 @@ def build_pack_index(
 
     store = as_dataset(dataset, storage_options=storage_options)
     is_collection = hasattr(store, "members")  # mixing needs named members: only a collection has them
+    if is_collection:  # a pack-ordered layout's lookahead tokens are labels, never inputs (COLLECTION §9.2)
+        from .collection.layout import refuse_laid_out
+
+        refuse_laid_out(store.manifest, getattr(store, "url", None) or str(store.path))
     if weights is not None and proportions is not None:
         raise WriteError("weights= and proportions= are two ways to mix; give one (weights: copies of each document; "
                          "proportions with tokens=: shares of the packed tokens)", field="proportions=",

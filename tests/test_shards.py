@@ -5,7 +5,8 @@ Real stores built by the CLI (text without a loss mask, chat, LLaVA with PNGs) i
 packed with a small capacity (split documents, a truncating index) and a weighted mixture; for
 every pack, ``PackedDataset`` over OUT gives the same ``input_ids``, ``labels``, ``position_ids``
 and images as over the source. OUT validates (structural and deep); a layout that breaks the
-coverage rule of §9 is refused with an error naming the file and field.
+coverage rule of §9 is refused with an error naming the file and field. A new index over OUT, or a merge of
+it, is refused (§9.2: its lookahead tokens are labels only), naming the index to train from.
 """
 
 from __future__ import annotations
@@ -138,14 +139,55 @@ def test_validate_structural_deep_and_cli(out, capsys):
     assert "source mixture weights text=1.5" in text
 
 
-def test_physical_merge_leaves_the_laid_out_index_behind(out, tmp_path):
-    """A merged store's index covers documents by FORMAT.md §4.3, which the lookahead tokens break: not carried."""
+# ------------------------------------------------------------------------ no new index over OUT, no merge of it
+def assert_says_what_to_do(message: str, out, verb: str) -> None:
+    """The collection, the manifest key, the index to train from and the other choice (spec/COLLECTION.md §9.2)."""
+    assert message.startswith(f"{out.path}: a pack-ordered layout (manifest.json key `layout`"), message
+    assert f"{out.manifest.raw['layout']['lookahead_tokens']:,} of them ending with a lookahead token" in message
+    assert f"Train from the index it lays out, {out.path}/packs/{NAME}" in message
+    assert f"or {verb} the source collection it was cut from ('mix') instead" in message
+
+
+def test_a_new_index_over_the_shards_is_refused(mix, out, capsys, tmp_path):
+    """Its lookahead tokens are labels only: FORMAT.md §4.3 would pack them as inputs. Refused before anything
+    is written, through the API (a collection or a path) and the CLI; the source packs."""
+    before = out.pack_index_names()
+    for dataset in (out, str(out.path)):
+        with pytest.raises(WriteError) as exc:
+            build_pack_index(dataset, capacity=64, name="c64")
+        assert exc.value.field == "layout" and exc.value.file == f"{out.path}/{F.MANIFEST}"
+        assert_says_what_to_do(str(exc.value), out, "pack")
+    for extra in ([], ["--shards", str(tmp_path / "again")]):
+        assert main(["pack", str(out.path), "--capacity", "64", "--name", "c64", *extra]) == 1
+        err = capsys.readouterr().err
+        assert_says_what_to_do(err.removeprefix("packfmt pack: error: "), out, "pack")
+        assert "instead: packfmt pack SRC --capacity N [--shards NEW]" in err
+    assert Collection(out.path).pack_index_names() == before and not (tmp_path / "again").exists()
+    assert main(["pack", str(mix.path), "--capacity", "64", "--name", "c64"]) == 0  # what the message says to do
+    assert "c64" in mix.pack_index_names()
+
+
+def test_a_merge_of_the_shards_is_refused(mix, out, capsys, tmp_path):
+    """A merge drops the `layout` record: any index over the result would train on the lookahead tokens."""
     from packfmt.collection import merge_physical
 
-    store = merge_physical([(None, out.path)], tmp_path / "one")
-    report = json.loads((tmp_path / "one" / F.MANIFEST).read_bytes())["build_report"]["pack_indexes"]
-    assert report["carried"] == [] and "pack-ordered layout" in report["not_carried"][NAME]
-    assert store.num_tokens == out.num_tokens and validate(store.path, deep=True).ok
+    with pytest.raises(WriteError) as exc:
+        merge_physical([(None, out.path)], tmp_path / "one")
+    assert exc.value.field == "layout"
+    assert_says_what_to_do(str(exc.value), out, "merge")
+    for args in ([str(mix.path), str(out.path)], ["--physical", str(out.path)]):
+        assert main(["merge", *args, "-o", str(tmp_path / "m")]) == 1
+        assert_says_what_to_do(capsys.readouterr().err.removeprefix("packfmt merge: error: "), out, "merge")
+    assert not (tmp_path / "one").exists() and not (tmp_path / "m").exists()
+    assert main(["merge", str(mix.path), "-o", str(tmp_path / "m")]) == 0
+
+
+def test_the_shards_index_reshards(mix, out, tmp_path):
+    """Writing shards of another size from OUT's own index is not packing: they read as the source's packs."""
+    again = write_shards(out, NAME, tmp_path / "again", shard_bytes=1 << 20)
+    assert len(again.members) == 1 and again.num_tokens == out.num_tokens
+    assert again.manifest.raw["layout"]["lookahead_tokens"] == out.manifest.raw["layout"]["lookahead_tokens"]
+    assert_same_packs(str(mix.path), str(again.path), NAME)
 
 
 # ---------------------------------------------------------------------------------------------- refusals

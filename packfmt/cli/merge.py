@@ -25,8 +25,10 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..collection import parse_source, write_collection
+    from ..collection.physical import refuse_laid_out_sources
 
     sources = [parse_source(s) for s in args.sources]
+    refuse_laid_out_sources(sources)  # a pack-ordered layout: its lookahead tokens are labels (COLLECTION §9.2)
     if args.physical:
         return _physical(args, sources)
     coll = write_collection(args.output, sources, overwrite=args.overwrite)

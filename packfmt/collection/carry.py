@@ -17,7 +17,6 @@ from .. import format as F
 from .. import index_format as IF
 from .._io import HashedFile
 from ..index import list_pack_indexes
-from .layout import layout_of
 from .manifest import is_collection, member_list_checksum, parse_collection_manifest
 from .streams import VerifiedReader, copy_verified
 
@@ -39,7 +38,6 @@ def carry_indexes(sources: list[tuple[str | None, Path]], tmp: Path, binding: di
         names = list_pack_indexes(path) if is_collection(obj) else []
         cm = parse_collection_manifest(obj) if names else None
         want = member_list_checksum(cm.members) if names else None
-        laid_out = (layout_of(cm) or {}).get("index") if names else None
         for name in names:
             index_dir = path / F.PACKS_DIR / name
             label = str(index_dir / F.PACK_INDEX_JSON)
@@ -51,10 +49,6 @@ def carry_indexes(sources: list[tuple[str | None, Path]], tmp: Path, binding: di
                                     "the merged store; pack the merged store")
             elif parsed.binding != {"collection": want}:
                 not_carried[key] = "bound to another member list (stale); pack the merged store"
-            elif name == laid_out:
-                not_carried[key] = ("pack-ordered layout (spec/COLLECTION.md §9): its documents keep lookahead tokens "
-                                    "that a store's index would have to cover (FORMAT.md §4.3); pack the merged store, "
-                                    "or train from the collection")
             elif "mixture" in raw:
                 not_carried[key] = ("weighted (mixture): a store's index covers each document exactly once "
                                     "(FORMAT.md §4.3); pack the merged store")

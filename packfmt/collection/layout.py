@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from .. import format as F
-from ..errors import FormatError
+from ..errors import FormatError, WriteError
 from ..index_format import check_index_name
 
-__all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "layout_of", "parse_layout"]
+__all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "layout_of", "parse_layout", "refuse_laid_out"]
 
 #: The one kind of layout 1.3 defines: members hold the packs of one index, in pack order.
 LAYOUT_KIND = "pack-ordered"
@@ -70,3 +70,32 @@ def parse_layout(obj: dict, version: tuple[int, int], *, file: str) -> dict | No
 def layout_of(manifest: Any) -> dict | None:
     """The checked ``layout`` record of a parsed collection manifest (``CollectionManifest``), or None."""
     return parse_layout(manifest.raw, manifest.version, file=F.MANIFEST)
+
+
+def refuse_laid_out(manifest: Any, where: str, *, merge: bool = False) -> None:
+    """Refuse a new pack index over, or a merge of, a pack-ordered layout (spec/COLLECTION.md §9.2).
+
+    Its documents end with lookahead tokens (labels only): an index packed over its documents by
+    FORMAT.md §4.3 trains on them as inputs, and a merge drops the ``layout`` record that tells them
+    apart. ``manifest``: the parsed collection manifest (``CollectionManifest``); ``where``: its
+    path or URL, as the user named it. No-op without a ``layout`` (or one of a kind this reader skips).
+    """
+    layout = layout_of(manifest)
+    if layout is None:
+        return
+    index, source = layout["index"], layout["source"]
+    src = source.get("url") or source["name"]
+    verb = "merge" if merge else "pack"
+    what = ("a merge drops that record, and any index packed over the result"
+            if merge else "a new pack index over its documents")
+    head = (f"{where}: a pack-ordered layout ({F.MANIFEST} key `layout`, spec/COLLECTION.md §9): its documents are "
+            f"the segments of its source's index {index!r}, {layout['lookahead_tokens']:,} of them ending with a "
+            f"lookahead token that is a label only; {what} would train on those tokens as inputs and on the segments "
+            f"as documents. Train from the index it lays out, {where}/{F.PACKS_DIR}/{index} "
+            f"(PackedDataset({str(where)!r}, index={index!r})), or {verb} the source collection it was cut from "
+            f"({src!r}) instead")
+    tail = "" if merge else ": packfmt pack SRC --capacity N [--shards NEW]"
+    raise WriteError(head, file=f"{where}/{F.MANIFEST}", field="layout",
+                     expected="a collection whose documents are all inputs (no `layout`)",
+                     found=f"a pack-ordered layout of index {index!r}", cli=head + tail)
+

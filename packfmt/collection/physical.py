@@ -28,11 +28,12 @@ from ..errors import FormatError
 from ..mapped import check_files_table
 from ..reader import Store
 from ..version import __version__
-from .manifest import is_collection
+from .layout import refuse_laid_out
+from .manifest import is_collection, parse_collection_manifest
 from .streams import VerifiedReader, bad_offsets, copy_verified
 from .writer import check_members_agree, prepare_destination, resolve_members
 
-__all__ = ["merge_physical"]
+__all__ = ["merge_physical", "refuse_laid_out_sources"]
 
 #: Offsets (int64) handled per chunk: 8 MiB.
 _OFFSET_ROWS = CHUNK_BYTES // 8
@@ -212,6 +213,21 @@ def _normalize(sources: Iterable) -> list[tuple[str | None, Path]]:
     return out
 
 
+def refuse_laid_out_sources(sources) -> None:
+    """``refuse_laid_out(merge=True)`` for every local source of a merge (``(name, path)`` pairs or paths),
+    before anything is read or written: a store, or a collection without ``layout``, passes."""
+    from ..storage import is_url
+
+    for source in sources:
+        path = source[1] if isinstance(source, tuple) else source
+        if is_url(str(path)):  # a URL: checked on its fetched copy, where the merge reads it (packfmt.storage)
+            continue
+        file = str(Path(path) / F.MANIFEST)
+        obj = F.read_json(Path(file), file=file)
+        if is_collection(obj) and "layout" in obj:
+            refuse_laid_out(parse_collection_manifest(obj, file=file), str(path), merge=True)
+
+
 def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool = False,
                    on_bytes: Callable[[int], None] | None = None, storage_options: dict | None = None) -> Store:
     """Write the stores of ``sources`` (stores and collections, in order) as one contiguous store at ``dst``.
@@ -240,6 +256,7 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     t0 = time.perf_counter()
     dst = Path(dst)
     pairs = _normalize(sources)
+    refuse_laid_out_sources(pairs)  # its lookahead tokens would read as inputs in the merged store (§9.2)
     members = resolve_members(pairs, opener=_head)
     shared, _ = check_members_agree(members, unique_names=False)
     prepare_destination(dst, overwrite)
