@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["Plan", "prefetch"]
+__all__ = ["DEFAULT_LOOKAHEAD", "Plan", "prefetch"]
 
 _NEVER = np.iinfo(np.int64).max
 
@@ -77,16 +77,33 @@ class Plan:
         return False
 
 
-def prefetch(ds, order, *, batch_size: int | None = None, window: int = 4096, threads: int = 2) -> None:
+#: How many (position, member) pairs of the order, from the next pack read on, the threads look at.
+DEFAULT_LOOKAHEAD = 4096
+
+
+def prefetch(ds, order, *, batch_size: int | None = None, lookahead: int | None = None, threads: int = 2,
+             window: int | None = None) -> None:
     """Plan ``ds`` (a ``PackedDataset`` with ``stream=True``) to read ``order`` (pack ids, e.g. ``sampler.epoch_indices()``)
     and start fetching its members ahead in a background thread. Call again for every epoch.
 
-    ``window``: how many (position, member) pairs ahead the threads consider at a time; ``threads``: how many
-    members are fetched at once (>= 1).
+    ``lookahead``: how far ahead to prefetch: the (position, member) pairs of the order, from the next pack
+    read on, the threads consider at a time (default ``DEFAULT_LOOKAHEAD``, 4096; >= 1); ``threads``: how many
+    members are fetched at once (>= 1). ``window``: the old name of ``lookahead`` (a ``DeprecationWarning``; it
+    goes in the next version): not the samplers' ``window=K``, their shuffle window of members.
     """
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"prefetch: threads: expected an integer >= 1, found {threads!r}")
-    ds._stream_plan = (np.asarray(order, dtype=np.int64).reshape(-1), batch_size, int(window), threads)
+    if window is not None:
+        if lookahead is not None:
+            raise TypeError("prefetch: lookahead= and window= are the same parameter (window= is its old name); "
+                            "give lookahead= only")
+        warnings.warn("prefetch: window= is renamed lookahead= (how far ahead to prefetch; window=K is the samplers' "
+                      "shuffle window of members); use lookahead=, window= goes in the next version",
+                      DeprecationWarning, stacklevel=2)
+        lookahead = window
+    lookahead = DEFAULT_LOOKAHEAD if lookahead is None else lookahead
+    for key, value in (("lookahead", lookahead), ("threads", threads)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"prefetch: {key}: expected an integer >= 1, found {value!r}")
+    ds._stream_plan = (np.asarray(order, dtype=np.int64).reshape(-1), batch_size, int(lookahead), int(threads))
     if ds._arrays is not None:
         start(ds)
 
@@ -98,7 +115,7 @@ def start(ds) -> None:
     stream = a.get("stream")
     if spec is None or stream is None:
         return
-    order, batch_size, window, threads = spec
+    order, batch_size, lookahead, threads = spec
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
@@ -116,17 +133,17 @@ def start(ds) -> None:
             running = stream._threads = []
             stream._claimed = set()  # members a prefetch thread is fetching (from before their manifest is read)
         for _ in range(threads - len(running)):
-            running.append(threading.Thread(target=_run, args=(stream, window), daemon=True, name="packfmt-prefetch"))
+            running.append(threading.Thread(target=_run, args=(stream, lookahead), daemon=True, name="packfmt-prefetch"))
             running[-1].start()
 
 
-def _run(stream, window: int) -> None:
+def _run(stream, lookahead: int) -> None:
     """Fetch the plan's coming members in order while the limit allows (see the module doc)."""
     while True:
         todo = None
         with stream.cond:
             plan = stream.plan
-            for p, m in (plan.upcoming(window) if plan is not None else ()):
+            for p, m in (plan.upcoming(lookahead) if plan is not None else ()):
                 if m in stream.resident or m in stream.fetching or m in stream.failed:
                     continue
                 if m in stream._claimed:  # another thread has not reserved its room yet: nothing past it before
