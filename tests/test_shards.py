@@ -336,6 +336,8 @@ def test_remote_out_is_uploaded_and_reads_the_same(mix, out, s3_server, cache, t
         assert validate(url, deep=True).ok
         with pytest.raises(DatasetExistsError):
             write_shards(mix, NAME, url)
+        with pytest.raises(WriteError, match=f"^{url}: a pack-ordered layout .* it lays out, {url}/packs/{NAME} "):
+            build_pack_index(url, capacity=64, name="c64")  # a URL: refused the same
         # why shards: streamed in shards' order (shards shuffled, packs shuffled within each), each shard is
         # fetched once, whatever the order inside it, with room for two shards only (text: images are not
         # streamed yet)
