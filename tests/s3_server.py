@@ -4,15 +4,22 @@
 AWS environment at it (``AWS_ENDPOINT_URL``, dummy credentials, instance metadata off: nothing
 leaves the machine), creates the bucket ``bkt`` and stops the server afterwards. ``time_limit``
 fails a test that runs longer than ``LIMIT_S`` (pytest-timeout is not installed; SIGALRM instead).
+``GetCounter`` is an HTTP relay in front of that server that counts the bytes each object's GETs
+returned, whichever process sent them (a Ray actor included): what a test asserts about reads.
 """
 
 from __future__ import annotations
 
+import http.client
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -29,6 +36,71 @@ def explicit_options() -> dict:
     do not inherit this test's environment (the workers of a Ray session started before the server)."""
     return {"key": ENV["AWS_ACCESS_KEY_ID"], "secret": ENV["AWS_SECRET_ACCESS_KEY"],
             "endpoint_url": os.environ["AWS_ENDPOINT_URL"], "client_kwargs": {"region_name": "us-east-1"}}
+
+
+class GetCounter:
+    """An HTTP relay on 127.0.0.1 in front of the S3-protocol server at ``upstream``: every request goes through
+    unchanged (headers, the signed ``Host`` included); ``got[path]`` adds up the body bytes of the GET responses
+    for each path (``/bucket/key``, path-style as s3fs sends it to an ``endpoint_url``). Point a process at it
+    with ``options()`` (``storage_options``). ``close()`` stops it."""
+
+    def __init__(self, upstream: str) -> None:
+        up = urlsplit(upstream)
+        self.got: Counter = Counter()
+        self._lock = lock = threading.Lock()
+        counter = self
+
+        class Relay(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the S3 clients expect
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _relay(self) -> None:
+                assert "chunked" not in (self.headers.get("Transfer-Encoding") or ""), "a chunked upload: not relayed"
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                if self.command == "GET":
+                    with lock:
+                        counter.got[unquote(urlsplit(self.path).path)] += len(data)
+                self.send_response(resp.status, resp.reason)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                        self.send_header(k, v)
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def options(self) -> dict:
+        """``explicit_options()`` through this relay."""
+        return {**explicit_options(), "endpoint_url": self.endpoint}
+
+    def take(self) -> Counter:
+        """The counts so far, and start again from zero."""
+        with self._lock:
+            got, self.got = self.got, Counter()
+        return got
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def _free_port() -> int:

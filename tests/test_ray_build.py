@@ -20,10 +20,10 @@ pytest.importorskip("ray")
 
 import packfmt  # noqa: E402
 from packfmt.build import build_chat, build_multimodal, build_text  # noqa: E402
-from packfmt.collection import Collection, merge_physical  # noqa: E402
+from packfmt.collection import Collection  # noqa: E402
 from packfmt.errors import DatasetExistsError, InputError  # noqa: E402
 
-from ray_session import ray_session, time_limit  # noqa: E402,F401
+from ray_session import assert_same_as_local, ray_session, time_limit  # noqa: E402,F401
 from s3_server import s3_server  # noqa: E402,F401  (skips without moto / s3fs)
 
 SAMPLE = Path(packfmt.__file__).parent / "sample_data"
@@ -31,19 +31,6 @@ SAMPLE_TOK = SAMPLE / "tokenizer"
 REPO = Path(__file__).resolve().parents[1]
 # one xdist worker runs every Ray test (tools/test.sh: --dist loadgroup), so one Ray session serves them all
 pytestmark = [pytest.mark.usefixtures("ray_session", "time_limit"), pytest.mark.xdist_group("ray")]
-
-
-def store_files(path: Path) -> dict[str, bytes]:
-    """Every data file of a store (the manifest differs in build_report only, by design)."""
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.suffix == ".bin"}
-
-
-def assert_same_as_local(ray_out: Path, local: Path, tmp_path: Path) -> None:
-    merged = merge_physical([ray_out], tmp_path / "merged")
-    got, want = store_files(Path(merged.path)), store_files(local)
-    assert sorted(got) == sorted(want)
-    for name in want:
-        assert got[name] == want[name], f"{name} differs from the local build's"
 
 
 def no_leftovers(out: Path) -> None:

@@ -189,7 +189,6 @@ def test_ranged_plan_of_remote_inputs_reads_no_whole_object(s3_server, tmp_path)
     assert cuts[0][0] == 0 and cuts[-1][1] == len(data) and len(cuts) > 5
     assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
     assert all(data[e - 1:e] == b"\n" for _, e in cuts)
-    assert sum(ranges.count_newlines(url, b, e) for b, e in cuts) == 300
     assert b"".join(ranges.read_range(url, b, e) for b, e in cuts) == data
     pq.write_table(pa.table({"text": [str(i) for i in range(50)]}), tmp_path / "t.parquet", row_group_size=16)
     s3_server.put_file(str(tmp_path / "t.parquet"), f"{BUCKET}/r/t.parquet")

@@ -22,7 +22,9 @@ The pipeline (driver, then the cluster, then the driver)::
   read by the actors; members uploaded by the write tasks, the collection manifest by the driver).
 * Counts and the skip policy are the local build's: each task returns its counts and its bad
   records in order; the driver sums them into one ``Tally`` (``read = written + skipped``) and
-  applies ``on_error`` before committing anything.
+  applies ``on_error`` before committing anything. A remote JSONL range's bad records come back
+  numbered from its first line, with the line counts of the ranges: the driver makes them
+  ``file:LINE`` of the object (``units.first_lines``), so each input byte is read once.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ..skips import Tally
 from ..storage.uri import is_remote, local_file
 from .context import Job, ray_context
 from .encode import _fault_once
-from .units import plan_units
+from .units import absolute, first_lines, plan_units
 
 __all__ = ["run_ray_build", "DEFAULT_RECORDS_PER_MEMBER", "pool_size", "staged_job", "commit"]
 
@@ -149,7 +151,7 @@ def run_ray_build(
 
     from ..pipeline import ON_ERROR_POLICIES, BuildResult, writer_args
     from .encode import EncodeUnits
-    from .remote import commit_remote, number_lines, remote_job
+    from .remote import commit_remote, remote_job
     from .sink import MemberSink
 
     if on_error not in ON_ERROR_POLICIES:
@@ -174,7 +176,6 @@ def run_ray_build(
         with job_cm as job:
             pool = pool_size(ray.cluster_resources().get("CPU", 1), workers)
             t0 = time.perf_counter()
-            number_lines(units, storage_options)  # remote JSONL ranges: first line numbers, counted on the cluster
             returns: list[dict] = []
             if units:
                 items = [{"unit": json.dumps(u)} for u in units]
@@ -190,13 +191,14 @@ def run_ray_build(
             seconds = time.perf_counter() - t0
             log_file = open(skip_log, "w", encoding="utf-8") if skip_log else None
             tally = Tally(on_error, log_file)
+            first = first_lines(units, {seq: n for r in returns for seq, n in r["newlines"].items()})
             for r in returns:
                 tally.read += r["read"]
                 tally.written += r["written"]
                 tally.tokens += r["tokens"]
                 tally.images += r["images"]
-                for bad in r["bad"]:
-                    tally.bad(*bad)
+                for *bad, unit in r["bad"]:  # a remote JSONL range's lines count from its first line
+                    tally.bad(*(bad if unit is None else absolute(tuple(bad), first[unit])))
             tally.end_batch()  # on_error="fail": the first bad record in input order stops the build
             if tally.written == 0:
                 raise tally.nothing_written(str(out), report_base.get("sources", []))

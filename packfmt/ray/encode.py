@@ -5,6 +5,10 @@ then converts whole units: ``prepare`` and ``encode`` exactly as a local build r
 (``packfmt.pipeline.convert_records``). Every record read becomes one row, written or not: a
 document's tokens, loss mask and images, or the reason it is skipped, with its ``file:line``.
 The sink applies the rest of the local build's rules (empty tokens, ids out of range).
+
+A remote JSONL range numbers its lines from 1 (``units.read_unit``): its rows carry ``unit`` (the
+unit's ``seq``) and it adds one row that is no record, ``newlines`` (how many lines the range
+holds), first; the write tasks return those counts and the driver makes the lines absolute.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ __all__ = ["EncodeUnits", "ROW_SCHEMA_FIELDS", "decode_row"]
 
 #: Records per Arrow table an actor yields (blocks; the sink bundles them into members).
 CHUNK_ROWS = 1024
-ROW_SCHEMA_FIELDS = ("file", "line", "tokens", "mask", "images", "reason", "message", "cli")
+ROW_SCHEMA_FIELDS = ("file", "line", "tokens", "mask", "images", "reason", "message", "cli", "unit", "newlines")
 
 
 def _fault_once(fault: dict | None, where: str, key: int) -> None:
@@ -56,13 +60,20 @@ class EncodeUnits:
         cols: dict[str, list] = {k: [] for k in ROW_SCHEMA_FIELDS}
         for item in batch.to_pylist():
             unit = json.loads(item["unit"])  # one JSON column: units of every kind share one block schema
-            records = read_unit(unit, columns=self.columns, split=self.split, glob=self.glob,
-                                storage_options=self.storage_options)  # a remote unit: its range only
+            newlines, records = read_unit(unit, columns=self.columns, split=self.split, glob=self.glob,
+                                          storage_options=self.storage_options)  # a remote unit: its range only
+            relative = None if newlines is None else unit["seq"]  # its lines count from its first line
+            if newlines is not None:  # the unit's line count, for the driver (no record)
+                for k in ROW_SCHEMA_FIELDS:
+                    cols[k].append(None)
+                cols["file"][-1], cols["unit"][-1], cols["newlines"][-1] = unit["path"], relative, newlines
             for n, (file, line, doc, failure) in enumerate(convert_records(records, self.converter, self.batch_size)):
                 if n == 1:
                     _fault_once(self.fault, "encode", unit["seq"])
                 cols["file"].append(file)
                 cols["line"].append(line)
+                cols["unit"].append(relative)
+                cols["newlines"].append(None)
                 if failure is None:
                     tokens, mask, images = doc
                     cols["tokens"].append(np.asarray(tokens, dtype=np.int64).tobytes())
@@ -89,7 +100,8 @@ def _table(cols: dict):
     import pyarrow as pa
 
     types = {"file": pa.string(), "line": pa.int64(), "tokens": pa.binary(), "mask": pa.binary(),
-             "images": pa.binary(), "reason": pa.string(), "message": pa.string(), "cli": pa.string()}
+             "images": pa.binary(), "reason": pa.string(), "message": pa.string(), "cli": pa.string(),
+             "unit": pa.int64(), "newlines": pa.int64()}
     return pa.table({k: pa.array(cols[k], types[k]) for k in ROW_SCHEMA_FIELDS})
 
 

@@ -1,10 +1,11 @@
 """A Ray build with inputs or output in object storage: nothing passes through the driver's disk.
 
 * Inputs: ``units.plan_units`` cuts remote JSONL objects into byte ranges by small ranged reads;
-  ``number_lines`` then has the cluster count each range's newlines (one task per range, reading
-  only that range) so that every unit knows its first line number, and ``file:line`` in skip
-  messages and ``--skip-log`` are a local build's. The actors read each range again to convert it:
-  a remote JSONL input is read twice, in parallel on the cluster, and never by the driver.
+  the actors read each range once (one ranged GET) and number its lines from its first; the driver
+  makes them absolute from the ranges' line counts the write tasks return (``units.first_lines``),
+  so ``file:line`` in skip messages and ``--skip-log`` are a local build's. Each byte of a remote JSONL
+  input is read once by the actors; the driver reads only what planning needs (its first MiB, 64 KiB
+  near each cut).
 * Output (``-o s3://bucket/out``): ``remote_job`` refuses an existing dataset (unless
   ``overwrite``) and a missing bucket before any work; write tasks upload their members to
   ``out/members/<task_idx>-<attempt uuid>/`` (``sink.MemberSink``, manifest last); ``commit_remote``
@@ -24,26 +25,9 @@ from contextlib import contextmanager
 
 from ..errors import DatasetExistsError
 
-__all__ = ["commit_remote", "number_lines", "remote_job"]
+__all__ = ["commit_remote", "remote_job"]
 
 MEMBERS = "members"
-
-
-def number_lines(units: list[dict], storage_options: dict | None) -> None:
-    """Set ``line`` of each remote JSONL range unit: 1 + the newlines before it in its object (counted on the cluster)."""
-    import ray
-
-    todo = [u for u in units if u["kind"] == "jsonl_range" and u.get("line") is None]
-    if not todo:
-        return
-    from ..storage.ranges import count_newlines
-
-    count = ray.remote(num_cpus=1, max_retries=3)(count_newlines)
-    counts = ray.get([count.remote(u["path"], u["begin"], u["end"], storage_options) for u in todo])
-    next_line: dict[str, int] = {}
-    for unit, n in zip(todo, counts):  # units of one object are consecutive and in order
-        unit["line"] = next_line.get(unit["path"], 1)
-        next_line[unit["path"]] = unit["line"] + n
 
 
 def _listed_members(fs, rpath: str) -> set[str]:

@@ -6,7 +6,11 @@ local build's per-document rule (``packfmt.pipeline.write_doc``). Its folder is 
 ``<task_idx>-<attempt uuid>``: a task Ray retries (its process died) writes a new folder, never
 into the dead attempt's, and only the folder a task *returns* is ever committed. What the task
 returns (counts, its bad records in order) is all the driver needs to commit and to report:
-the driver sorts returns by ``task_idx`` (Ray keeps input order with ``preserve_order``).
+the driver sorts returns by ``task_idx`` (Ray keeps input order with ``preserve_order``). A bad
+record of a remote JSONL range is returned with its line relative to its unit and the unit's
+``seq`` (``bad`` entries are ``(file, line, reason, message, cli, unit)``), and the line counts of
+the units whose rows the task wrote (``newlines``): the driver makes the lines absolute
+(``units.first_lines``).
 
 With an output in object storage (``staging`` is ``s3://.../members``) the task writes its store
 into a temporary folder of its own node (one that a killed attempt left there is removed by the
@@ -68,15 +72,21 @@ class MemberSink(Datasink):
         path = (node_tmp if remote else Path(self.staging)) / name
         writer = DatasetWriter(path, **self.writer_args)
         bad: list[tuple] = []
+        newlines: dict[int, int] = {}  # seq -> lines of each remote JSONL range among the rows
+        unit = None  # the seq of the unit the current row's line is relative to, or None (an absolute line)
 
         class Recorder(Tally):  # keeps each bad record raw, in order, for the driver's one Tally
             def bad(self, file, line, reason, message, cli=None):
-                bad.append((file, line, reason, message, cli))
+                bad.append((file, line, reason, message, cli, unit))
 
         tally = Recorder("skip")
         try:
             for block in blocks:
                 for row in BlockAccessor.for_block(block).to_arrow().to_pylist():
+                    unit = row["unit"]
+                    if row["newlines"] is not None:  # a unit's line count, no record
+                        newlines[unit] = row["newlines"]
+                        continue
                     file, line, out = decode_row(row)
                     tally.read += 1
                     if row["reason"] is not None:
@@ -102,7 +112,8 @@ class MemberSink(Datasink):
             if node_tmp is not None:
                 shutil.rmtree(node_tmp, ignore_errors=True)
         return {"task_idx": ctx.task_idx, "dir": written, "member": member, "read": tally.read,
-                "written": tally.written, "tokens": tally.tokens, "images": tally.images, "bad": bad}
+                "written": tally.written, "tokens": tally.tokens, "images": tally.images, "bad": bad,
+                "newlines": newlines}
 
     def _upload(self, local: Path, name: str) -> dict:
         """Upload the store (manifest last); its member entry (counts, manifest checksum), shared keys and its

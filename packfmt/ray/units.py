@@ -9,11 +9,17 @@ malformed line included) is read and accounted for exactly as in a local build, 
 concatenated in order are the input records in input order.
 
 An input in object storage (``s3://...``) is never downloaded by the driver: a JSONL object is cut
-into byte ranges at newlines found by small ranged reads (``packfmt.storage.ranges.line_ranges``;
-each range's first line number comes from newline counts the cluster computes,
-``build.number_lines``), a Parquet object into runs of row groups read from its footer; the actor
-that gets a unit reads only that range or those row groups. Any other remote file is one unit that
-its actor fetches into a temporary folder of its own node.
+into byte ranges at newlines found by small ranged reads (``packfmt.storage.ranges.line_ranges``), a
+Parquet object into runs of row groups read from its footer; the actor that gets a unit reads only
+that range or those row groups, once. Any other remote file is one unit that its actor fetches into
+a temporary folder of its own node.
+
+Line numbers of a remote JSONL range: nobody knows a range's first line number before the ranges
+before it are read, so its records are numbered *relative* to the range (1 = its first line) and
+the actor reports the range's newline count (``read_unit``'s first value). The driver turns those
+counts, gathered through the write tasks' returns, into each range's first line (``first_lines``)
+and makes every bad record's ``file:line`` absolute (``absolute``) before its ``Tally`` sees it:
+messages and ``--skip-log`` are a local build's, and each byte of the object is read once.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Iterator, Sequence
 
 from ..sources import Raw, detect_format, iter_records, remote_format
 
-__all__ = ["plan_units", "read_unit"]
+__all__ = ["absolute", "first_lines", "plan_units", "read_unit"]
 
 _SCAN = 8 * 1024 * 1024
 
@@ -58,7 +64,7 @@ def _remote_units(url: str, fmt: str | None, records: int, so: dict | None) -> l
     kind = fmt or remote_format(url)
     name = url.rsplit("/", 1)[-1].lower()
     if kind == "jsonl" and name.endswith((".jsonl", ".ndjson")):
-        return [{"path": url, "kind": "jsonl_range", "begin": b, "end": e, "line": None, "remote": True}
+        return [{"path": url, "kind": "jsonl_range", "begin": b, "end": e, "remote": True}  # lines: relative
                 for b, e in ranges.line_ranges(url, records, so)]
     if kind == "parquet":
         units, groups, first, row = [], [], 0, 0
@@ -98,32 +104,67 @@ def plan_units(inputs: Sequence[str], fmt: str | None, records: int, storage_opt
 
 
 def read_unit(unit: dict, *, columns: Sequence[str] | None, split: str | None, glob: str,
-              storage_options: dict | None = None) -> Iterator[Raw]:
-    """The records of one unit, in order, as the local build's source readers give them."""
+              storage_options: dict | None = None) -> tuple[int | None, Iterator[Raw]]:
+    """``(newlines, records)``: the records of one unit, in order, as the local build's source readers give them.
+
+    A remote JSONL range is read here, in one ranged GET: its records are numbered from 1 at its first
+    line and ``newlines`` is how many lines it holds (what ``first_lines`` needs). Every other unit's
+    lines are the file's own and ``newlines`` is None.
+    """
+    if unit["kind"] == "jsonl_range" and unit.get("remote"):
+        from ..storage.ranges import read_range
+
+        data = read_range(unit["path"], unit["begin"], unit["end"], storage_options)
+        return data.count(b"\n"), _range_records(data, unit["path"], 1)
+    if unit["kind"] == "jsonl_range":
+        with open(unit["path"], "rb") as f:
+            f.seek(unit["begin"])
+            data = f.read(unit["end"] - unit["begin"])
+        return None, _range_records(data, unit["path"], unit["line"])
+    if unit.get("remote"):
+        return None, _read_remote(unit, columns=columns, split=split, glob=glob, storage_options=storage_options)
+    records = iter_records([unit["path"]], unit["fmt"], columns=columns, split=split, glob=glob)
+    return None, itertools.islice(records, unit["begin"], unit["end"])
+
+
+def _range_records(data: bytes, file: str, line: int) -> Iterator[Raw]:
+    """The records of a JSONL byte range whose first line is ``line`` (blank lines are no records)."""
     from ..sources.jsonl import parse_line
 
-    if unit.get("remote") and unit["kind"] != "jsonl_range":
-        yield from _read_remote(unit, columns=columns, split=split, glob=glob, storage_options=storage_options)
-        return
-    if unit["kind"] == "jsonl_range":
-        file, line = unit["path"], unit["line"]
-        if unit.get("remote"):
-            from ..storage.ranges import read_range
+    pieces = data.split(b"\n")
+    if pieces and not pieces[-1]:
+        pieces.pop()  # the newline ending the range ends its last line
+    for n, raw in enumerate(pieces, start=line):
+        if raw.strip():
+            yield Raw(file, n, parse_line(raw, file, n))
 
-            data = read_range(file, unit["begin"], unit["end"], storage_options)
-        else:
-            with open(file, "rb") as f:
-                f.seek(unit["begin"])
-                data = f.read(unit["end"] - unit["begin"])
-        pieces = data.split(b"\n")
-        if pieces and not pieces[-1]:
-            pieces.pop()  # the newline ending the range ends its last line
-        for n, raw in enumerate(pieces, start=line):
-            if raw.strip():
-                yield Raw(file, n, parse_line(raw, file, n))
-        return
-    records = iter_records([unit["path"]], unit["fmt"], columns=columns, split=split, glob=glob)
-    yield from itertools.islice(records, unit["begin"], unit["end"])
+
+def first_lines(units: Sequence[dict], newlines: dict[int, int]) -> dict[int, int]:
+    """``{seq: first line}`` of the remote JSONL ranges among ``units`` (in input order), from each one's
+    newline count (``newlines[seq]``, as ``read_unit`` gave it): the ranges of one object are consecutive."""
+    out: dict[int, int] = {}
+    next_line: dict[str, int] = {}
+    for u in units:
+        if u["kind"] == "jsonl_range" and u.get("remote"):
+            if u["seq"] not in newlines:
+                raise RuntimeError(f"{u['path']}: bytes {u['begin']}-{u['end']}: no write task reported the line "
+                                   "count of this unit (a Ray Data bug?); build again")
+            out[u["seq"]] = next_line.get(u["path"], 1)
+            next_line[u["path"]] = out[u["seq"]] + newlines[u["seq"]]
+    return out
+
+
+def absolute(bad: tuple, first: int) -> tuple:
+    """A bad record ``(file, line, reason, message, cli)`` numbered relative to its unit, with ``line`` made
+    absolute (``first``: the unit's first line). A message that names the record as a source reader does,
+    starting ``file:line:`` (``sources.jsonl.parse_line``), gets the absolute line there; the others get
+    their ``file:line`` from ``Tally.bad``."""
+    file, line, reason, message, cli = bad
+    at = first + line - 1
+    old, new = f"{file}:{line}:", f"{file}:{at}:"
+    message = new + message[len(old):] if message.startswith(old) else message
+    cli = new + cli[len(old):] if cli is not None and cli.startswith(old) else cli
+    return file, at, reason, message, cli
 
 
 def _read_remote(unit: dict, *, columns, split, glob, storage_options) -> Iterator[Raw]:

@@ -8,7 +8,7 @@ through fsspec (``uri.filesystem``; credentials as the back end reads them, plus
 * ``line_ranges``: byte ranges of a JSONL object cut just after a newline, found by small ranged
   reads near each cut (``WINDOW`` bytes at a time); the range size comes from the average line
   length of the file's first ``SAMPLE`` bytes, so the cuts are a function of the object alone.
-* ``count_newlines`` / ``read_range``: one range, streamed / whole (a unit's bytes).
+* ``read_range``: one range (a unit's bytes, one ranged GET).
 * ``row_groups``: the row count of each row group of a Parquet object, from its footer only.
 
 Failures are one-line ``StorageError``s naming the URL (``errors.storage_errors``).
@@ -19,14 +19,12 @@ from __future__ import annotations
 from .errors import StorageError, require_bucket, storage_errors
 from .uri import filesystem
 
-__all__ = ["count_newlines", "line_ranges", "open_object", "read_range", "row_groups"]
+__all__ = ["line_ranges", "open_object", "read_range", "row_groups"]
 
 #: Bytes read to estimate the average line length of a JSONL object.
 SAMPLE = 1 << 20
 #: Bytes read at a time when looking for the newline after a cut.
 WINDOW = 64 << 10
-#: Bytes per read when a range is streamed (bounded memory).
-STREAM = 8 << 20
 
 
 def _missing(fs, url: str, storage_options: dict | None) -> StorageError:
@@ -79,14 +77,6 @@ def line_ranges(url: str, records: int, storage_options: dict | None = None) -> 
             out.append((begin, end))
             begin = end
     return out
-
-
-def count_newlines(url: str, begin: int, end: int, storage_options: dict | None = None) -> int:
-    """How many newlines bytes ``[begin, end)`` hold, streamed ``STREAM`` bytes at a time."""
-    n = 0
-    for at in range(begin, end, STREAM):
-        n += read_range(url, at, min(end, at + STREAM), storage_options).count(b"\n")
-    return n
 
 
 def open_object(url: str, storage_options: dict | None = None):
