@@ -186,7 +186,7 @@ def test_files_is_checked_as_c1(tmp_path):
             Collection(root)
         assert e.value.field == field
     obj = json.loads(json.dumps(raw))  # a newer minor may list other files: ignored
-    obj.update(format_version="1.4")
+    obj.update(format_version="1.5")
     obj["files"]["other.bin"] = dict(obj["files"][LENGTHS_FILE])
     (root / F.MANIFEST).write_bytes(F.canonical_json(obj))
     assert set(Collection(root).manifest.files) == {LENGTHS_FILE}

@@ -17,7 +17,7 @@ from .. import format as F
 from .. import index_format as IF
 from .._io import HashedFile
 from ..index import list_pack_indexes
-from .manifest import is_collection, member_list_checksum, parse_collection_manifest
+from .manifest import collection_reader, is_collection, member_list_checksum, parse_collection_manifest
 from .streams import VerifiedReader, copy_verified
 
 __all__ = ["carry_indexes"]
@@ -36,7 +36,7 @@ def carry_indexes(sources: list[tuple[str | None, Path]], tmp: Path, binding: di
     for _, path in sources:
         obj = F.read_json(path / F.MANIFEST, file=str(path / F.MANIFEST))
         names = list_pack_indexes(path) if is_collection(obj) else []
-        cm = parse_collection_manifest(obj) if names else None
+        cm = parse_collection_manifest(obj, read=collection_reader(path)) if names else None
         want = member_list_checksum(cm.members) if names else None
         for name in names:
             index_dir = path / F.PACKS_DIR / name

@@ -20,7 +20,7 @@ __all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "layout_of", "
 #: The one kind of layout 1.3 defines: members hold the packs of one index, in pack order.
 LAYOUT_KIND = "pack-ordered"
 #: ``layout`` was added in collection format 1.3; a collection with one is written as 1.3.
-LAYOUT_VERSION = (1, 3)
+from .versions import COLLECTION_VERSION, LAYOUT_VERSION  # noqa: E402
 LAYOUT_VERSION_STR = "1.3"
 
 
@@ -37,7 +37,7 @@ def parse_layout(obj: dict, version: tuple[int, int], *, file: str) -> dict | No
         raise FormatError(file=file, field="layout", expected="an object", found=repr(raw)[:200])
     kind = F.require(raw, "kind", str, file=file, prefix="layout.")
     if kind != LAYOUT_KIND:
-        if version > LAYOUT_VERSION:
+        if version > COLLECTION_VERSION:
             return None
         raise FormatError(file=file, field="layout.kind", expected=repr(LAYOUT_KIND), found=repr(kind))
     index = F.require(raw, "index", str, file=file, prefix="layout.")
@@ -49,7 +49,7 @@ def parse_layout(obj: dict, version: tuple[int, int], *, file: str) -> dict | No
         value = F.require(raw, key, int, file=file, prefix="layout.")
         F.nonneg(value, file=file, field=f"layout.{key}", low=1 if key == "shard_bytes" else 0)
     packs = F.require(raw, "member_packs", list, file=file, prefix="layout.")
-    n_members = len(obj["members"]) if isinstance(obj.get("members"), list) else None
+    n_members = obj["counts"]["members"]  # checked (C1) before the layout: the number of entries
     if len(packs) != n_members or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= F.INT64_MAX
                                          for x in packs):
         raise FormatError(file=file, field="layout.member_packs", expected=f"one integer >= 1 per member ({n_members}): "

@@ -19,40 +19,52 @@ import xxhash
 
 from .. import format as F
 from ..errors import ChecksumError, FormatError
+from .member_table import TABLE_FILES
+from .versions import COLLECTION_VERSION, FILES_VERSION, TABLE_VERSION
 
-__all__ = ["LENGTHS_FILE", "LENGTHS_DTYPE", "FILES_VERSION", "parse_collection_files", "lengths_record",
+__all__ = ["LENGTHS_FILE", "LENGTHS_DTYPE", "parse_collection_files", "lengths_record",
            "read_lengths", "check_record", "check_lengths", "member_lengths_problem", "store_lengths"]
 
-#: The one file a collection's ``files`` table may list in format 1.3.
+#: The one file a collection's ``files`` table may list in format 1.3 (1.4 adds the member table's two, §2.5).
 LENGTHS_FILE = "doc_lengths.bin"
 #: ``i8`` little-endian, as ``doc_offsets.bin`` (FORMAT.md §3.2).
 LENGTHS_DTYPE = F.OFFSET_DTYPE
-#: ``files`` (and ``doc_lengths.bin``) were added in collection format 1.3.
-FILES_VERSION = (1, 3)
 
 
-def parse_collection_files(obj: Mapping, version: tuple[int, int], documents: int, *,
-                           file: str = F.MANIFEST) -> dict[str, F.FileEntry]:
-    """C1 of ``files``: {} when absent; the known entries (``doc_lengths.bin``, of ``8 * documents`` bytes) else.
-
-    A name other than ``doc_lengths.bin`` is an error in a 1.3 collection and ignored in a newer minor."""
+def parse_collection_files(obj: Mapping, version: tuple[int, int], documents: int, *, file: str = F.MANIFEST,
+                           table: bool = False) -> dict[str, F.FileEntry]:
+    """C1 of ``files``: {} when absent; the known entries else: ``doc_lengths.bin`` (of ``8 * documents`` bytes) and,
+    in format 1.4, the member table's ``members.bin`` and ``member_names.txt`` (§2.5), listed exactly when ``table``
+    (the manifest's ``members`` is ``"table"``). A name this reader does not know is an error in a collection of a
+    version it knows and ignored in a newer minor."""
     if "files" not in obj:
+        if table:
+            raise FormatError(file=file, field="files", expected=f"a files table listing {TABLE_FILES[0]} and "
+                              f"{TABLE_FILES[1]} (members is \"table\", §2.5)", found="absent")
         return {}
     if version < FILES_VERSION:
         raise FormatError(file=file, field="files", expected=f"absent in a collection of format {version[0]}.{version[1]} "
                           "(added in 1.3)", found=repr(obj["files"])[:200])
     files = F.parse_files_table(obj, file=file)
-    unknown = sorted(set(files) - {LENGTHS_FILE})
-    if unknown and version <= FILES_VERSION:
-        raise FormatError(file=file, field="files", expected=f"only {LENGTHS_FILE!r} (collection format 1.3)",
-                          found=repr(unknown))
+    known = {LENGTHS_FILE, *TABLE_FILES} if version >= TABLE_VERSION else {LENGTHS_FILE}
+    unknown = sorted(set(files) - known)
+    if unknown and version <= COLLECTION_VERSION:
+        raise FormatError(file=file, field="files", expected=f"only {sorted(known)} (collection format "
+                          f"{version[0]}.{version[1]})", found=repr(unknown))
+    listed = [name for name in TABLE_FILES if name in files]
+    if table and len(listed) != len(TABLE_FILES):
+        raise FormatError(file=file, field="files", expected=f"{TABLE_FILES[0]} and {TABLE_FILES[1]} listed (members "
+                          "is \"table\", §2.5)", found=repr(sorted(files)))
+    if listed and not table:
+        raise FormatError(file=file, field=f"files.{listed[0]}", expected="absent: members is an array, not \"table\" "
+                          "(§2.5)", found="listed")
     entry = files.get(LENGTHS_FILE)
     if entry is not None and entry.bytes != LENGTHS_DTYPE.itemsize * documents:
         raise FormatError(f"{file}: files.{LENGTHS_FILE}.bytes: expected {LENGTHS_DTYPE.itemsize * documents} "
                           f"(8 bytes x counts.documents {documents}), found {entry.bytes}", file=file,
                           field=f"files.{LENGTHS_FILE}.bytes", expected=LENGTHS_DTYPE.itemsize * documents,
                           found=entry.bytes)
-    return {LENGTHS_FILE: entry} if entry is not None else {}
+    return {name: entry for name, entry in files.items() if name in known}
 
 
 def lengths_record(lengths: np.ndarray) -> tuple[bytes, dict]:
@@ -120,8 +132,8 @@ def check_lengths(lengths: np.ndarray, cm) -> None:
                           expected=">= 1", found=int(lengths[d]))
     doc_start = np.zeros(len(cm.members) + 1, dtype=np.int64)
     token_start = np.zeros(len(cm.members) + 1, dtype=np.int64)
-    np.cumsum([x.documents for x in cm.members], out=doc_start[1:])
-    np.cumsum([x.tokens for x in cm.members], out=token_start[1:])
+    np.cumsum(cm.members.documents, out=doc_start[1:])
+    np.cumsum(cm.members.tokens, out=token_start[1:])
     bad = np.flatnonzero(run[doc_start] != token_start)
     if bad.size:
         m = int(bad[0]) - 1  # run[doc_start[0]] = 0 = token_start[0]: the first mismatch ends member m

@@ -6,7 +6,6 @@ Floor 1 like ``packfmt.format``: plain JSON checked key by key, nothing read but
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,37 +14,31 @@ import xxhash
 from .. import format as F
 from ..errors import FormatError, UnsupportedVersionError
 from .layout import parse_layout
+from .versions import COLLECTION_VERSION, OLDEST_COLLECTION_VERSION
 from .lengths import parse_collection_files
+from .member_table import (
+    NAME_RE,
+    TABLE_FILES,
+    TABLE_VALUE,
+    Member,
+    MemberList,
+    MemberTable,
+    check_member_name,
+    check_member_path,
+    read_table,
+)
 from .unify import SHARED_KEYS, parse_unified
+from .versions import TABLE_VERSION
 
 __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
            "parse_collection_manifest", "member_list_checksum", "check_member_name", "check_member_path",
-           "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION", "members_json"]
+           "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION", "members_json", "collection_reader", "TABLE_FILES"]
 
 COLLECTION_FORMAT_NAME = "packfmt-collection"
-#: What this writer writes: 1.2 added ``unified`` (members with and without loss masks / image ids), 1.3 ``layout``
-#: and ``files`` (``doc_lengths.bin``, written in every collection).
-COLLECTION_VERSION = (1, 3)
-COLLECTION_VERSION_STR = "1.3"
-#: Collections were added in 1.1; 1.1 collections are still read.
-OLDEST_COLLECTION_VERSION = (1, 1)
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-@dataclass(frozen=True)
-class Member:
-    """One entry of ``members``: ``path`` as written (relative to the collection directory)."""
-
-    name: str
-    path: str
-    documents: int
-    tokens: int
-    images: int
-    manifest: str  # "xxh3_64:<hex>" of the member's manifest.json bytes
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "path": self.path, "documents": self.documents, "tokens": self.tokens,
-                "images": self.images, "manifest": self.manifest}
+#: What this writer writes for a collection whose member list is a JSON array (readable by every 1.3 reader); one
+#: with a member table (§2.5) is written as ``TABLE_VERSION`` (1.4). Versions: ``collection.versions``.
+ARRAY_VERSION_STR = "1.3"
+COLLECTION_VERSION_STR = ARRAY_VERSION_STR
 
 
 @dataclass(frozen=True)
@@ -53,7 +46,8 @@ class CollectionManifest:
     version: tuple[int, int]
     shared: dict  # the SHARED_KEYS values
     unified: dict  # {key of unify.UNIFIABLE: tuple of member names} (spec/COLLECTION.md §2.3); {} when none
-    members: tuple[Member, ...]
+    #: The member entries: ``MemberList`` (a JSON array) or ``MemberTable`` (§2.5), with int64 columns.
+    members: MemberList | MemberTable
     num_documents: int
     num_tokens: int
     num_images: int
@@ -66,27 +60,12 @@ def is_collection(obj: dict) -> bool:
     return isinstance(obj, dict) and obj.get("format") == COLLECTION_FORMAT_NAME
 
 
-def check_member_name(name: Any, *, file: str = F.MANIFEST, field: str = "name") -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise FormatError(file=file, field=field, expected="1-128 chars of [A-Za-z0-9_.-], starting with a letter or "
-                          "digit", found=repr(name))
-    return name
-
-
-def check_member_path(path: Any, *, file: str = F.MANIFEST, field: str = "path") -> str:
-    """A relative POSIX path: no empty or '.' component, no backslash, not absolute ('..' allowed)."""
-    ok = isinstance(path, str) and path and not path.startswith("/") and "\\" not in path and "\0" not in path
-    if ok:
-        ok = all(part not in ("", ".") for part in path.split("/"))
-    if not ok:
-        raise FormatError(file=file, field=field, expected="a relative POSIX path (no empty or '.' component, "
-                          "no backslash, not starting with '/')", found=repr(path))
-    return path
-
-
-def member_list_checksum(members: list[dict] | tuple[Member, ...]) -> str:
-    """``xxh3_64`` of the canonical JSON of the ``members`` array: what a collection's pack index binds to."""
-    if all(type(m) is Member for m in members):
+def member_list_checksum(members) -> str:
+    """What a collection's pack index binds to (§4): ``xxh3_64`` of the canonical JSON of the ``members`` array, or,
+    for a member table (§2.5), of ``members.bin`` followed by ``member_names.txt``."""
+    if isinstance(members, MemberTable):
+        return members.binding
+    if isinstance(members, MemberList) or all(type(m) is Member for m in members):
         return "xxh3_64:" + xxhash.xxh3_64(members_json(members)).hexdigest()
     raw = [m.to_json() if isinstance(m, Member) else m for m in members]
     return "xxh3_64:" + xxhash.xxh3_64(F.canonical_json(raw)).hexdigest()
@@ -120,7 +99,7 @@ def _well_formed_member(entry: Any, names: set) -> Member | None:
     d, t, n = entry.get("documents"), entry.get("tokens"), entry.get("images")
     if not (name.__class__ is str and path.__class__ is str and digest.__class__ is str and d.__class__ is int
             and t.__class__ is int and n.__class__ is int and 0 <= d <= F.INT64_MAX and 0 <= t <= F.INT64_MAX
-            and 0 <= n <= F.INT64_MAX and name not in names and _NAME_RE.match(name) and F.CHECKSUM_RE.match(digest)
+            and 0 <= n <= F.INT64_MAX and name not in names and NAME_RE.match(name) and F.CHECKSUM_RE.match(digest)
             and path and path[0] != "/" and "\\" not in path and "\0" not in path):
         return None
     wrapped = f"/{path}/"  # an empty component makes "//", a "." one "/./" (check_member_path's split, without it)
@@ -129,8 +108,11 @@ def _well_formed_member(entry: Any, names: set) -> Member | None:
     return Member(name, path, d, t, n, digest)
 
 
-def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> CollectionManifest:
-    """Check C1 (spec/COLLECTION.md §3); raise ``FormatError`` naming the first bad field."""
+def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST, read=None) -> CollectionManifest:
+    """Check C1 (spec/COLLECTION.md §3); raise ``FormatError`` naming the first bad field.
+
+    ``read(name, at_most)``: the bytes of the collection's own file ``name`` (at most ``at_most``; raises
+    ``FileNotFoundError``), needed when the member list is a table (§2.5; ``collection_reader(root)``)."""
     fmt = obj.get("format")
     if fmt != COLLECTION_FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(COLLECTION_FORMAT_NAME), found=repr(fmt))
@@ -155,7 +137,45 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
     loss_mask = F.require(obj, "loss_mask", bool, file=file)
     counts = F.require(obj, "counts", dict, file=file)
     totals = {k: _count(counts, k, file=file, prefix="counts.") for k in ("members", "documents", "tokens", "images")}
-    raw_members = F.require(obj, "members", list, file=file)
+    documents = totals["documents"]
+    raw_members = obj.get("members")
+    if raw_members == TABLE_VALUE and version >= TABLE_VERSION:  # §2.5: the member list is two files
+        files = parse_collection_files(obj, version, documents, file=file, table=True)
+        if read is None:
+            raise FormatError(file=file, field="members", expected="an array (this caller reads no member table)",
+                              found=repr(TABLE_VALUE))
+        members = read_table(read, files, totals["members"], file=file)
+        sums = {"members": len(members), "documents": _column_sum(members.documents),
+                "tokens": _column_sum(members.tokens), "images": _column_sum(members.images)}
+    else:
+        if not isinstance(raw_members, list):
+            expected = 'an array, or "table" (format 1.4 or newer, §2.5)' if version >= TABLE_VERSION else "list"
+            raise FormatError(file=file, field="members", expected=expected, found=repr(raw_members)[:200])
+        members = MemberList(_parse_member_array(raw_members, file))
+        files = None  # after the sums: a wrong count is named as such, not as a wrong doc_lengths.bin size
+        sums = {"members": len(members), "documents": sum(m.documents for m in members),
+                "tokens": sum(m.tokens for m in members), "images": sum(m.images for m in members)}
+    for key, value in sums.items():
+        if totals[key] != value:
+            raise FormatError(file=file, field=f"counts.{key}", expected=f"{value} (the sum over members)",
+                              found=totals[key])
+    shared = {"vocab_size": vocab, "token_dtype": dtype, "tokenizer": tokenizer, "special_tokens": special,
+              "loss_mask": loss_mask}
+    unified = parse_unified(obj, members.names if "unified" in obj else [], shared, version, file=file)
+    parse_layout(obj, version, file=file)  # 1.3: a pack-ordered layout (spec/COLLECTION.md §9)
+    if files is None:  # 1.3: doc_lengths.bin (§2.4); after the other keys, each named by its own error
+        files = parse_collection_files(obj, version, documents, file=file, table=False)
+    return CollectionManifest(version, shared, unified, members, sums["documents"], sums["tokens"], sums["images"],
+                              obj, files)
+
+
+def _column_sum(column) -> int:
+    """The exact sum of a non-negative int64 column (Python ints past 2^63: C1 then reports the count)."""
+    return int(column.sum()) if column.size and int(column.max()) <= F.INT64_MAX // column.size else sum(column.tolist())
+
+
+def _parse_member_array(raw_members: list, file: str) -> list[Member]:
+    """The entries of a JSON ``members`` array, each checked (§2.1, §2.2)."""
     members, names = [], set()
     for i, entry in enumerate(raw_members):
         member = _well_formed_member(entry, names)
@@ -177,16 +197,15 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST) -> Collectio
                               found=repr(digest))
         members.append(Member(name, path, *(_count(entry, k, file=file, prefix=where)
                                             for k in ("documents", "tokens", "images")), digest))
-    sums = {"members": len(members), "documents": sum([m.documents for m in members]),
-            "tokens": sum([m.tokens for m in members]), "images": sum([m.images for m in members])}
-    for key, value in sums.items():
-        if totals[key] != value:
-            raise FormatError(file=file, field=f"counts.{key}", expected=f"{value} (the sum over members)",
-                              found=totals[key])
-    shared = {"vocab_size": vocab, "token_dtype": dtype, "tokenizer": tokenizer, "special_tokens": special,
-              "loss_mask": loss_mask}
-    unified = parse_unified(obj, [m.name for m in members], shared, version, file=file)
-    parse_layout(obj, version, file=file)  # 1.3: a pack-ordered layout (spec/COLLECTION.md §9)
-    files = parse_collection_files(obj, version, sums["documents"], file=file)  # 1.3: doc_lengths.bin (§2.4)
-    return CollectionManifest(version, shared, unified, tuple(members), sums["documents"], sums["tokens"], sums["images"],
-                              obj, files)
+    return members
+
+
+def collection_reader(root):
+    """``read`` for ``parse_collection_manifest`` of the collection directory ``root``."""
+    import os
+
+    def read(name: str, at_most: int) -> bytes:
+        with open(os.path.join(os.fspath(root), name), "rb") as fh:
+            return fh.read(at_most)
+
+    return read

@@ -29,7 +29,7 @@ from ..mapped import check_files_table
 from ..reader import Store
 from ..version import __version__
 from .layout import refuse_laid_out
-from .manifest import is_collection, parse_collection_manifest
+from .manifest import collection_reader, is_collection, parse_collection_manifest
 from .streams import VerifiedReader, bad_offsets, copy_verified
 from .writer import check_members_agree, prepare_destination, resolve_members
 
@@ -225,7 +225,8 @@ def refuse_laid_out_sources(sources) -> None:
         file = str(Path(path) / F.MANIFEST)
         obj = F.read_json(Path(file), file=file)
         if is_collection(obj) and "layout" in obj:
-            refuse_laid_out(parse_collection_manifest(obj, file=file), str(path), merge=True)
+            refuse_laid_out(parse_collection_manifest(obj, file=file, read=collection_reader(path)), str(path),
+                            merge=True)
 
 
 def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool = False,

@@ -29,9 +29,11 @@ from .lengths import member_lengths_problem, read_lengths
 from .manifest import (
     CollectionManifest,
     Member,
+    collection_reader,
     member_list_checksum,
     parse_collection_manifest,
 )
+from .member_table import NAMES_FILE, TABLE_VALUE, table_paths
 from .member_checks import manifest_checksum, member_doc_lengths, member_problems
 from .unify import ones_needed
 
@@ -53,8 +55,8 @@ class Collection(Dataset):
 
     def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS) -> None:
         path = Path(path)
-        self._init(path, parse_collection_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST),
-                   max_open_members)
+        self._init(path, parse_collection_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST,
+                                                   read=collection_reader(path)), max_open_members)
 
     @classmethod
     def _of_manifest(cls, path: Path, manifest: CollectionManifest) -> "Collection":
@@ -66,13 +68,13 @@ class Collection(Dataset):
     def _init(self, path: Path, manifest: CollectionManifest, max_open_members: int) -> None:
         self.path, self.manifest = path, manifest
         m = self.manifest.members
-        self.doc_start = running_sum([x.documents for x in m])
-        self.token_start = running_sum([x.tokens for x in m])
-        self.image_start = running_sum([x.images for x in m])
+        self.doc_start = running_sum(m.documents)
+        self.token_start = running_sum(m.tokens)
+        self.image_start = running_sum(m.images)
         self.max_open_members = max(1, int(max_open_members))
         self._open: OrderedDict[int, Store] = OrderedDict()
         #: Per member: True when it has no loss mask of its own and reads as all ones (§2.3, §6).
-        self.all_trained = tuple(ones_needed(self.manifest.shared, self.manifest.unified, [x.name for x in m]))
+        self.all_trained = all_trained(self.manifest)
         self._ones = np.ones(0, dtype=F.MASK_DTYPE)
         self._binding: str | None = None
         #: ``doc_lengths.bin``, once read and checked (``doc_lengths``); every member opened since is compared with it.
@@ -89,7 +91,8 @@ class Collection(Dataset):
                 f"tokens={self.num_tokens}, dtype={self.token_dtype})")
 
     @property
-    def members(self) -> tuple[Member, ...]:
+    def members(self):
+        """The member entries (``Sequence[Member]``, with int64 columns ``documents``, ``tokens``, ``images``)."""
         return self.manifest.members
 
     def _shared(self) -> dict:
@@ -193,6 +196,14 @@ class Collection(Dataset):
         return out
 
 
+def all_trained(manifest: CollectionManifest) -> tuple[bool, ...]:
+    """Per member: True for a member without a loss mask of its own, read as all ones (§2.3, §6). Member
+    names are looked at only when ``unified`` lists some (never at 10^5 members of one kind)."""
+    if manifest.shared["loss_mask"] and manifest.unified.get("loss_mask"):
+        return tuple(ones_needed(manifest.shared, manifest.unified, manifest.members.names))
+    return (False,) * len(manifest.members)
+
+
 def nested_collection_error(root: Path, m: int, entry: Member) -> FormatError | None:
     """The error of member ``m`` of the collection at ``root`` when it is a collection (C2: a member is a
     store), naming the cycle when it is ``root`` itself or lists ``root``; None when it is not a collection.
@@ -211,6 +222,11 @@ def nested_collection_error(root: Path, m: int, entry: Member) -> FormatError | 
         return None
     listed = obj.get("members") if isinstance(obj.get("members"), list) else []
     listed = [x["path"] for x in listed if isinstance(x, dict) and isinstance(x.get("path"), str)]
+    if obj.get("members") == TABLE_VALUE:  # §2.5: its paths are in member_names.txt
+        try:
+            listed = table_paths((path / NAMES_FILE).read_bytes()[:64 << 20])
+        except OSError:
+            listed = []
     try:
         here = root.resolve()
         cycle = (" (this collection itself: a cycle)" if path.resolve() == here else

@@ -32,11 +32,11 @@ from ..opening import as_dataset
 from ..version import __version__
 from ..writer import DatasetWriter, ImageRecord
 from .arrays import image_token_spans, token_sources
-from .layout import LAYOUT_KIND, LAYOUT_VERSION_STR
-from .manifest import Member, member_list_checksum, parse_collection_manifest
+from .layout import LAYOUT_KIND
+from .manifest import Member, collection_reader, member_list_checksum, parse_collection_manifest
 from .reader import Collection
 from .unify import SHARED_KEYS
-from .writer import collection_manifest, prepare_destination, write_lengths
+from .writer import collection_manifest, prepare_destination, write_lengths, write_own_files
 
 __all__ = ["DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size", "write_shards"]
 
@@ -130,10 +130,11 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
             shared = {key: w.manifest()[key] for key in SHARED_KEYS}
             members.append((Member(f"{k:05d}", str(path), w.num_documents, w.num_tokens, w.num_images,
                                    checksum_file(path / F.MANIFEST)), path, shared))
-        manifest = collection_manifest(members, tmp, files=write_lengths(tmp, seg_len + ahead))  # OUT doc s: L_s
+        manifest, own = collection_manifest(members, tmp, files=write_lengths(tmp, seg_len + ahead))  # doc s: L_s
+        write_own_files(tmp, own)  # a member table (§2.5) from 1,024 shards on; the manifest says 1.3 or 1.4
         _check_counts(manifest, segs, seg_len, ahead, 0 if spans is None else int((last_image - first_image).sum()))
-        _write_index(tmp, pm, idx.name, seg_len, po, member_list_checksum(manifest["members"]), time.perf_counter() - t0)
-        manifest["format_version"] = LAYOUT_VERSION_STR
+        binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
+        _write_index(tmp, pm, idx.name, seg_len, po, binding, time.perf_counter() - t0)
         manifest["layout"] = {
             "kind": LAYOUT_KIND, "index": idx.name, "shard_bytes": int(shard_bytes),
             "lookahead_tokens": int(ahead.sum()),
@@ -142,7 +143,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
                        "index": checksum_file(idx.path / F.PACK_INDEX_JSON), "mixture": pm.raw.get("mixture"),
                        **({"url": ds.url} if getattr(ds, "url", None) else {})},
         }
-        parse_collection_manifest(json.loads(F.canonical_json(manifest)))  # self-check (C1) before publishing
+        parse_collection_manifest(json.loads(F.canonical_json(manifest)), read=collection_reader(tmp))  # C1 self-check
         write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))  # last: the commit point
         publish_dir(tmp, out, overwrite=overwrite)
     except BaseException:

@@ -39,7 +39,7 @@ from ..storage import uri
 from ..storage import verify as V
 from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
 from ..storage.errors import StorageError, storage_errors
-from .manifest import is_collection, parse_collection_manifest
+from .manifest import is_collection
 from .reader import Collection
 
 __all__ = ["open_streamed", "StreamedMembers"]
@@ -60,7 +60,7 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
                     pin.close()
                 return None
             f.result.pins.append(Pin(f.root, local))
-            f.collection_files(fs, rpath, url, local, parse_collection_manifest(json.loads(raw), file=f"{url}/{F.MANIFEST}"))
+            f.collection_manifest(fs, rpath, url, local, json.loads(raw))  # its own files (a member table) mirrored
             f.packs(fs, rpath, url, local)
             f.write_atomic(local / F.MANIFEST, raw)
     except BaseException:

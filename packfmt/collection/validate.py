@@ -36,11 +36,12 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     ``record``: for a mirror of a collection in object storage that lacks its ``doc_lengths.bin`` (the cache
     leaves out one missing from the bucket), a function giving that file's bytes from the bucket (None when
     it is not there)."""
-    from .manifest import parse_collection_manifest
+    from .manifest import collection_reader, parse_collection_manifest
 
     out = _Collector(report)
     cm = parsed_or_reported(lambda: parse_collection_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST),  # C1
-                                                              file=F.MANIFEST), out, F.MANIFEST)
+                                                              file=F.MANIFEST, read=collection_reader(root)),
+                           out, F.MANIFEST)
     if cm is None:
         return report
     report.checked.update(members=len(cm.members), documents=cm.num_documents, tokens=cm.num_tokens,
@@ -88,7 +89,7 @@ def _structural_members(root: Path, cm, out, decode_images: bool) -> tuple[np.nd
         offsets = np.fromfile(root / cm.members[m].path / F.DOC_OFFSETS, dtype=F.OFFSET_DTYPE)  # V13 held
         return np.diff(offsets)
 
-    doc_start = running_sum([x.documents for x in cm.members])
+    doc_start = running_sum(cm.members.documents)
     lengths = member_doc_lengths(root, cm, doc_start, slow, bare=True)
     return lengths, failed
 
@@ -121,7 +122,7 @@ def _check_lengths_record(root: Path, cm, out, lengths: np.ndarray | None, faile
         return
     if lengths is not None and not failed and np.array_equal(lengths, record):
         return  # the one comparison of a valid collection
-    doc_start = running_sum([x.documents for x in cm.members])
+    doc_start = running_sum(cm.members.documents)
     for m, x in enumerate(cm.members):
         if m in failed:
             continue  # its own problems are reported; its lengths are not known

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from .. import format as F
 from .._io import checksum_file, publish_dir, remove_stale_temps, staging, write_durably
@@ -20,11 +21,13 @@ from .manifest import (
     check_member_name,
     is_collection,
 )
+from .member_table import DEFAULT_TABLE_MIN, TABLE_VALUE, table_record
 from .reader import Collection
+from .versions import TABLE_VERSION, version_str
 from .unify import SHARED_KEYS, unify
 
 __all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree",
-           "write_lengths", "local_member_lengths"]
+           "write_lengths", "local_member_lengths", "write_own_files"]
 
 
 def parse_source(text: str) -> tuple[str | None, str]:
@@ -111,37 +114,58 @@ def write_lengths(directory: Path, lengths: np.ndarray) -> dict:
     return files
 
 
-def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path, *, files: dict) -> dict:
-    """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``);
+def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path, *, files: dict,
+                        table: bool | None = None) -> tuple[dict, dict[str, bytes]]:
+    """The manifest (§2) of a collection at ``base`` over checked ``members`` (paths made relative to ``base``), and
+    the files of its member table to write before it (``{}`` when the members are a JSON array).
+
     ``files``: the table listing its ``doc_lengths.bin`` (``write_lengths``, or ``lengths.lengths_record`` where it
-    is uploaded), which every writer writes (§2.4)."""
+    is uploaded), which every writer writes (§2.4). ``table``: keep the member list as a member table (§2.5,
+    format 1.4); None: from ``DEFAULT_TABLE_MIN`` members on, when every path can be a line of it."""
     if set(files) != {LENGTHS_FILE} or files[LENGTHS_FILE]["bytes"] != LENGTHS_DTYPE.itemsize * sum(
             m.documents for m, _, _ in members):
         raise ValueError(f"collection_manifest: files must list {LENGTHS_FILE} of every member's documents")
     shared, unified = unify([(m.name, m.path, sh) for m, _, sh in members])
     entries = [Member(m.name, Path(os.path.relpath(m.path, base)).as_posix(), m.documents, m.tokens, m.images,
-                      m.manifest).to_json() for m, _, _ in members]
-    return {
-        "format": COLLECTION_FORMAT_NAME, "format_version": COLLECTION_VERSION_STR,
+                      m.manifest) for m, _, _ in members]
+    if table is None:
+        table = len(entries) >= DEFAULT_TABLE_MIN and not any(c in e.path for e in entries for c in "\t\n\r")
+    own = table_record(entries) if table else {}
+    listed = dict(files)
+    for name, data in own.items():
+        listed[name] = {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)}
+    manifest = {
+        "format": COLLECTION_FORMAT_NAME,
+        "format_version": version_str(TABLE_VERSION) if table else COLLECTION_VERSION_STR,
         "producer": {"name": "packfmt", "version": __version__},
         **shared,
-        "counts": {"members": len(entries), "documents": sum(e["documents"] for e in entries),
-                   "tokens": sum(e["tokens"] for e in entries), "images": sum(e["images"] for e in entries)},
-        "members": entries,
-        "files": files,
+        "counts": {"members": len(entries), "documents": sum(e.documents for e in entries),
+                   "tokens": sum(e.tokens for e in entries), "images": sum(e.images for e in entries)},
+        "members": TABLE_VALUE if table else [e.to_json() for e in entries],
+        "files": listed,
         **({"unified": {key: list(names) for key, names in unified.items()}} if unified else {}),
     }
+    return manifest, own
+
+
+def write_own_files(directory: Path, own: dict[str, bytes]) -> None:
+    """The member table's files (``collection_manifest``) written durably into ``directory``, a collection being
+    staged, before its manifest."""
+    for name, data in own.items():
+        write_durably(Path(directory) / name, data)
 
 
 def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str | os.PathLike]], *,
-                     overwrite: bool = False, storage_options: dict | None = None) -> Collection:
+                     overwrite: bool = False, storage_options: dict | None = None,
+                     member_table: bool | None = None) -> Collection:
     """Write a collection at ``dst`` listing the stores of ``sources`` in order; return it opened.
 
     Members must agree on token dtype, vocabulary, tokenizer identity (name and hash) and special
     tokens but ``image`` (spec/COLLECTION.md C2); members with and without a loss mask or an image
     id mix, recorded in ``unified`` (§2.3); names must be unique (give ``NAME=PATH``).
     Every document's length is recorded in ``doc_lengths.bin`` (§2.4), so that packing and opening it read
-    no member. The manifest is written last, in a temporary sibling renamed into place: a killed merge
+    no member. ``member_table``: keep the member list in ``members.bin`` and ``member_names.txt`` (§2.5, format
+    1.4; read in vectorised passes, not as JSON); None: from ``DEFAULT_TABLE_MIN`` (1,024) members on. The manifest is written last, in a temporary sibling renamed into place: a killed merge
     leaves nothing that opens as a collection.
     """
     from ..storage import is_url
@@ -150,16 +174,22 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
         from ..opening import open_dataset
         from ..storage.upload import merge_remote
 
-        done = merge_remote(lambda s, d, **kw: write_collection(d, s, **kw), sources, dst, overwrite=overwrite,
+        done = merge_remote(lambda s, d, **kw: write_collection(d, s, member_table=member_table, **kw), sources, dst,
+                            overwrite=overwrite,
                             physical=False, storage_options=storage_options)
         return done if done is not None else open_dataset(str(dst), storage_options=storage_options)
     dst = Path(dst)
+    from .physical import refuse_laid_out_sources  # physical imports this module
+
+    refuse_laid_out_sources(sources)  # its lookahead tokens would read as inputs (spec/COLLECTION.md §9.2)
     members = resolve_members(sources)
     check_members_agree(members)
     prepare_destination(dst, overwrite)
     lengths = local_member_lengths(members)
     with staging(dst) as tmp:
-        manifest = collection_manifest(members, dst.resolve().parent / dst.name, files=write_lengths(tmp, lengths))
+        manifest, own = collection_manifest(members, dst.resolve().parent / dst.name, files=write_lengths(tmp, lengths),
+                                            table=member_table)
+        write_own_files(tmp, own)
         write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))
         publish_dir(tmp, dst, overwrite=overwrite)
     return Collection(dst)

@@ -92,6 +92,7 @@ def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: b
         local_member_lengths,
         resolve_members,
         write_lengths,
+        write_own_files,
     )
 
     members_dir = tmp / "members"
@@ -105,7 +106,8 @@ def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: b
     shutil.rmtree(tmp / "staging")  # dead attempts' folders, stores of 0 documents
     members = resolve_members(sources)  # opens each store: the structural checks of a reader
     check_members_agree(members)
-    manifest = collection_manifest(members, tmp, files=write_lengths(tmp, local_member_lengths(members)))
+    manifest, own = collection_manifest(members, tmp, files=write_lengths(tmp, local_member_lengths(members)))
+    write_own_files(tmp, own)  # a member table (§2.5) from 1,024 members on: before the manifest
     manifest["build_report"] = report
     with open(tmp / F.MANIFEST, "wb") as fh:
         fh.write(F.canonical_json(manifest))

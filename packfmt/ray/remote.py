@@ -41,6 +41,13 @@ def _listed_members(fs, rpath: str) -> set[str]:
     except ValueError:
         return set()
     members = obj.get("members") if isinstance(obj, dict) else None
+    if members == "table":  # spec/COLLECTION.md §2.5: one "name TAB path" line per member
+        from ..collection.member_table import NAMES_FILE, table_paths
+
+        try:
+            return set(table_paths(fs.cat_file(f"{rpath}/{NAMES_FILE}")))
+        except FileNotFoundError:
+            return set()
     return {m["path"] for m in members if isinstance(m, dict) and isinstance(m.get("path"), str)} \
         if isinstance(members, list) else set()
 
@@ -121,9 +128,9 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
     check_members_agree(members)
     parts = [r["member"]["lengths"] for r in returns if r["dir"] is not None]  # each write task's own (sink._upload)
     lengths_bytes, files = lengths_record(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
-    manifest = collection_manifest(members, url, files=files)  # paths relative to url: members/<task>-<attempt>
+    manifest, own = collection_manifest(members, url, files=files)  # paths relative to url: members/<task>-<attempt>
     manifest["build_report"] = report
-    keep = {e["path"] for e in manifest["members"]}
+    keep = {f"{MEMBERS}/{r['dir']}" for r in returns if r["dir"] is not None}
     with storage_errors(url, storage_options):
         fs, rpath = filesystem(url, storage_options)
         fs.invalidate_cache(rpath)
@@ -131,6 +138,8 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
             fs.rm_file(f"{rpath}/{F.MANIFEST}")  # the replaced dataset stops existing first (§5.4)
         _sweep(fs, rpath, keep, under="" if replacing else MEMBERS)  # killed attempts; the replaced dataset
         fs.pipe_file(f"{rpath}/{LENGTHS_FILE}", lengths_bytes)  # before the manifest that lists it
+        for name, data in own.items():  # the member table (§2.5), from 1,024 members on
+            fs.pipe_file(f"{rpath}/{name}", data)
         fs.pipe_file(f"{rpath}/{F.MANIFEST}", F.canonical_json(manifest))
         fs.invalidate_cache(rpath)
     return url

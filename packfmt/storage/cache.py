@@ -217,13 +217,10 @@ class _Fetcher:
         _drop_legacy(local)
         obj = json.loads(raw)
         if obj.get("format") == "packfmt-collection":
-            from ..collection.manifest import parse_collection_manifest
-
             label = f"{url}/{F.MANIFEST}"
-            cm = parse_collection_manifest(obj, file=label)
+            cm = self.collection_manifest(fs, rpath, url, local, obj)  # its own files first: a member table lists the members
             for i, member in enumerate(cm.members):
                 self.dataset(uri.member_url(url, member.path, file=label, field=f"members[{i}].path"), packs=False)  # a collection reads its own indexes only
-            self.collection_files(fs, rpath, url, local, cm)
         else:
             for name, entry in F.parse_manifest(obj, file=f"{url}/{F.MANIFEST}").files.items():
                 self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
@@ -232,16 +229,35 @@ class _Fetcher:
         self.write_atomic(local / F.MANIFEST, raw)
         return local
 
-    def collection_files(self, fs, rpath: str, url: str, local: Path, cm) -> None:
-        """Mirror the files a collection's manifest lists of its own (``doc_lengths.bin``, spec/COLLECTION.md §2.4),
-        verified as every file, so that packing and opening it read its lengths, not every member. One missing
-        from the bucket is left out (readers then take the members' own lengths, as the spec allows; validate
-        warns); one that fails its size or checksum is refused like any listed file."""
-        for name, entry in cm.files.items():
+    def collection_manifest(self, fs, rpath: str, url: str, local: Path, obj: dict):
+        """The parsed manifest ``obj`` of the collection at ``url``, with the files it lists of its own mirrored and
+        verified first (``collection_files``): a member table (§2.5) is read from the mirror."""
+        from ..collection.lengths import parse_collection_files
+        from ..collection.manifest import collection_reader, parse_collection_manifest
+
+        label = f"{url}/{F.MANIFEST}"
+        try:  # the files table alone (C1 of the whole manifest follows, from the mirrored files)
+            version = F.parse_version(obj.get("format_version"), file=label)
+            files = parse_collection_files(obj, version, int(obj["counts"]["documents"]), file=label,
+                                           table=obj.get("members") == "table")
+        except (FormatError, KeyError, TypeError, ValueError):
+            files = {}  # malformed: parse_collection_manifest names the field
+        self.collection_files(fs, rpath, url, local, files)
+        return parse_collection_manifest(obj, file=label, read=collection_reader(local))
+
+    def collection_files(self, fs, rpath: str, url: str, local: Path, files: dict) -> None:
+        """Mirror the files a collection's manifest lists of its own (``files``, spec/COLLECTION.md §2.4, §2.5),
+        verified as every file, so that packing and opening it read its lengths, not every member. A
+        ``doc_lengths.bin`` missing from the bucket is left out (readers then take the members' own lengths, as the
+        spec allows; validate warns); a member table missing is an error (it is the member list); one that fails
+        its size or checksum is refused like any listed file."""
+        from ..collection.lengths import LENGTHS_FILE
+
+        for name, entry in files.items():
             try:
                 self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
             except FormatError as exc:
-                if exc.found != "missing":
+                if exc.found != "missing" or name != LENGTHS_FILE:
                     raise
                 V.forget(self.root, local / name)
                 (local / name).unlink(missing_ok=True)  # an earlier copy is not this manifest's evidence

@@ -1,0 +1,332 @@
+"""A collection's member list as a table of two files (spec/COLLECTION.md §2.5, format 1.4).
+
+Floor 0 like ``collection.lengths``: bytes and the checks on them, nothing opened but the two files.
+At 10^5 members the ``members`` array is most of a collection's manifest, and parsing and checking it
+as JSON costs microseconds a member (a second per command). The table holds the same entries:
+``members.bin``, one 32-byte record per member (``documents``, ``tokens``, ``images`` as ``i8``, the
+member manifest's xxh3_64 as ``u8``), and ``member_names.txt``, one ``name TAB path LF`` line per
+member. Both are read whole, their size and checksum checked, and every C1 rule of §2.1/§2.2 checked
+in vectorised passes over the bytes: no Python object per member until a member is asked for
+(``MemberTable[m]``). ``MemberList`` gives a JSON array the same interface (columns as arrays), so
+readers use one code path for both forms.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import xxhash
+
+from .. import format as F
+from ..errors import ChecksumError, FormatError
+from .versions import TABLE_VERSION
+
+__all__ = ["TABLE_FILE", "NAMES_FILE", "TABLE_FILES", "RECORD", "TABLE_VALUE", "TABLE_VERSION", "DEFAULT_TABLE_MIN",
+           "MemberTable", "MemberList", "table_record", "table_paths", "read_table", "parse_table", "Member", "NAME_RE",
+           "check_member_name", "check_member_path"]
+
+TABLE_FILE = "members.bin"
+NAMES_FILE = "member_names.txt"
+TABLE_FILES = (TABLE_FILE, NAMES_FILE)
+#: The value of ``members`` in a manifest whose member list is the table.
+TABLE_VALUE = "table"
+#: Writers keep the member list as a table from this many members on (below it, the readable JSON array).
+DEFAULT_TABLE_MIN = 1024
+#: One record of ``members.bin``: 32 bytes, little-endian.
+RECORD = np.dtype([("documents", "<i8"), ("tokens", "<i8"), ("images", "<i8"), ("manifest", "<u8")])
+
+_NAME_BYTES = np.zeros(256, dtype=bool)  # [A-Za-z0-9_.-]
+for _c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-":
+    _NAME_BYTES[_c] = True
+_FIRST_BYTES = _NAME_BYTES.copy()
+_FIRST_BYTES[[ord("_"), ord("."), ord("-")]] = False
+
+
+@dataclass(frozen=True)
+class Member:
+    """One entry of ``members`` (spec/COLLECTION.md §2.1): ``path`` as written (relative to the collection directory)."""
+
+    name: str
+    path: str
+    documents: int
+    tokens: int
+    images: int
+    manifest: str  # "xxh3_64:<hex>" of the member's manifest.json bytes
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "path": self.path, "documents": self.documents, "tokens": self.tokens,
+                "images": self.images, "manifest": self.manifest}
+
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_member_name(name, *, file: str = F.MANIFEST, field: str = "name") -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise FormatError(file=file, field=field, expected="1-128 chars of [A-Za-z0-9_.-], starting with a letter or "
+                          "digit", found=repr(name))
+    return name
+
+
+def check_member_path(path, *, file: str = F.MANIFEST, field: str = "path") -> str:
+    """A relative POSIX path: no empty or '.' component, no backslash, not absolute ('..' allowed)."""
+    ok = isinstance(path, str) and path and not path.startswith("/") and "\\" not in path and "\0" not in path
+    if ok:
+        ok = all(part not in ("", ".") for part in path.split("/"))
+    if not ok:
+        raise FormatError(file=file, field=field, expected="a relative POSIX path (no empty or '.' component, "
+                          "no backslash, not starting with '/')", found=repr(path))
+    return path
+
+
+class _Members(Sequence):
+    """What readers use of a member list: ``len``, ``[m]`` (a ``Member``), iteration, and int64 columns."""
+
+    documents: np.ndarray
+    tokens: np.ndarray
+    images: np.ndarray
+
+    def __getitem__(self, m):
+        if isinstance(m, slice):
+            return [self._entry(i) for i in range(*m.indices(len(self)))]
+        n = len(self)
+        if not -n <= m < n:
+            raise IndexError(f"member {m} of {n}")
+        return self._entry(m % n)
+
+    @property
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class MemberList(_Members):
+    """A JSON ``members`` array, parsed (``Member`` objects), with the table's columns."""
+
+    def __init__(self, members: Sequence[Member]) -> None:
+        self._members = tuple(members)
+        n = len(self._members)
+        self.documents = np.fromiter((x.documents for x in self._members), dtype=np.int64, count=n)
+        self.tokens = np.fromiter((x.tokens for x in self._members), dtype=np.int64, count=n)
+        self.images = np.fromiter((x.images for x in self._members), dtype=np.int64, count=n)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def _entry(self, m: int) -> Member:
+        return self._members[m]
+
+    def __iter__(self):
+        return iter(self._members)
+
+    @property
+    def names(self) -> list[str]:
+        return [x.name for x in self._members]
+
+
+class MemberTable(_Members):
+    """The member table read from its two files and checked (``parse_table``); entries made on demand."""
+
+    def __init__(self, records: np.ndarray, text: bytes, line_start: np.ndarray, tab: np.ndarray, binding: str) -> None:
+        self._records, self._text, self._start, self._tab = records, text, line_start, tab
+        self.documents = records["documents"].astype(np.int64)
+        self.tokens = records["tokens"].astype(np.int64)
+        self.images = records["images"].astype(np.int64)
+        #: ``"xxh3_64:..."`` of ``members.bin`` then ``member_names.txt``: what a pack index binds to (§4).
+        self.binding = binding
+        self._names: list[str] | None = None
+
+    def __len__(self) -> int:
+        return self._records.shape[0]
+
+    def _entry(self, m: int) -> Member:
+        a, t, b = int(self._start[m]), int(self._tab[m]), int(self._start[m + 1]) - 1
+        r = self._records[m]
+        return Member(self._text[a:t].decode("ascii"), self._text[t + 1:b].decode("utf-8"), int(r["documents"]),
+                      int(r["tokens"]), int(r["images"]), f"xxh3_64:{int(r['manifest']):016x}")
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            n = len(self)
+            self._names = self._text.decode("utf-8").replace("\n", "\t").split("\t")[0:2 * n:2]
+        return self._names
+
+
+def table_paths(text: bytes) -> list[str]:
+    """The paths of ``member_names.txt`` read leniently (a cycle check or a sweep of what a collection lists: the
+    table itself is checked by ``read_table`` wherever it is used as the member list)."""
+    return [line.split("\t", 1)[1] for line in text.decode("utf-8", "replace").splitlines() if "\t" in line]
+
+
+def table_record(members: Sequence[Member]) -> dict[str, bytes]:
+    """The bytes of ``members.bin`` and ``member_names.txt`` listing ``members`` (checked entries)."""
+    rec = np.zeros(len(members), dtype=RECORD)
+    rec["documents"] = [m.documents for m in members]
+    rec["tokens"] = [m.tokens for m in members]
+    rec["images"] = [m.images for m in members]
+    rec["manifest"] = [int(m.manifest.split(":", 1)[1], 16) for m in members]
+    for m in members:
+        if any(c in m.path for c in "\t\n\r"):
+            raise ValueError(f"member {m.name}: path {m.path!r} has a tab or a line break, which a member table "
+                             "cannot hold (spec/COLLECTION.md §2.5); keep the member list as a JSON array")
+    return {TABLE_FILE: rec.tobytes(), NAMES_FILE: "".join(f"{m.name}\t{m.path}\n" for m in members).encode("utf-8")}
+
+
+def read_table(read: Callable[[str, int], bytes], files: dict, count: int, *, file: str = F.MANIFEST) -> MemberTable:
+    """The member table of a manifest whose ``files`` lists it: each file read by ``read(name, at_most)`` (raising
+    ``FileNotFoundError`` when absent), its size and checksum checked, then its contents (``parse_table``)."""
+    raw = {}
+    for name in TABLE_FILES:
+        entry = files[name]
+        try:
+            data = read(name, entry.bytes + 1)
+        except FileNotFoundError:
+            raise FormatError(f"{name}: missing: the collection's {file} keeps its member list in {TABLE_FILE} and "
+                              f"{NAMES_FILE} (spec/COLLECTION.md §2.5); copy the whole collection directory, or "
+                              "write it again with `packfmt merge`", file=name, field="file", expected="present",
+                              found="missing") from None
+        if len(data) != entry.bytes:
+            raise FormatError(f"{name}: size: expected {entry.bytes} bytes ({file}), found {len(data)}"
+                              + ("+" if len(data) > entry.bytes else ""), file=name, field="size",
+                              expected=entry.bytes, found=len(data))
+        found = "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
+        if found != entry.checksum:
+            raise ChecksumError(f"{name}: checksum: expected {entry.checksum} ({file}), found {found}: the file changed "
+                                "after the collection was written; run `packfmt merge` again", file=name,
+                                field="checksum", expected=entry.checksum, found=found)
+        raw[name] = data
+    return parse_table(raw[TABLE_FILE], raw[NAMES_FILE], count)
+
+
+def _fail(name: str, field: str, expected, found) -> FormatError:
+    return FormatError(f"{name}: {field}: expected {expected}, found {found}", file=name, field=field,
+                       expected=expected, found=found)
+
+
+def parse_table(table: bytes, text: bytes, count: int) -> MemberTable:
+    """C1 of a member table (§2.5) over its bytes: ``count`` records and lines, each line ``name TAB path LF`` with a
+    well-formed name (unique) and path, counts in ``[0, 2^63)``. Raises ``FormatError`` naming file, line, field."""
+    if len(table) != RECORD.itemsize * count:
+        raise _fail(TABLE_FILE, "size", f"{RECORD.itemsize * count} bytes (32 per member, counts.members {count})",
+                    len(table))
+    records = np.frombuffer(table, dtype=RECORD)
+    for key in ("documents", "tokens", "images"):
+        bad = np.flatnonzero(records[key] < 0)
+        if bad.size:
+            m = int(bad[0])
+            raise _fail(TABLE_FILE, f"[{m}].{key}", "an integer in [0, 2^63 - 1]",
+                        int(records[key][m].view(np.uint64)))
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = text.count(b"\n", 0, exc.start) + 1
+        raise _fail(NAMES_FILE, f"line {line}", "UTF-8 text", f"{text[exc.start:exc.start + 4]!r} at byte {exc.start}"
+                    ) from None
+    b = np.frombuffer(text, dtype=np.uint8)
+    newline = np.flatnonzero(b == 10)
+    tab = np.flatnonzero(b == 9)
+    start = np.zeros(count + 1, dtype=np.int64)
+    if newline.shape[0] == count and tab.shape[0] == count and (count == 0 or newline[-1] == len(text) - 1):
+        start[1:] = newline + 1
+        shape_ok = bool(np.all((start[:-1] < tab) & (tab < newline)))
+    else:
+        shape_ok = False
+    names = _name_matrix(b, start, tab) if shape_ok else None
+    if not shape_ok or not _lines_ok(b, text, start, tab, newline, names):
+        raise _first_bad_line(text, count)
+    table_ = MemberTable(records, text, start, tab, "xxh3_64:" + xxhash.xxh3_64_hexdigest(table + text))
+    _unique_names(names, table_)
+    return table_
+
+
+def _name_matrix(b: np.ndarray, start: np.ndarray, tab: np.ndarray) -> np.ndarray:
+    """uint8 ``(n, w)``: each line's name, zero-padded to ``w`` (the longest name rounded up to 8 bytes, at most 136;
+    a longer name is cut there: _lines_ok refuses it by its length)."""
+    n = tab.shape[0]
+    length = np.minimum(tab - start[:-1], 136)
+    width = max(8, -(-int(length.max(initial=0)) // 8) * 8)
+    cols = np.arange(width)
+    out = b[np.minimum(start[:-1, None] + cols, b.shape[0] - 1)] if n else np.zeros((0, width), dtype=np.uint8)
+    out[cols >= length[:, None]] = 0
+    return out
+
+
+def _lines_ok(b: np.ndarray, text: bytes, start: np.ndarray, tab: np.ndarray, newline: np.ndarray,
+              names: np.ndarray) -> bool:
+    """Every line's name is 1-128 bytes of ``[A-Za-z0-9_.-]`` starting with a letter or digit, and its path holds no
+    CR, NUL or backslash and no empty or ``.`` component and is not absolute (with the line shape checked already)."""
+    if not b.size:
+        return True
+    name_len = tab - start[:-1]
+    if name_len.min() < 1 or name_len.max() > 128 or (newline - tab).min() < 2:
+        return False
+    if not _FIRST_BYTES[names[:, 0]].all() or not (_NAME_BYTES[names] | (names == 0)).all():
+        return False
+    if b"\r" in text or b"\0" in text or b"\\" in text:  # memchr each
+        return False
+    slash = np.flatnonzero(b == 47)  # "/": only paths hold it
+    nxt = np.append(b, np.zeros(2, dtype=np.uint8))  # b[i + 1], b[i + 2] defined past the end
+    if slash.size:
+        after, after2 = nxt[slash + 1], nxt[slash + 2]
+        if (b[slash - 1] == 9).any() or (after == 47).any() or (after == 10).any():  # "\t/", "//", "/\n"
+            return False
+        if ((after == 46) & ((after2 == 47) | (after2 == 10))).any():  # "/./", "/.\n"
+            return False
+    after, after2 = nxt[tab + 1], nxt[tab + 2]
+    return not ((after == 46) & ((after2 == 47) | (after2 == 10))).any()  # "\t./", "\t.\n"
+
+
+def _unique_names(names: np.ndarray, table: MemberTable) -> None:
+    """Names unique (§2.1): the zero-padded names (no name holds a zero byte) read as 64-bit words, mixed into
+    one 64-bit key each, sorted; equal keys are compared exactly, so a collision costs a comparison, never a
+    false error."""
+    n = names.shape[0]
+    if n < 2:
+        return
+    words = np.ascontiguousarray(names).view("<u8")
+    key = words[:, 0].copy()
+    with np.errstate(over="ignore"):
+        for k in range(1, words.shape[1]):
+            key = (key ^ (key >> np.uint64(29))) * np.uint64(0xBF58476D1CE4E5B9) + words[:, k]
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    dup = np.flatnonzero(ks[1:] == ks[:-1])
+    if not dup.size:
+        return
+    seen: dict[str, int] = {}
+    for j in np.unique(np.concatenate([order[dup], order[dup + 1]])).tolist():  # member order
+        name = table._entry(j).name
+        if name in seen:
+            raise _fail(NAMES_FILE, f"line {j + 1} name", f"a name no other member has (line {seen[name] + 1} has it)",
+                        repr(name))
+        seen[name] = j
+
+
+def _first_bad_line(text: bytes, count: int) -> FormatError:
+    """The error naming the first malformed line (the slow path, after the vectorised checks failed)."""
+    lines = text.split(b"\n")
+    if lines[-1] != b"":
+        return _fail(NAMES_FILE, f"line {len(lines)}", "every line ending with LF", repr(lines[-1][:60]))
+    lines = lines[:-1]
+    for i, line in enumerate(lines[:count]):
+        where = f"line {i + 1}"
+        parts = line.decode("utf-8").split("\t")
+        if len(parts) != 2:
+            raise _fail(NAMES_FILE, where, "name TAB path (one tab)", repr(line[:200].decode("utf-8", "replace")))
+        check_member_name(parts[0], file=NAMES_FILE, field=where + " name")
+        path = check_member_path(parts[1], file=NAMES_FILE, field=where + " path")
+        if "\r" in path:
+            raise _fail(NAMES_FILE, where + " path", "no CR in a path", repr(path))
+    return _fail(NAMES_FILE, "lines", f"{count} lines (counts.members)", len(lines))
+

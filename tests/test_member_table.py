@@ -1,0 +1,237 @@
+"""The member table (spec/COLLECTION.md §2.5, format 1.4): the member list of a large collection in two files.
+
+A table reads exactly as the JSON array it replaces (same entries, lengths, packs and items); its vectorised
+checks accept exactly what the per-entry checks of the array accept (a property test over random entries and
+random byte edits); every malformed or lying table is refused naming the file and the record or line; and the
+writers switch to it at 1,024 members.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import packfmt
+from packfmt import format as F
+from packfmt.collection import write_collection
+from packfmt.collection.manifest import Member, check_member_name, check_member_path
+from packfmt.collection.member_table import (
+    DEFAULT_TABLE_MIN,
+    NAMES_FILE,
+    TABLE_FILE,
+    parse_table,
+    table_record,
+)
+from packfmt.collection.reader import Collection
+from packfmt.errors import ChecksumError, FormatError
+from packfmt.packindex import build_pack_index
+from packfmt.torch.testing import write_split_stores
+from packfmt.validate import validate
+
+
+def _stores(root, members: int, per_member: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    n = members * per_member
+    lengths = rng.integers(1, 40, n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, 5000, int(offsets[-1]), dtype=np.uint16)
+    return write_split_stores(root / "stores", tokens, offsets, np.arange(0, n + 1, per_member), vocab_size=5000)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """The same 12 stores as a collection with a table and one with the JSON array."""
+    root = tmp_path_factory.mktemp("pair")
+    paths = _stores(root, 12)
+    table = write_collection(root / "table", [(None, p) for p in paths], member_table=True)
+    array = write_collection(root / "array", [(None, p) for p in paths], member_table=False)
+    return table.path, array.path
+
+
+def _rewrite(root, name: str, data: bytes) -> None:
+    """Replace one of the table's files and fix its size and checksum in the manifest (a table that lies)."""
+    (root / name).write_bytes(data)
+    obj = json.loads((root / F.MANIFEST).read_text())
+    obj["files"][name] = {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)}
+    (root / F.MANIFEST).write_bytes(F.canonical_json(obj))
+
+
+def test_a_table_reads_exactly_as_the_array(pair):
+    t, a = Collection(pair[0]), Collection(pair[1])
+    raw = json.loads((pair[0] / F.MANIFEST).read_text())
+    assert raw["format_version"] == "1.4" and raw["members"] == "table"
+    assert json.loads((pair[1] / F.MANIFEST).read_text())["format_version"] == "1.3"
+    assert set(raw["files"]) == {"doc_lengths.bin", TABLE_FILE, NAMES_FILE}
+    assert list(t.members) == list(a.members) and len(t.members) == 12
+    assert t.members[-1] == a.members[11] and t.members[2:5] == list(a.members)[2:5]
+    for col in ("documents", "tokens", "images"):
+        assert np.array_equal(getattr(t.members, col), getattr(a.members, col))
+    assert t.members.names == [m.name for m in a.members]
+    assert np.array_equal(t.doc_lengths, a.doc_lengths)
+    assert all(np.array_equal(t.document(g), a.document(g)) for g in range(t.num_documents))
+    segs = []
+    for root in pair:
+        idx = build_pack_index(root, capacity=64, algorithm="ffd", name="p", overwrite=True)
+        segs.append(np.asarray(idx.segments))
+    assert np.array_equal(segs[0], segs[1])
+    bound = json.loads((pair[0] / F.PACKS_DIR / "p" / F.PACK_INDEX_JSON).read_text())["collection"]
+    both = (pair[0] / TABLE_FILE).read_bytes() + (pair[0] / NAMES_FILE).read_bytes()
+    assert bound == "xxh3_64:" + xxhash.xxh3_64_hexdigest(both)  # §4: the two files end to end
+    for root in pair:
+        report = validate(root, deep=True)
+        assert report.ok, report.problems
+    ds = packfmt.open(pair[0])
+    assert ds.pack_index("p").num_packs == packfmt.open(pair[1]).pack_index("p").num_packs
+
+
+def test_writers_switch_to_the_table_at_1024_members(tmp_path):
+    paths = _stores(tmp_path, DEFAULT_TABLE_MIN, per_member=1)
+    big = write_collection(tmp_path / "big", [(None, p) for p in paths])
+    assert big.manifest.raw["members"] == "table" and len(big.members) == DEFAULT_TABLE_MIN
+    small = write_collection(tmp_path / "small", [(None, p) for p in paths[:-1]])
+    assert isinstance(small.manifest.raw["members"], list) and small.manifest.raw["format_version"] == "1.3"
+    assert np.array_equal(big.doc_lengths[:-1], small.doc_lengths)
+    merged = write_collection(tmp_path / "again", [(None, big.path)])  # members of a table collection, renamed
+    assert merged.members[0].name == f"big.{big.members[0].name}" and merged.manifest.raw["members"] == "table"
+
+
+@pytest.mark.parametrize("name,edit,field", [
+    (TABLE_FILE, lambda b: b[:-32], "size"),
+    (TABLE_FILE, lambda b: b[:8] + np.int64(-1).tobytes() + b[16:], "[0].tokens"),
+    (NAMES_FILE, lambda b: b.replace(b"m000001\t", b"m000000\t", 1), "line 2 name"),
+    (NAMES_FILE, lambda b: b.replace(b"m000003\t", b".m3\t", 1), "line 4 name"),
+    (NAMES_FILE, lambda b: b.replace(b"m000003\t", b"x" * 129 + b"\t", 1), "line 4 name"),
+    (NAMES_FILE, lambda b: b.replace(b"/m000002\n", b"//m000002\n", 1), "line 3 path"),
+    (NAMES_FILE, lambda b: b.replace(b"\t../", b"\t/", 1), "line 1 path"),
+    (NAMES_FILE, lambda b: b.replace(b"\t../", b"\t./", 1), "line 1 path"),
+    (NAMES_FILE, lambda b: b.replace(b"/m000005\n", b"/m000005/.\n", 1), "line 6 path"),
+    (NAMES_FILE, lambda b: b.replace(b"/m000005\n", b"/m000005/\n", 1), "line 6 path"),
+    (NAMES_FILE, lambda b: b.replace(b"/m000005\n", b"/m0\\00005\n", 1), "line 6 path"),
+    (NAMES_FILE, lambda b: b.replace(b"/m000005\n", b"/m000005\r\n", 1), "line 6 path"),
+    (NAMES_FILE, lambda b: b.replace(b"m000004\t", b"m000004\tx\t", 1), "line 5"),
+    (NAMES_FILE, lambda b: b[:-1], "line 12"),
+    (NAMES_FILE, lambda b: b + b"extra\tx\n", "lines"),
+    (NAMES_FILE, lambda b: b.replace(b"m000004", b"m\xff00004", 1), "line 5"),
+])
+def test_a_table_that_lies_is_refused_naming_file_and_line(tmp_path, pair, name, edit, field):
+    import shutil
+
+    root = tmp_path / "c"
+    shutil.copytree(pair[0], root)
+    _rewrite(root, name, edit((root / name).read_bytes()))
+    with pytest.raises(FormatError) as exc:
+        Collection(root)
+    assert (exc.value.file, exc.value.field) == (name, field), str(exc.value)
+    assert not validate(root).ok
+
+
+def test_a_missing_or_changed_table_file_is_an_error_never_a_fallback(tmp_path, pair):
+    import shutil
+
+    for name in (TABLE_FILE, NAMES_FILE):
+        root = tmp_path / name
+        shutil.copytree(pair[0], root)
+        data = bytearray((root / name).read_bytes())
+        data[len(data) // 2] ^= 1
+        (root / name).write_bytes(bytes(data))
+        with pytest.raises(ChecksumError) as exc:
+            Collection(root)
+        assert exc.value.file == name and "merge" in str(exc.value)
+        (root / name).unlink()
+        with pytest.raises(FormatError, match=f"{name}: missing") as exc:
+            packfmt.open(root)
+        assert validate(root).errors[0].file == name
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda o: o.update(format_version="1.3"), "members"),  # a table in a 1.3 collection
+    (lambda o: o.update(members="tables"), "members"),
+    (lambda o: o["files"].pop(NAMES_FILE), "files"),
+])
+def test_the_manifest_side_of_a_table_is_c1(tmp_path, pair, change, field):
+    import shutil
+
+    root = tmp_path / "c"
+    shutil.copytree(pair[0], root)
+    obj = json.loads((root / F.MANIFEST).read_text())
+    change(obj)
+    (root / F.MANIFEST).write_bytes(F.canonical_json(obj))
+    with pytest.raises(FormatError) as exc:
+        Collection(root)
+    assert exc.value.field == field, str(exc.value)
+
+
+def test_table_files_listed_beside_an_array_are_refused(tmp_path, pair):
+    import shutil
+
+    root = tmp_path / "c"
+    shutil.copytree(pair[1], root)
+    obj = json.loads((root / F.MANIFEST).read_text())
+    obj["format_version"] = "1.4"
+    obj["files"][TABLE_FILE] = dict(obj["files"]["doc_lengths.bin"])
+    (root / F.MANIFEST).write_bytes(F.canonical_json(obj))
+    with pytest.raises(FormatError) as exc:
+        Collection(root)
+    assert exc.value.field == f"files.{TABLE_FILE}"
+
+
+# -- the vectorised checks accept exactly what the per-entry checks accept
+
+_names = st.text(st.sampled_from("ab9Z_.-"), min_size=1, max_size=5)
+_paths = st.lists(st.sampled_from(["a", "..", ".", "", "b c", "é", "x.y"]), min_size=1, max_size=3).map("/".join)
+
+
+def _slow_ok(text: bytes, n: int) -> bool:
+    """The per-line rules of §2.5, written the long way."""
+    try:
+        s = text.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    if not s.endswith("\n") and n:
+        return False
+    lines = s.split("\n")[:-1] if n else ([] if s == "" else ["x"])
+    if len(lines) != n:
+        return False
+    names = set()
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) != 2 or parts[0] in names or any(c in parts[1] for c in "\r\n"):
+            return False
+        try:
+            check_member_name(parts[0])
+            check_member_path(parts[1])
+        except FormatError:
+            return False
+        names.add(parts[0])
+    return True
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(_names, _paths), min_size=1, max_size=6), st.integers(0, 200), st.sampled_from(
+    [None, b"\t", b"\n", b"/", b".", b"\r", b"\0", b"\\", b"\xff", b"a", b"-", b"//"]))
+def test_vectorised_checks_agree_with_the_per_line_rules(entries, where, insert):
+    members = [Member(name, path, 1, 2, 0, "xxh3_64:0123456789abcdef") for name, path in entries]
+    record = table_record(members) if not any("\t" in p for _, p in entries) else None
+    if record is None:
+        return
+    text = record[NAMES_FILE]
+    if insert is not None:
+        at = where % (len(text) + 1)
+        text = text[:at] + insert + text[at:]
+    expected = _slow_ok(text, len(members))
+    try:
+        table = parse_table(record[TABLE_FILE], text, len(members))
+    except FormatError as exc:
+        assert not expected, f"refused {text!r}: {exc}"
+        assert exc.file == NAMES_FILE
+        return
+    assert expected, f"accepted {text!r}"
+    lines = text.decode("utf-8").split("\n")[:-1]
+    assert [(m.name, m.path) for m in table] == [tuple(line.split("\t")) for line in lines]
+    assert table.names == [line.split("\t")[0] for line in lines]
