@@ -175,6 +175,9 @@ def test_a_merge_of_the_shards_is_refused(mix, out, capsys, tmp_path):
         merge_physical([(None, out.path)], tmp_path / "one")
     assert exc.value.field == "layout"
     assert_says_what_to_do(str(exc.value), out, "merge")
+    with pytest.raises(WriteError) as exc:  # the Python API of the plain merge too
+        write_collection(tmp_path / "one", [(None, mix.path), (None, out.path)])
+    assert exc.value.field == "layout"
     for args in ([str(mix.path), str(out.path)], ["--physical", str(out.path)]):
         assert main(["merge", *args, "-o", str(tmp_path / "m")]) == 1
         assert_says_what_to_do(capsys.readouterr().err.removeprefix("packfmt merge: error: "), out, "merge")

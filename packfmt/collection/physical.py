@@ -28,10 +28,9 @@ from ..errors import FormatError
 from ..mapped import check_files_table
 from ..reader import Store
 from ..version import __version__
-from .layout import refuse_laid_out
-from .manifest import collection_reader, is_collection, parse_collection_manifest
+from .manifest import is_collection
 from .streams import VerifiedReader, bad_offsets, copy_verified
-from .writer import check_members_agree, prepare_destination, resolve_members
+from .writer import check_members_agree, prepare_destination, refuse_laid_out_sources, resolve_members
 
 __all__ = ["merge_physical", "refuse_laid_out_sources"]
 
@@ -211,22 +210,6 @@ def _normalize(sources: Iterable) -> list[tuple[str | None, Path]]:
         name, path = s if isinstance(s, tuple) else (None, s)
         out.append((name, Path(path)))
     return out
-
-
-def refuse_laid_out_sources(sources) -> None:
-    """``refuse_laid_out(merge=True)`` for every local source of a merge (``(name, path)`` pairs or paths),
-    before anything is read or written: a store, or a collection without ``layout``, passes."""
-    from ..storage import is_url
-
-    for source in sources:
-        path = source[1] if isinstance(source, tuple) else source
-        if is_url(str(path)):  # a URL: checked on its fetched copy, where the merge reads it (packfmt.storage)
-            continue
-        file = str(Path(path) / F.MANIFEST)
-        obj = F.read_json(Path(file), file=file)
-        if is_collection(obj) and "layout" in obj:
-            refuse_laid_out(parse_collection_manifest(obj, file=file, read=collection_reader(path)), str(path),
-                            merge=True)
 
 
 def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool = False,

@@ -19,15 +19,19 @@ from .manifest import (
     COLLECTION_VERSION_STR,
     Member,
     check_member_name,
+    collection_reader,
     is_collection,
+    parse_collection_manifest,
 )
+from .layout import refuse_laid_out
 from .member_table import DEFAULT_TABLE_MIN, TABLE_VALUE, table_record
 from .reader import Collection
 from .versions import TABLE_VERSION, version_str
 from .unify import SHARED_KEYS, unify
 
 __all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree",
-           "write_lengths", "local_member_lengths", "write_own_files"]
+           "write_lengths", "local_member_lengths", "write_own_files",
+           "refuse_laid_out_sources"]
 
 
 def parse_source(text: str) -> tuple[str | None, str]:
@@ -155,6 +159,22 @@ def write_own_files(directory: Path, own: dict[str, bytes]) -> None:
         write_durably(Path(directory) / name, data)
 
 
+def refuse_laid_out_sources(sources) -> None:
+    """``refuse_laid_out(merge=True)`` for every local source of a merge (``(name, path)`` pairs or paths),
+    before anything is read or written: a store, or a collection without ``layout``, passes."""
+    from ..storage import is_url
+
+    for source in sources:
+        path = source[1] if isinstance(source, tuple) else source
+        if is_url(str(path)):  # a URL: checked on its fetched copy, where the merge reads it (packfmt.storage)
+            continue
+        file = str(Path(path) / F.MANIFEST)
+        obj = F.read_json(Path(file), file=file)
+        if is_collection(obj) and "layout" in obj:
+            refuse_laid_out(parse_collection_manifest(obj, file=file, read=collection_reader(path)), str(path),
+                            merge=True)
+
+
 def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str | os.PathLike]], *,
                      overwrite: bool = False, storage_options: dict | None = None,
                      member_table: bool | None = None) -> Collection:
@@ -179,8 +199,6 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
                             physical=False, storage_options=storage_options)
         return done if done is not None else open_dataset(str(dst), storage_options=storage_options)
     dst = Path(dst)
-    from .physical import refuse_laid_out_sources  # physical imports this module
-
     refuse_laid_out_sources(sources)  # its lookahead tokens would read as inputs (spec/COLLECTION.md §9.2)
     members = resolve_members(sources)
     check_members_agree(members)
