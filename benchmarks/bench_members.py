@@ -7,9 +7,11 @@ of a member), and 10^3 members of 1,000 documents (10^6 documents: the issue's "
 imports and numba compiled before any timing): ``packfmt.open`` + ``doc_lengths`` (what every command
 needs of a dataset), ``build_pack_index`` (ffd, capacity 256) and ``packfmt.validate`` (structural).
 Best of ``--repeat``; ratios are to the one store. Members are written by
-``packfmt.torch.testing.write_split_stores``.
+``packfmt.torch.testing.write_split_stores``. ``--forms array,table``: the same members listed as the manifest's
+JSON array (collection format 1.3) and as a member table (1.4, spec/COLLECTION.md §2.5), side by side.
 
-    python benchmarks/bench_members.py [--cases 1000x2,10000x2,1000x1000] [--repeat 3] [--full] [--out NAME]
+    python benchmarks/bench_members.py [--cases 1000x2,10000x2,1000x1000] [--repeat 3] [--full] [--forms array,table]
+        [--out NAME]
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from packfmt.validate import validate  # noqa: E402
 CAPACITY = 256
 
 
-def make(root: Path, members: int, per_member: int) -> tuple[Path, Path]:
-    """One store and a collection of ``members`` members holding the same documents."""
+def make(root: Path, members: int, per_member: int, forms: list[str]) -> tuple[Path, dict[str, Path]]:
+    """One store and, per form, a collection of ``members`` members holding the same documents."""
     rng = np.random.default_rng(0)
     n_docs = members * per_member
     lengths = rng.integers(1, 50, n_docs).astype(np.int64)
@@ -45,8 +47,11 @@ def make(root: Path, members: int, per_member: int) -> tuple[Path, Path]:
     tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint16)
     write_flat_dataset(root / "single", tokens, offsets, vocab_size=50_000)
     paths = write_split_stores(root / "stores", tokens, offsets, np.arange(0, n_docs + 1, per_member), vocab_size=50_000)
-    write_collection(root / "coll", [(None, p) for p in paths])
-    return root / "single", root / "coll"
+    out = {}
+    for form in forms:  # None: the writer's own choice (a table from 1,024 members on)
+        table = {"array": False, "table": True, "auto": None}[form]
+        out[form] = write_collection(root / f"coll-{form}", [(None, p) for p in paths], member_table=table).path
+    return root / "single", out
 
 
 def measure(path: Path, repeat: int) -> dict:
@@ -68,6 +73,8 @@ def main() -> None:
     ap.add_argument("--cases", default="1000x2,10000x2,1000x1000", help="MEMBERSxDOCS_PER_MEMBER, comma separated")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--full", action="store_true", help="also 100000x2")
+    ap.add_argument("--forms", default="auto", help="comma separated: array (JSON, format 1.3), table (member table, "
+                    "1.4), auto (the writer's choice)")
     ap.add_argument("--out", default="bench_members.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")] + ([(100_000, 2)] if args.full else [])
@@ -76,22 +83,23 @@ def main() -> None:
         root = Path(tempfile.mkdtemp(prefix="bench_members_"))
         try:
             t0 = time.perf_counter()
-            single, coll = make(root, members, per_member)
+            single, colls = make(root, members, per_member, args.forms.split(","))
             built = time.perf_counter() - t0
             if not rows:
                 measure(single, 1)  # imports, numba compilation
-            one, many = measure(single, args.repeat), measure(coll, args.repeat)
-            row = {"members": members, "documents": members * per_member, "build_s": round(built, 2)}
-            for key in ("open_s", "pack_s", "validate_s"):
-                row[f"store_{key}"] = round(one[key], 4)
-                row[f"coll_{key}"] = round(many[key], 4)
-                row[f"{key[:-2]}_ratio"] = round(many[key] / one[key], 2)
-                row[f"{key[:-2]}_us_per_member"] = round(1e6 * (many[key] - one[key]) / members, 1)
-            rows.append(row)
-            print(row, flush=True)
+            for form, coll in colls.items():  # the store measured again beside each form: ratios from one moment
+                one, many = measure(single, args.repeat), measure(coll, args.repeat)
+                row = {"members": members, "documents": members * per_member, "form": form, "build_s": round(built, 2)}
+                for key in ("open_s", "pack_s", "validate_s"):
+                    row[f"store_{key}"] = round(one[key], 4)
+                    row[f"coll_{key}"] = round(many[key], 4)
+                    row[f"{key[:-2]}_ratio"] = round(many[key] / one[key], 2)
+                    row[f"{key[:-2]}_us_per_member"] = round(1e6 * (many[key] - one[key]) / members, 1)
+                rows.append(row)
+                print(row, flush=True)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    print_table(rows, ["members", "documents", "store_open_s", "coll_open_s", "open_ratio", "store_pack_s",
+    print_table(rows, ["members", "documents", "form", "store_open_s", "coll_open_s", "open_ratio", "store_pack_s",
                        "coll_pack_s", "pack_ratio", "store_validate_s", "coll_validate_s", "validate_ratio",
                        "open_us_per_member", "pack_us_per_member", "validate_us_per_member"])
     write_json(RESULTS_DIR / args.out, {"machine": machine_info(), "packfmt": packfmt.__file__, "args": vars(args),

@@ -3,7 +3,7 @@
 A table reads exactly as the JSON array it replaces (same entries, lengths, packs and items); its vectorised
 checks accept exactly what the per-entry checks of the array accept (a property test over random entries and
 random byte edits); every malformed or lying table is refused naming the file and the record or line; and the
-writers switch to it at 1,024 members.
+writers switch to it at 256 members (``DEFAULT_TABLE_MIN``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_a_table_reads_exactly_as_the_array(pair):
     assert ds.pack_index("p").num_packs == packfmt.open(pair[1]).pack_index("p").num_packs
 
 
-def test_writers_switch_to_the_table_at_1024_members(tmp_path):
+def test_writers_switch_to_the_table_at_the_threshold(tmp_path):
     paths = _stores(tmp_path, DEFAULT_TABLE_MIN, per_member=1)
     big = write_collection(tmp_path / "big", [(None, p) for p in paths])
     assert big.manifest.raw["members"] == "table" and len(big.members) == DEFAULT_TABLE_MIN

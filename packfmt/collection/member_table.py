@@ -34,8 +34,9 @@ NAMES_FILE = "member_names.txt"
 TABLE_FILES = (TABLE_FILE, NAMES_FILE)
 #: The value of ``members`` in a manifest whose member list is the table.
 TABLE_VALUE = "table"
-#: Writers keep the member list as a table from this many members on (below it, the readable JSON array).
-DEFAULT_TABLE_MIN = 1024
+#: Writers keep the member list as a table from this many members on (below it, the readable JSON array). At
+#: 1,000 members the table halves open + lengths (4 ms against 8.5 ms, `benchmarks/bench_members.py --forms`).
+DEFAULT_TABLE_MIN = 256
 #: One record of ``members.bin``: 32 bytes, little-endian.
 RECORD = np.dtype([("documents", "<i8"), ("tokens", "<i8"), ("images", "<i8"), ("manifest", "<u8")])
 

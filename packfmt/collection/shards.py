@@ -131,7 +131,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
             members.append((Member(f"{k:05d}", str(path), w.num_documents, w.num_tokens, w.num_images,
                                    checksum_file(path / F.MANIFEST)), path, shared))
         manifest, own = collection_manifest(members, tmp, files=write_lengths(tmp, seg_len + ahead))  # doc s: L_s
-        write_own_files(tmp, own)  # a member table (§2.5) from 1,024 shards on; the manifest says 1.3 or 1.4
+        write_own_files(tmp, own)  # a member table (§2.5) from 256 shards on; the manifest says 1.3 or 1.4
         _check_counts(manifest, segs, seg_len, ahead, 0 if spans is None else int((last_image - first_image).sum()))
         binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
         _write_index(tmp, pm, idx.name, seg_len, po, binding, time.perf_counter() - t0)

@@ -185,8 +185,9 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     id mix, recorded in ``unified`` (§2.3); names must be unique (give ``NAME=PATH``).
     Every document's length is recorded in ``doc_lengths.bin`` (§2.4), so that packing and opening it read
     no member. ``member_table``: keep the member list in ``members.bin`` and ``member_names.txt`` (§2.5, format
-    1.4; read in vectorised passes, not as JSON); None: from ``DEFAULT_TABLE_MIN`` (1,024) members on. The manifest is written last, in a temporary sibling renamed into place: a killed merge
-    leaves nothing that opens as a collection.
+    1.4; read in vectorised passes, not as JSON); None: from ``DEFAULT_TABLE_MIN`` (256) members on. The
+    manifest is written last, in a temporary sibling renamed into place: a killed merge leaves nothing that
+    opens as a collection.
     """
     from ..storage import is_url
 

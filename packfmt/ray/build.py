@@ -107,7 +107,7 @@ def commit(tmp: Path, out: Path, returns: list[dict], report: dict, overwrite: b
     members = resolve_members(sources)  # opens each store: the structural checks of a reader
     check_members_agree(members)
     manifest, own = collection_manifest(members, tmp, files=write_lengths(tmp, local_member_lengths(members)))
-    write_own_files(tmp, own)  # a member table (§2.5) from 1,024 members on: before the manifest
+    write_own_files(tmp, own)  # a member table (§2.5) from 256 members on: before the manifest
     manifest["build_report"] = report
     with open(tmp / F.MANIFEST, "wb") as fh:
         fh.write(F.canonical_json(manifest))

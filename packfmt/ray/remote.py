@@ -138,7 +138,7 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
             fs.rm_file(f"{rpath}/{F.MANIFEST}")  # the replaced dataset stops existing first (§5.4)
         _sweep(fs, rpath, keep, under="" if replacing else MEMBERS)  # killed attempts; the replaced dataset
         fs.pipe_file(f"{rpath}/{LENGTHS_FILE}", lengths_bytes)  # before the manifest that lists it
-        for name, data in own.items():  # the member table (§2.5), from 1,024 members on
+        for name, data in own.items():  # the member table (§2.5), from 256 members on
             fs.pipe_file(f"{rpath}/{name}", data)
         fs.pipe_file(f"{rpath}/{F.MANIFEST}", F.canonical_json(manifest))
         fs.invalidate_cache(rpath)
