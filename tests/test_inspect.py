@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import packfmt
 from images import png
@@ -211,3 +213,36 @@ def test_tokenizer_with_another_hash_warns_naming_both(tokenized, tmp_path, caps
     assert "decoded text may be wrong" in warnings[0]
     assert main(["inspect", str(tokenized[0]), "--tokenizer", str(other)]) == 0  # the manifest records no hash
     assert "warning" not in capsys.readouterr().err
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 10_000), max_size=9), min_size=1, max_size=8))
+def test_member_length_stats_equal_length_stats_of_each_member(members):
+    """inspect's per-member statistics, all members from one sort, equal ``length_stats`` of each slice."""
+    from packfmt.collection.inspect import member_length_stats
+    from packfmt.summary import length_stats
+
+    lengths = np.array([x for m in members for x in m], dtype=np.int64)
+    doc_start = np.concatenate([[0], np.cumsum([len(m) for m in members])]).astype(np.int64)
+    got = member_length_stats(lengths, doc_start)
+    assert got == [length_stats(lengths[a:b]) for a, b in zip(doc_start[:-1], doc_start[1:])]
+
+
+def test_inspect_of_many_members_elides_rows_and_totals_groups(tmp_path, capsys):
+    """A collection of 40 members prints 30 rows, a line saying how many more and how to see them, the last 5,
+    and per-group totals (web.*, code.*); --json still lists every member."""
+    from packfmt.collection import write_collection
+    from packfmt.torch.testing import write_split_stores
+
+    offsets = np.arange(0, 81, 2, dtype=np.int64)  # 40 documents of 2 tokens
+    paths = write_split_stores(tmp_path / "s", np.ones(80, dtype=np.uint16), offsets, np.arange(41), vocab_size=10)
+    names = [f"{'web' if i < 25 else 'code'}.{i:02d}" for i in range(40)]
+    write_collection(tmp_path / "c", list(zip(names, paths)))
+    assert main(["inspect", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "code.29" in out and "code.30" not in out and "code.34" not in out and "code.35" in out
+    assert "... 5 more members (`packfmt inspect --json` lists every one)" in out
+    assert re.search(r"^  web\s+25\s+25\s+50\s+62\.50%$", out, re.M), out
+    assert re.search(r"^  code\s+15\s+15\s+30\s+37\.50%$", out, re.M), out
+    assert main(["inspect", "--json", str(tmp_path / "c")]) == 0
+    assert [m["name"] for m in json.loads(capsys.readouterr().out)["members"]] == names

@@ -11,7 +11,52 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["summarize_collection", "format_collection", "format_mixture"]
+__all__ = ["summarize_collection", "format_collection", "format_mixture", "member_length_stats", "SHOWN_MEMBERS"]
+
+#: Member rows ``format_collection`` prints before it elides (the first ones and the last few; ``--json`` lists all).
+SHOWN_MEMBERS = 30
+
+
+def member_length_stats(lengths: np.ndarray, doc_start: np.ndarray) -> list[dict]:
+    """``summary.length_stats`` of each member's documents (``lengths[doc_start[m]:doc_start[m + 1]]``), equal to it
+    value for value, for all members from one sort: numpy's ``linear`` percentile, its virtual index and
+    interpolation written out (``tests/test_inspect.py`` compares the two)."""
+    from ..summary import PERCENTILES
+
+    counts = np.diff(np.asarray(doc_start, dtype=np.int64))
+    if not lengths.size:
+        return [{"count": 0} for _ in range(counts.shape[0])]
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ordered = lengths[np.lexsort((lengths, np.repeat(np.arange(counts.shape[0]), counts)))]
+    last = lengths.size - 1
+    start = np.minimum(doc_start[:-1], last)  # an empty member's: clamped, and never read below
+    n = np.maximum(counts, 1)
+    run = np.concatenate([[0], np.cumsum(lengths)])
+    cols = {"total": run[doc_start[1:]] - run[doc_start[:-1]], "min": ordered[start],
+            "max": ordered[np.minimum(start + n - 1, last)]}
+    for q in PERCENTILES:
+        quantile = np.float64(q) / 100
+        virtual = (n - 1) * quantile  # numpy's method="linear"
+        below = np.floor(virtual)
+        gamma = virtual - below
+        lo = np.clip(below.astype(np.int64), 0, n - 1)
+        a = ordered[np.minimum(start + lo, last)].astype(np.float64)
+        b = ordered[np.minimum(start + np.minimum(lo + 1, n - 1), last)].astype(np.float64)
+        diff = b - a
+        cols[f"p{q}"] = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+    out = []
+    for m in range(counts.shape[0]):
+        c = int(counts[m])
+        if not c:
+            out.append({"count": 0})
+            continue
+        total = int(cols["total"][m])
+        row = {"count": c, "total": total, "min": int(cols["min"][m]), "mean": total / c}
+        for q in PERCENTILES:
+            row[f"p{q}"] = float(cols[f"p{q}"][m])
+        row["max"] = int(cols["max"][m])
+        out.append(row)
+    return out
 
 
 def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -> dict:
@@ -21,12 +66,10 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
     raw = coll.manifest.raw
     lengths = np.asarray(coll.doc_lengths)
     total = coll.num_tokens
-    members = []
-    for m, entry in enumerate(coll.members):
-        a, b = int(coll.doc_start[m]), int(coll.doc_start[m + 1])
-        members.append({"name": entry.name, "path": entry.path, "documents": entry.documents, "tokens": entry.tokens,
-                        "images": entry.images, "share": entry.tokens / total if total else 0.0,
-                        "document_lengths": length_stats(lengths[a:b])})
+    stats = member_length_stats(lengths, coll.doc_start)  # every member's at once (10^5 members: not 10^5 sorts)
+    members = [{"name": entry.name, "path": entry.path, "documents": entry.documents, "tokens": entry.tokens,
+                "images": entry.images, "share": entry.tokens / total if total else 0.0, "document_lengths": st}
+               for entry, st in zip(coll.members, stats)]
     out: dict[str, Any] = {
         "path": str(coll.path),
         "kind": "collection",
@@ -100,6 +143,24 @@ def format_mixture(mixture: dict) -> list[str]:
     return lines
 
 
+def _group_lines(rows: list[dict], pct) -> list[str]:
+    """Totals per group (the part of a member's name before its first dot, spec/COLLECTION.md §2.1), when the
+    members form more than one group or the table above was cut."""
+    groups: dict[str, list] = {}
+    for m in rows:
+        g = groups.setdefault(m["name"].split(".", 1)[0], [0, 0, 0, 0.0])
+        g[0] += 1
+        g[1] += m["documents"]
+        g[2] += m["tokens"]
+        g[3] += m["share"]
+    if len(groups) < 2 or len(groups) == len(rows):
+        return []
+    out = ["groups:", f"  {'group':24s} {'members':>8s} {'documents':>12s} {'tokens':>14s} {'share':>8s}"]
+    for name, (n, docs, toks, share) in groups.items():
+        out.append(f"  {name:24s} {n:>8,} {docs:>12,} {toks:>14,} {pct(share):>8s}")
+    return out
+
+
 def format_collection(s: dict) -> str:
     """Human-readable report of ``summarize_collection``'s dict."""
     from ..render import counts_lines, format_index, length_and_mask_lines, pct
@@ -110,8 +171,14 @@ def format_collection(s: dict) -> str:
         "members:",
         f"  {'name':24s} {'documents':>12s} {'tokens':>14s} {'share':>8s}  path",
     ]
-    for m in s["members"]:
+    rows = s["members"]
+    shown = rows if len(rows) <= SHOWN_MEMBERS + 5 else rows[:SHOWN_MEMBERS] + [None] + rows[-5:]
+    for m in shown:
+        if m is None:
+            lines.append(f"  ... {len(rows) - SHOWN_MEMBERS - 5:,} more members (`packfmt inspect --json` lists every one)")
+            continue
         lines.append(f"  {m['name']:24s} {m['documents']:>12,} {m['tokens']:>14,} {pct(m['share']):>8s}  {m['path']}")
+    lines += _group_lines(rows, pct)
     from .unify import MEANING
 
     for key, names in s.get("unified", {}).items():
