@@ -85,7 +85,7 @@ class StreamedCollection(Collection):
         document counts as long as its whole member. The reader checks each segment against the real length when its
         member arrives (``StreamedMembers.hold``), before any token of it is read."""
         m = self.members
-        per_doc = np.repeat(np.array([x.tokens for x in m], dtype=np.int64), [x.documents for x in m])
+        per_doc = np.repeat(m.tokens, m.documents)  # the columns: no Member object per member (10^5 members)
         out = np.zeros(self.num_documents + 1, dtype=np.int64)
         np.cumsum(per_doc, out=out[1:])
         return out
@@ -103,13 +103,14 @@ class StreamedMembers:
 
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
         self.pid = os.getpid()  # a forked DataLoader worker opens its own (``PackedDataset._views``)
-        m = coll.members
-        self.member_mask = np.array([coll.has_loss_mask and not ones for ones in coll.all_trained], dtype=np.uint8)
-        self.tokens, self.token_base = map_end_to_end([(None, x.tokens) for x in m], coll.np_token_dtype)
+        m = coll.members  # its columns: no Member object per member (10^5 members)
+        self.member_mask = (coll.has_loss_mask & ~np.asarray(coll.all_trained, dtype=bool)).astype(np.uint8)
+        tokens = [(None, n) for n in m.tokens.tolist()]
+        self.tokens, self.token_base = map_end_to_end(tokens, coll.np_token_dtype)
         self.loss_mask = None
         if coll.has_loss_mask:
-            self.loss_mask, _ = map_end_to_end([(None, x.tokens) for x in m], F.MASK_DTYPE)
-        self.doc_offsets, self.doc_base = map_end_to_end([(None, x.documents + 1) for x in m], F.OFFSET_DTYPE)
+            self.loss_mask, _ = map_end_to_end(tokens, F.MASK_DTYPE)
+        self.doc_offsets, self.doc_base = map_end_to_end([(None, n + 1) for n in m.documents.tolist()], F.OFFSET_DTYPE)
         self.cond = threading.Condition()
         self.resident: dict[int, tuple[int, list, object]] = {}  # member -> (bytes, files, pin)
         self.stores: dict[int, object] = {}  # resident member with images -> its Store (image files mapped)

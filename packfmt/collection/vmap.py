@@ -83,11 +83,11 @@ def map_end_to_end(files: list[tuple[Path | None, int]], dtype: np.dtype) -> tup
     with the same element counts share their bases). A file of 0 elements (or path None) is not mapped.
     """
     dtype = np.dtype(dtype)
+    sizes = np.fromiter((n for _, n in files), dtype=np.int64, count=len(files))
+    spans = -(-sizes // PAGE) * PAGE
     bases = np.zeros(len(files), dtype=np.int64)
-    total = 0
-    for i, (_, n) in enumerate(files):
-        bases[i] = total
-        total += -(-n // PAGE) * PAGE
+    np.cumsum(spans[:-1], out=bases[1:])
+    total = int(spans.sum())
     region = _Region(max(total, PAGE) * dtype.itemsize)
     for (path, n), base in zip(files, bases):
         if n and path is not None:
