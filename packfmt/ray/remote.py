@@ -4,7 +4,7 @@
   the actors read each range once (one ranged GET) and number its lines from its first; the driver
   makes them absolute from the ranges' line counts the write tasks return (``units.first_lines``),
   so ``file:line`` in skip messages and ``--skip-log`` are a local build's. Each byte of a remote JSONL
-  input is read once by the actors; the driver reads only what planning needs (its first MiB, 64 KiB
+  input is read once by the actors; the driver reads only what planning needs (its first 64 KiB, 64 KiB
   near each cut).
 * Output (``-o s3://bucket/out``): ``remote_job`` refuses an existing dataset (unless
   ``overwrite``) and a missing bucket before any work; write tasks upload their members to

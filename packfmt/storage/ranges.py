@@ -22,7 +22,7 @@ from .uri import filesystem
 __all__ = ["line_ranges", "open_object", "read_range", "row_groups"]
 
 #: Bytes read to estimate the average line length of a JSONL object.
-SAMPLE = 1 << 20
+SAMPLE = 64 << 10  # enough lines for the average; an object of many small ones is not read whole
 #: Bytes read at a time when looking for the newline after a cut.
 WINDOW = 64 << 10
 
