@@ -33,6 +33,7 @@ from packfmt.validate import validate
 
 from limits import time_limit
 from mixed_stores import build_mixed_stores
+from shards_reference import reference_write_shards
 from s3_server import BUCKET, cache, s3_server  # noqa: F401  (fixtures; the server starts for the remote test only)
 
 NAME = "c48"
@@ -69,6 +70,18 @@ def assert_same_packs(src, dst, name: str, **kw) -> None:
             assert p.shape == q.shape and bool((p == q).all()), i
 
 
+def assert_same_bytes(got: Path, want: Path) -> None:
+    """Every file of two OUTs byte for byte, but ``stats.seconds`` of an ``index.json`` (how long the write took)."""
+    files = sorted(p.relative_to(want).as_posix() for p in want.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(got).as_posix() for p in got.rglob("*") if p.is_file()) == files
+    for name in files:
+        a, b = (got / name).read_bytes(), (want / name).read_bytes()
+        if name.startswith(F.PACKS_DIR + "/") and name.endswith("/" + F.PACK_INDEX_JSON):
+            a, b = json.loads(a), json.loads(b)
+            assert isinstance(a["stats"].pop("seconds"), float) and isinstance(b["stats"].pop("seconds"), float)
+        assert a == b, name
+
+
 def test_every_pack_reads_the_same(mix, out):
     assert_same_packs(str(mix.path), str(out.path), NAME)
     assert_same_packs(str(mix.path), str(out.path), NAME, pad_to_capacity=True)
@@ -97,6 +110,11 @@ def test_truncated_and_single_store_sources(mix, tmp_path):
     assert len(dst.members) == 1 and not dst.has_loss_mask
     assert_same_packs(str(text), str(dst.path), "s32")
     assert validate(dst.path, deep=True).ok
+
+
+def test_same_bytes_as_the_writer_that_held_every_segment(mix, out, tmp_path):
+    """The streamed writer's OUT is, file for file, what the pre-streaming writer (tests/shards_reference.py) wrote."""
+    assert_same_bytes(out.path, reference_write_shards(mix, NAME, tmp_path / "ref", shard_bytes=3 * 1024).path)
 
 
 def doc_bytes(store, d0: int, d1: int) -> int:
@@ -328,7 +346,8 @@ def _fetched_tokens(cache_root: Path) -> list[str]:
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_property_labels_and_positions_survive_sharding(tmp_path_factory, data):
-    """Random documents and loss masks, any capacity and oversize policy, any shard size: same packs."""
+    """Random documents and loss masks, any capacity and oversize policy, any shard size: same packs, and the
+    same bytes as the pre-streaming writer."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(1, 40, size=data.draw(st.integers(1, 30)))
     tokens = rng.integers(0, 500, size=int(lengths.sum()))
@@ -343,6 +362,8 @@ def test_property_labels_and_positions_survive_sharding(tmp_path_factory, data):
         cap = int(lengths.min())
     build_pack_index(store, capacity=cap, name="p", oversize=oversize, max_lost_fraction=1,
                      algorithm=data.draw(st.sampled_from(["ffd", "first_fit_shuffle"])))
-    dst = write_shards(store, "p", root / "out", shard_bytes=data.draw(st.integers(1, 400)))
+    size = data.draw(st.integers(1, 400))
+    dst = write_shards(store, "p", root / "out", shard_bytes=size)
     assert_same_packs(str(store.path), str(dst.path), "p")
     assert validate(dst.path, deep=True).ok
+    assert_same_bytes(dst.path, reference_write_shards(store, "p", root / "ref", shard_bytes=size).path)
