@@ -30,11 +30,12 @@ from .._io import HashedFile, checksum_file, publish_dir, temp_sibling, write_du
 from ..errors import WriteError
 from ..opening import as_dataset
 from ..version import __version__
-from ..writer import DatasetWriter, ImageRecord
-from .arrays import image_token_spans, token_sources
+from ..writer import DatasetWriter
+from .arrays import token_sources
 from .layout import LAYOUT_KIND, LAYOUT_VERSION_STR
 from .manifest import Member, member_list_checksum, parse_collection_manifest
 from .reader import Collection
+from .shard_source import Source, images_of, lookahead
 from .unify import SHARED_KEYS
 from .writer import collection_manifest, prepare_destination, write_lengths
 
@@ -102,7 +103,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
     seg_len = segs[:, 2] - segs[:, 1]
     tokens, mask = token_sources(ds)
     ahead = lookahead(segs, off, mask)
-    spans, image_bytes = _images(ds)
+    spans, image_bytes = images_of(ds)
     first_image = last_image = None
     if spans is not None:  # the images of each segment: those whose run starts inside it (V28: never cut)
         first_image = np.searchsorted(spans[:, 0], start, side="left")
@@ -122,7 +123,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
     tmp = temp_sibling(out)
     try:
         (tmp / SHARDS_DIR).mkdir()
-        src = _Source(ds, tokens, mask, start, seg_len, ahead, spans, first_image, last_image)
+        src = Source(ds, tokens, mask, start, seg_len, ahead, spans, first_image, last_image)
         members = []
         for k in range(len(cuts) - 1):
             path = tmp / SHARDS_DIR / f"{k:05d}"
@@ -157,17 +158,6 @@ def _source_name(ds) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1] if url else Path(ds.path).resolve().name
 
 
-def lookahead(segs: np.ndarray, off: np.ndarray, mask) -> np.ndarray:
-    """bool per segment: it ends before its document does and the next token is a training target
-    (its mask bit is 1, or the dataset has no mask), so the label at its cut is that token (FORMAT.md §7)."""
-    end = off[segs[:, 0]] + segs[:, 2]
-    ahead = end < off[segs[:, 0] + 1]
-    if mask is not None and ahead.any():
-        at = np.flatnonzero(ahead)
-        ahead[at] = np.asarray(mask[end[at]]) == 1
-    return ahead
-
-
 def shard_cuts(pack_end_bytes: np.ndarray, shard_bytes: int) -> np.ndarray:
     """Pack offsets of the shards: each shard ends at the first pack whose end reaches ``shard_bytes``
     bytes since the shard began (the last one holds what is left). ``pack_end_bytes``: ``(P + 1,)`` cumulative."""
@@ -180,38 +170,7 @@ def shard_cuts(pack_end_bytes: np.ndarray, shard_bytes: int) -> np.ndarray:
     return np.asarray(cuts, dtype=np.int64)
 
 
-def _images(ds) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Every image's global token span (sorted) and encoded size, in dataset image order."""
-    if ds.num_images == 0:
-        return None, None
-    sizes = [np.diff(np.asarray(ds.member(m).images.offsets, dtype=np.int64)) for m in range(ds.num_members)
-             if ds.image_start[m + 1] > ds.image_start[m]]
-    return image_token_spans(ds), np.concatenate(sizes)
-
-
-class _Source:
-    """What the shards are cut from, per source segment in index order."""
-
-    def __init__(self, ds, tokens, mask, start, seg_len, ahead, spans, first_image, last_image) -> None:
-        self.ds, self.tokens, self.mask = ds, tokens, mask
-        self.start, self.length = start, seg_len + ahead  # the shard document: the segment and its lookahead
-        self.spans, self.first_image, self.last_image = spans, first_image, last_image
-
-    def images(self, s: int, doc_start: int) -> list[ImageRecord]:
-        """The images of segment ``s`` as records of its shard document (spans relative to ``doc_start``)."""
-        if self.spans is None:
-            return []
-        out = []
-        for i in range(int(self.first_image[s]), int(self.last_image[s])):
-            m = int(np.searchsorted(self.ds.image_start, i, side="right")) - 1
-            store, j = self.ds.member(m), i - int(self.ds.image_start[m])
-            (width, height), (b, e) = store.images.size(j), self.spans[i]
-            out.append(ImageRecord(bytes(store.images.data(j)), width, height, store.images.codec(j),
-                                   int(b) - doc_start, int(e) - doc_start))
-        return out
-
-
-def _write_shard(path: Path, ds, src: _Source, s0: int, s1: int) -> DatasetWriter:
+def _write_shard(path: Path, ds, src: Source, s0: int, s1: int) -> DatasetWriter:
     """One shard: source segments ``s0 .. s1 - 1`` as documents, in order."""
     special = {k: ds.special_tokens.get(k) for k in F.SPECIAL_TOKEN_KEYS}
     tokenizer = {k: v for k, v in ds.manifest.raw["tokenizer"].items() if k != "path"}  # a host path: never (§2.2)
