@@ -24,6 +24,7 @@ from packfmt import format as F
 from packfmt._io import checksum_file
 from packfmt.cli import main
 from packfmt.collection import Collection, write_collection
+from packfmt.collection import shards
 from packfmt.collection.shards import parse_size, write_shards
 from packfmt.errors import DatasetExistsError, FormatError, WriteError
 from packfmt.packindex import build_pack_index
@@ -115,6 +116,23 @@ def test_truncated_and_single_store_sources(mix, tmp_path):
 def test_same_bytes_as_the_writer_that_held_every_segment(mix, out, tmp_path):
     """The streamed writer's OUT is, file for file, what the pre-streaming writer (tests/shards_reference.py) wrote."""
     assert_same_bytes(out.path, reference_write_shards(mix, NAME, tmp_path / "ref", shard_bytes=3 * 1024).path)
+
+
+@pytest.mark.parametrize("chunk,tokens", [(1, 1), (2, 5), (7, 1 << 20)])
+def test_same_bytes_whatever_the_chunk(mix, out, tmp_path, monkeypatch, chunk, tokens):
+    """The index is read ``CHUNK_SEGMENTS`` rows at a time: chunks of a few segments end inside packs (a pack
+    longer than a chunk), inside shards and where shards end; documents are gathered ``CHUNK_TOKENS`` at a
+    time. OUT is the same, byte for byte, as the pre-streaming writer's."""
+    monkeypatch.setattr(shards, "CHUNK_SEGMENTS", chunk)
+    monkeypatch.setattr(shards, "CHUNK_TOKENS", tokens)
+    po = np.asarray(mix.pack_index(NAME).pack_offsets)
+    assert np.setdiff1d(np.arange(chunk, po[-1], chunk), po).size  # chunks end inside packs ...
+    assert chunk > 2 or np.diff(po).max() > chunk  # ... packs longer than a chunk (up to 3 segments here)
+    starts = np.asarray(out.doc_start[1:-1])  # the segments where shards 1, 2, ... begin
+    assert (starts % chunk == 0).any() and (chunk == 1 or (starts % chunk != 0).any())  # at shard ends or not
+    assert (np.diff(out.doc_start) > chunk).any()  # shards span chunks
+    dst = write_shards(mix, NAME, tmp_path / "o", shard_bytes=3 * 1024)
+    assert_same_bytes(dst.path, reference_write_shards(mix, NAME, tmp_path / "ref", shard_bytes=3 * 1024).path)
 
 
 def doc_bytes(store, d0: int, d1: int) -> int:
@@ -346,8 +364,8 @@ def _fetched_tokens(cache_root: Path) -> list[str]:
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_property_labels_and_positions_survive_sharding(tmp_path_factory, data):
-    """Random documents and loss masks, any capacity and oversize policy, any shard size: same packs, and the
-    same bytes as the pre-streaming writer."""
+    """Random documents and loss masks, any capacity and oversize policy, any shard and chunk size: same packs,
+    and the same bytes as the pre-streaming writer."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(1, 40, size=data.draw(st.integers(1, 30)))
     tokens = rng.integers(0, 500, size=int(lengths.sum()))
@@ -363,7 +381,10 @@ def test_property_labels_and_positions_survive_sharding(tmp_path_factory, data):
     build_pack_index(store, capacity=cap, name="p", oversize=oversize, max_lost_fraction=1,
                      algorithm=data.draw(st.sampled_from(["ffd", "first_fit_shuffle"])))
     size = data.draw(st.integers(1, 400))
-    dst = write_shards(store, "p", root / "out", shard_bytes=size)
+    with pytest.MonkeyPatch.context() as mp:  # chunks of any size, down to one segment and one token
+        mp.setattr(shards, "CHUNK_SEGMENTS", data.draw(st.sampled_from([1, 2, 3, 5, 8, 1 << 16])))
+        mp.setattr(shards, "CHUNK_TOKENS", data.draw(st.sampled_from([1, 7, 40, 1 << 20])))
+        dst = write_shards(store, "p", root / "out", shard_bytes=size)
     assert_same_packs(str(store.path), str(dst.path), "p")
     assert validate(dst.path, deep=True).ok
     assert_same_bytes(dst.path, reference_write_shards(store, "p", root / "ref", shard_bytes=size).path)
