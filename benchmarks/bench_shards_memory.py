@@ -11,7 +11,10 @@ memory-mapped files are not), and their outputs compared file for file (``identi
 index's ``stats.seconds``). Baseline: the index's own ``segments.bin`` as one int64 array in memory (24 B
 per segment), what any reader of the whole index holds.
 
-    python benchmarks/bench_shards_memory.py [--segments 1e6,1e7] [--shard-size 1MiB] [--no-before]
+``--members M``: the source is a collection of M members and its index packs documents in a random
+order, so every chunk reads many members (the collection keeps 64 open: each is opened once per chunk).
+
+    python benchmarks/bench_shards_memory.py [--segments 1e6,1e7] [--shard-size 1MiB] [--members 1] [--no-before]
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E
 from shards_reference import reference_write_shards  # noqa: E402
 
 import packfmt  # noqa: E402
-from packfmt.collection import shards  # noqa: E402
+from packfmt.collection import shards, write_collection  # noqa: E402
 from packfmt.collection.shards import parse_size, write_shards  # noqa: E402
-from packfmt.torch.testing import next_fit_segments, write_flat_dataset, write_pack_index  # noqa: E402
+from packfmt.torch.testing import (  # noqa: E402
+    next_fit_segments,
+    write_flat_dataset,
+    write_pack_index,
+    write_split_stores,
+)
 
 
 def traced(fn):
@@ -68,6 +76,8 @@ def main() -> None:
     ap.add_argument("--segments", default="1000000,10000000",
                     type=lambda t: [int(float(x)) for x in t.split(",")], help="documents of each source (comma list)")
     ap.add_argument("--shard-size", default="1MiB")
+    ap.add_argument("--members", type=int, default=1,
+                    help="1: one store packed in order; M > 1: a collection of M members packed in a random order")
     ap.add_argument("--no-before", action="store_true", help="skip the pre-streaming writer")
     args = ap.parse_args()
     rows, side = [], []
@@ -77,11 +87,17 @@ def main() -> None:
             rng = np.random.default_rng(0)
             lengths = rng.integers(1, 8, n).astype(np.int64)
             offsets = np.concatenate([[0], np.cumsum(lengths)])
-            store = write_flat_dataset(tmp / "src", rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint16),
-                                       offsets, vocab_size=50_000)
-            segs, po = next_fit_segments(lengths, 256)
+            tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint16)
+            if args.members == 1:  # one store, packed in document order
+                store = write_flat_dataset(tmp / "src", tokens, offsets, vocab_size=50_000)
+                segs, po = next_fit_segments(lengths, 256)
+            else:  # a collection of equal members, packed globally in a random order (every pack mixes members)
+                cuts = np.linspace(0, n, args.members + 1).astype(np.int64)
+                paths = write_split_stores(tmp / "stores", tokens, offsets, cuts, vocab_size=50_000)
+                store = write_collection(tmp / "src", [(None, p) for p in paths])
+                segs, po = next_fit_segments(lengths, 256, order=rng.permutation(n))
             write_pack_index(store, segs, po, capacity=256, name="p")
-            del segs, po, lengths, offsets, store
+            del segs, po, lengths, offsets, store, tokens
             src = packfmt.open(tmp / "src")
             segments = int(np.asarray(src.pack_index("p").segments).shape[0])
             _, base_peak, _ = traced(lambda: np.array(src.pack_index("p").segments, dtype=np.int64))
@@ -104,12 +120,13 @@ def main() -> None:
                          "vs_baseline": peak / base_peak, "seconds": seconds})
             side.append(pair)
     print_table(rows, ["segments", "case", "peak_MB", "bytes_per_segment", "vs_baseline", "seconds"],
-                title=f"peak traced heap (tracemalloc), shard size {args.shard_size}")
+                title=f"peak traced heap (tracemalloc), shard size {args.shard_size}, {args.members} member(s)")
     print_table(side, ["segments", "before_B_per_segment", "after_B_per_segment", "before_peak_MB", "after_peak_MB",
                        "before_seconds", "after_seconds", "identical"],
                 title=f"write_shards before / after streaming (CHUNK_SEGMENTS {shards.CHUNK_SEGMENTS}, "
                       f"CHUNK_TOKENS {shards.CHUNK_TOKENS})")
-    write_json(RESULTS_DIR / "bench_shards_memory.json", {"rows": rows, "side_by_side": side,
+    name = "bench_shards_memory" + ("" if args.members == 1 else f"_members{args.members}")
+    write_json(RESULTS_DIR / f"{name}.json", {"rows": rows, "side_by_side": side,
                                                          "machine": machine_info(), "args": vars(args)})
 
 

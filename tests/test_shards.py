@@ -23,8 +23,7 @@ import packfmt
 from packfmt import format as F
 from packfmt._io import checksum_file
 from packfmt.cli import main
-from packfmt.collection import Collection, write_collection
-from packfmt.collection import shards
+from packfmt.collection import Collection, shards, write_collection
 from packfmt.collection.shards import parse_size, write_shards
 from packfmt.errors import DatasetExistsError, FormatError, WriteError
 from packfmt.packindex import build_pack_index
@@ -34,8 +33,8 @@ from packfmt.validate import validate
 
 from limits import time_limit
 from mixed_stores import build_mixed_stores
-from shards_reference import reference_write_shards
 from s3_server import BUCKET, cache, s3_server  # noqa: F401  (fixtures; the server starts for the remote test only)
+from shards_reference import reference_write_shards
 
 NAME = "c48"
 #: Compared key by key; ``document_ids`` and ``image_ids`` are ids of OUT's own documents and images.

@@ -14,11 +14,11 @@ index segment ``(g, 0, L_g - lookahead_g)`` then gives every reader the same ``i
 ``labels`` and ``position_ids`` as the source index, with no reader change: the label at the cut
 is the lookahead token, which is never an input.
 
-The index is read as a stream, ``CHUNK_SEGMENTS`` rows of its memory-mapped ``segments.bin`` at a time, in
-pack order (``shard_source``): each chunk's documents go to the shard being written, closed at the first
-pack end where it reaches ``shard_bytes``; OUT's ``segments.bin`` and ``doc_lengths.bin`` grow chunk by
-chunk. What is held is one chunk, the write buffers and one entry per shard, whatever the number of
-segments (``benchmarks/bench_shards_memory.py``).
+The index is read as a stream, in pack order, a chunk of rows of its memory-mapped ``segments.bin`` at a time
+(at most ``CHUNK_SEGMENTS`` rows and ``CHUNK_TOKENS`` tokens; ``shard_source``): each chunk's documents go to
+the shard being written, closed at the first pack end where it reaches ``shard_bytes``; OUT's
+``segments.bin`` and ``doc_lengths.bin`` grow chunk by chunk. What is held is one chunk, the write buffers
+and one entry per shard, whatever the number of segments (``benchmarks/bench_shards_memory.py``).
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ __all__ = ["DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size", "write_shards"]
 DEFAULT_SHARD_BYTES = 256 << 20
 #: Where the members of a pack-ordered layout live in the collection directory.
 SHARDS_DIR = "shards"
-#: Source segments read at a time (their rows of ``segments.bin`` and about 150 bytes of arrays each): with
-#: ``CHUNK_TOKENS``, what bounds the memory ``write_shards`` holds, whatever the size of the index. Internal
-#: (the tests force small values so chunks end inside packs and shards); the output does not depend on it.
-CHUNK_SEGMENTS = 1 << 16
-#: Tokens gathered at a time while a chunk's documents are written (about 40 bytes of arrays each).
-CHUNK_TOKENS = 1 << 20
+#: Source segments read at a time, at most (their rows of ``segments.bin`` and about 150 bytes of arrays each).
+CHUNK_SEGMENTS = 1 << 17
+#: Tokens a chunk holds, at most (at least one segment): its tokens and mask are copied into one buffer (3 bytes
+#: a token for uint16 tokens with a mask). With ``CHUNK_SEGMENTS``, what bounds the memory ``write_shards``
+#: holds, whatever the size of the index; a member is opened once per chunk that reads it. Internal (the tests
+#: force small values so chunks end inside packs and shards); OUT does not depend on either.
+CHUNK_TOKENS = 1 << 23
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
           "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -118,13 +119,15 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
     try:
         (tmp / SHARDS_DIR).mkdir()
         src, shards, files = Source(ds), _Shards(tmp / SHARDS_DIR, ds, int(shard_bytes)), _IndexFiles(tmp, idx.name)
-        n = int(segs.shape[0])
-        for a in range(0, n, CHUNK_SEGMENTS):
-            b = min(n, a + CHUNK_SEGMENTS)
-            chunk = src.chunk(segs[a:b])
+        n, a = int(segs.shape[0]), 0
+        while a < n:
+            rows = segs[a:a + CHUNK_SEGMENTS]  # as many as hold CHUNK_TOKENS tokens (lookahead included), >= 1
+            b = a + max(1, int(np.searchsorted(np.cumsum(rows[:, 2] - rows[:, 1] + 1), CHUNK_TOKENS, side="right")))
+            chunk = src.chunk(rows[:b - a])
             files.add(a, chunk)
             p0, p1 = (int(p) for p in np.searchsorted(po, [a, b], side="right"))  # the packs ending in (a, b]
             shards.add(src, chunk, np.asarray(po[p0:p1], dtype=np.int64) - a, p0)
+            a = b
         shards.close(int(po.shape[0]) - 1)
         manifest = collection_manifest(shards.members, tmp, files={LENGTHS_FILE: files.lengths.close()})
         _check_counts(manifest, {"documents": n, "tokens": files.tokens, "images": files.images})
@@ -213,29 +216,17 @@ class _Shards:
 
 
 def _append(w: DatasetWriter, src: Source, c: Chunk, lo: int, hi: int) -> None:
-    """The chunk's documents ``lo .. hi - 1`` appended to ``w``, gathered ``CHUNK_TOKENS`` tokens at a time."""
-    a = lo
-    while a < hi:
-        b = a + max(1, int(np.searchsorted(np.cumsum(c.length[a:hi]), CHUNK_TOKENS, side="right")))
-        lens = c.length[a:b]
-        total = int(lens.sum())
-        first = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        at = np.repeat(c.start[a:b] - first, lens) + np.arange(total, dtype=np.int64)
-        toks = np.asarray(src.tokens[at])
-        mask = None if src.mask is None else np.asarray(src.mask[at])
-        del at
-        run = 0  # documents [run, k) of the run not written yet (image-free: one vectorised append)
-        i0, i1 = np.searchsorted(c.imaged, [a, b])
-        imaged = c.imaged[i0:i1] - a
-        for k in [*imaged.tolist(), b - a]:
-            if k > run:
-                t0, t1 = int(first[run]), int(first[k - 1] + lens[k - 1])
-                w.add_documents(toks[t0:t1], lens[run:k], None if mask is None else mask[t0:t1])
-            if k < b - a:
-                t0, t1 = int(first[k]), int(first[k] + lens[k])
-                w.add_document(toks[t0:t1], None if mask is None else mask[t0:t1], src.images(c, a + k))
-            run = k + 1
-        a = b
+    """The chunk's documents ``lo .. hi - 1`` appended to ``w``: runs without images in one vectorised call each."""
+    i0, i1 = (int(i) for i in np.searchsorted(c.imaged, [lo, hi]))
+    run = lo  # documents [run, k) not written yet
+    for k in [*c.imaged[i0:i1].tolist(), hi]:
+        if k > run:
+            t0, t1 = int(c.first[run]), int(c.first[k])
+            w.add_documents(c.tokens[t0:t1], c.length[run:k], None if c.mask is None else c.mask[t0:t1])
+        if k < hi:
+            t0, t1 = int(c.first[k]), int(c.first[k + 1])
+            w.add_document(c.tokens[t0:t1], None if c.mask is None else c.mask[t0:t1], src.images(c, k))
+        run = k + 1
 
 
 def _check_counts(manifest: dict, want: dict) -> None:
