@@ -24,7 +24,7 @@ import packfmt
 from packfmt import format as F
 from packfmt._io import checksum_file
 from packfmt.cli import main
-from packfmt.collection import Collection, write_collection
+from packfmt.collection import Collection, shards, write_collection
 from packfmt.collection.shards import parse_size, write_shards
 from packfmt.errors import DatasetExistsError, FormatError, WriteError
 from packfmt.packindex import build_pack_index
@@ -35,6 +35,7 @@ from packfmt.validate import validate
 from limits import time_limit
 from mixed_stores import build_mixed_stores
 from s3_server import BUCKET, cache, s3_server  # noqa: F401  (fixtures; the server starts for the remote test only)
+from shards_reference import reference_write_shards
 
 NAME = "c48"
 #: Compared key by key; ``document_ids`` and ``image_ids`` are ids of OUT's own documents and images.
@@ -70,6 +71,18 @@ def assert_same_packs(src, dst, name: str, **kw) -> None:
             assert p.shape == q.shape and bool((p == q).all()), i
 
 
+def assert_same_bytes(got: Path, want: Path) -> None:
+    """Every file of two OUTs byte for byte, but ``stats.seconds`` of an ``index.json`` (how long the write took)."""
+    files = sorted(p.relative_to(want).as_posix() for p in want.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(got).as_posix() for p in got.rglob("*") if p.is_file()) == files
+    for name in files:
+        a, b = (got / name).read_bytes(), (want / name).read_bytes()
+        if name.startswith(F.PACKS_DIR + "/") and name.endswith("/" + F.PACK_INDEX_JSON):
+            a, b = json.loads(a), json.loads(b)
+            assert isinstance(a["stats"].pop("seconds"), float) and isinstance(b["stats"].pop("seconds"), float)
+        assert a == b, name
+
+
 def test_every_pack_reads_the_same(mix, out):
     assert_same_packs(str(mix.path), str(out.path), NAME)
     assert_same_packs(str(mix.path), str(out.path), NAME, pad_to_capacity=True)
@@ -98,6 +111,28 @@ def test_truncated_and_single_store_sources(mix, tmp_path):
     assert len(dst.members) == 1 and not dst.has_loss_mask
     assert_same_packs(str(text), str(dst.path), "s32")
     assert validate(dst.path, deep=True).ok
+
+
+def test_same_bytes_as_the_writer_that_held_every_segment(mix, out, tmp_path):
+    """The streamed writer's OUT is, file for file, what the pre-streaming writer (tests/shards_reference.py) wrote."""
+    assert_same_bytes(out.path, reference_write_shards(mix, NAME, tmp_path / "ref", shard_bytes=3 * 1024).path)
+
+
+@pytest.mark.parametrize("chunk,tokens", [(1, 1), (2, 5), (7, 1 << 20)])
+def test_same_bytes_whatever_the_chunk(mix, out, tmp_path, monkeypatch, chunk, tokens):
+    """The index is read ``CHUNK_SEGMENTS`` rows at a time: chunks of a few segments end inside packs (a pack
+    longer than a chunk), inside shards and where shards end; documents are gathered ``CHUNK_TOKENS`` at a
+    time. OUT is the same, byte for byte, as the pre-streaming writer's."""
+    monkeypatch.setattr(shards, "CHUNK_SEGMENTS", chunk)
+    monkeypatch.setattr(shards, "CHUNK_TOKENS", tokens)
+    po = np.asarray(mix.pack_index(NAME).pack_offsets)
+    assert np.setdiff1d(np.arange(chunk, po[-1], chunk), po).size  # chunks end inside packs ...
+    assert chunk > 2 or np.diff(po).max() > chunk  # ... packs longer than a chunk (up to 3 segments here)
+    starts = np.asarray(out.doc_start[1:-1])  # the segments where shards 1, 2, ... begin
+    assert (starts % chunk == 0).any() and (chunk == 1 or (starts % chunk != 0).any())  # at shard ends or not
+    assert (np.diff(out.doc_start) > chunk).any()  # shards span chunks
+    dst = write_shards(mix, NAME, tmp_path / "o", shard_bytes=3 * 1024)
+    assert_same_bytes(dst.path, reference_write_shards(mix, NAME, tmp_path / "ref", shard_bytes=3 * 1024).path)
 
 
 def doc_bytes(store, d0: int, d1: int) -> int:
@@ -375,7 +410,8 @@ def _fetched_tokens(cache_root: Path) -> list[str]:
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_property_labels_and_positions_survive_sharding(tmp_path_factory, data):
-    """Random documents and loss masks, any capacity and oversize policy, any shard size: same packs."""
+    """Random documents and loss masks, any capacity and oversize policy, any shard and chunk size: same packs,
+    and the same bytes as the pre-streaming writer."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(1, 40, size=data.draw(st.integers(1, 30)))
     tokens = rng.integers(0, 500, size=int(lengths.sum()))
@@ -390,6 +426,24 @@ def test_property_labels_and_positions_survive_sharding(tmp_path_factory, data):
         cap = int(lengths.min())
     build_pack_index(store, capacity=cap, name="p", oversize=oversize, max_lost_fraction=1,
                      algorithm=data.draw(st.sampled_from(["ffd", "first_fit_shuffle"])))
-    dst = write_shards(store, "p", root / "out", shard_bytes=data.draw(st.integers(1, 400)))
+    size = data.draw(st.integers(1, 400))
+    with pytest.MonkeyPatch.context() as mp:  # chunks of any size, down to one segment and one token
+        mp.setattr(shards, "CHUNK_SEGMENTS", data.draw(st.sampled_from([1, 2, 3, 5, 8, 1 << 16])))
+        mp.setattr(shards, "CHUNK_TOKENS", data.draw(st.sampled_from([1, 7, 40, 1 << 20])))
+        dst = write_shards(store, "p", root / "out", shard_bytes=size)
     assert_same_packs(str(store.path), str(dst.path), "p")
     assert validate(dst.path, deep=True).ok
+    assert_same_bytes(dst.path, reference_write_shards(store, "p", root / "ref", shard_bytes=size).path)
+
+
+def test_a_shard_per_pack_is_listed_as_a_member_table(mix, out, tmp_path):  # out: mix packed as NAME
+    """One pack per shard (shard_bytes=1) makes hundreds of shards: their list is a member table (COLLECTION §2.5,
+    format 1.4), the bytes are the reference writer's, and every pack reads as the source's."""
+    many = write_shards(mix, NAME, tmp_path / "many", shard_bytes=1)
+    assert len(many.members) >= 256 and many.manifest.raw["members"] == "table"
+    assert many.manifest.raw["format_version"] == "1.4" and many.manifest.raw["layout"]["member_packs"] == [1] * len(
+        many.members)
+    reference_write_shards(mix, NAME, tmp_path / "ref", shard_bytes=1)
+    assert_same_bytes(many.path, tmp_path / "ref")
+    assert_same_packs(str(mix.path), str(many.path), NAME)
+    assert validate(many.path, deep=True).ok

@@ -13,6 +13,12 @@ before its document does and the next token is a training target: FORMAT.md §7)
 index segment ``(g, 0, L_g - lookahead_g)`` then gives every reader the same ``input_ids``,
 ``labels`` and ``position_ids`` as the source index, with no reader change: the label at the cut
 is the lookahead token, which is never an input.
+
+The index is read as a stream, in pack order, a chunk of rows of its memory-mapped ``segments.bin`` at a time
+(at most ``CHUNK_SEGMENTS`` rows and ``CHUNK_TOKENS`` tokens; ``shard_source``): each chunk's documents go to
+the shard being written, closed at the first pack end where it reaches ``shard_bytes``; OUT's
+``segments.bin`` and ``doc_lengths.bin`` grow chunk by chunk. What is held is one chunk, the write buffers
+and one entry per shard, whatever the number of segments (``benchmarks/bench_shards_memory.py``).
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ from .._io import HashedFile, checksum_file, publish_dir, temp_sibling, write_du
 from ..errors import WriteError
 from ..opening import as_dataset
 from ..version import __version__
-from ..writer import DatasetWriter, ImageRecord
-from .arrays import image_token_spans, token_sources
+from ..writer import DatasetWriter
 from .layout import LAYOUT_KIND
+from .lengths import LENGTHS_FILE
 from .manifest import Member, collection_reader, member_list_checksum, parse_collection_manifest
 from .reader import Collection
+from .shard_source import Chunk, Source
 from .unify import SHARED_KEYS
-from .writer import collection_manifest, prepare_destination, write_lengths, write_own_files
+from .writer import collection_manifest, prepare_destination, write_own_files
 
 __all__ = ["DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size", "write_shards"]
 
@@ -44,8 +51,13 @@ __all__ = ["DEFAULT_SHARD_BYTES", "SHARDS_DIR", "parse_size", "write_shards"]
 DEFAULT_SHARD_BYTES = 256 << 20
 #: Where the members of a pack-ordered layout live in the collection directory.
 SHARDS_DIR = "shards"
-#: Tokens gathered per chunk while a shard is written (bounds the temporary arrays).
-CHUNK_TOKENS = 1 << 24
+#: Source segments read at a time, at most (their rows of ``segments.bin`` and about 150 bytes of arrays each).
+CHUNK_SEGMENTS = 1 << 17
+#: Tokens a chunk holds, at most (at least one segment): its tokens and mask are copied into one buffer (3 bytes
+#: a token for uint16 tokens with a mask). With ``CHUNK_SEGMENTS``, what bounds the memory ``write_shards``
+#: holds, whatever the size of the index; a member is opened once per chunk that reads it. Internal (the tests
+#: force small values so chunks end inside packs and shards); OUT does not depend on either.
+CHUNK_TOKENS = 1 << 23
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
           "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -92,27 +104,10 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
             write_shards(ds, index, local, shard_bytes=shard_bytes)
         return open_dataset(str(out), storage_options=storage_options)
     idx = ds.pack_index(index)
-    pm = idx.manifest
-    segs, po = np.asarray(idx.segments, dtype=np.int64), np.asarray(idx.pack_offsets, dtype=np.int64)
+    segs, po = idx.segments, idx.pack_offsets  # memory maps, read a chunk at a time
     if po.shape[0] < 2:
         raise WriteError(f"{idx.path}: pack index {idx.name!r} has no pack; nothing to shard", file=str(idx.path),
                          field="counts.packs", expected=">= 1", found=0)
-    off = np.asarray(ds.doc_offsets, dtype=np.int64)
-    start = off[segs[:, 0]] + segs[:, 1]
-    seg_len = segs[:, 2] - segs[:, 1]
-    tokens, mask = token_sources(ds)
-    ahead = lookahead(segs, off, mask)
-    spans, image_bytes = _images(ds)
-    first_image = last_image = None
-    if spans is not None:  # the images of each segment: those whose run starts inside it (V28: never cut)
-        first_image = np.searchsorted(spans[:, 0], start, side="left")
-        last_image = np.searchsorted(spans[:, 0], start + seg_len, side="left")
-    per_token = ds.np_token_dtype.itemsize + (1 if ds.has_loss_mask else 0)
-    seg_bytes = (seg_len + ahead) * per_token
-    if spans is not None:
-        cum_img = np.concatenate([[0], np.cumsum(image_bytes)])
-        seg_bytes = seg_bytes + cum_img[last_image] - cum_img[first_image]
-    cuts = shard_cuts(np.concatenate([[0], np.cumsum(seg_bytes)])[po], int(shard_bytes))
     out = Path(out)
     here, there = Path(ds.path).resolve(), out.resolve()
     if there == here or here in there.parents or there in here.parents:
@@ -120,33 +115,40 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
                          field="out", expected="a path outside the source", found=str(out))
     prepare_destination(out, overwrite)
     tmp = temp_sibling(out)
+    shards = files = None
     try:
         (tmp / SHARDS_DIR).mkdir()
-        src = _Source(ds, tokens, mask, start, seg_len, ahead, spans, first_image, last_image)
-        members = []
-        for k in range(len(cuts) - 1):
-            path = tmp / SHARDS_DIR / f"{k:05d}"
-            w = _write_shard(path, ds, src, int(po[cuts[k]]), int(po[cuts[k + 1]]))
-            shared = {key: w.manifest()[key] for key in SHARED_KEYS}
-            members.append((Member(f"{k:05d}", str(path), w.num_documents, w.num_tokens, w.num_images,
-                                   checksum_file(path / F.MANIFEST)), path, shared))
-        manifest, own = collection_manifest(members, tmp, files=write_lengths(tmp, seg_len + ahead))  # doc s: L_s
+        src, shards, files = Source(ds), _Shards(tmp / SHARDS_DIR, ds, int(shard_bytes)), _IndexFiles(tmp, idx.name)
+        n, a = int(segs.shape[0]), 0
+        while a < n:
+            rows = segs[a:a + CHUNK_SEGMENTS]  # as many as hold CHUNK_TOKENS tokens (lookahead included), >= 1
+            b = a + max(1, int(np.searchsorted(np.cumsum(rows[:, 2] - rows[:, 1] + 1), CHUNK_TOKENS, side="right")))
+            chunk = src.chunk(rows[:b - a])
+            files.add(a, chunk)
+            p0, p1 = (int(p) for p in np.searchsorted(po, [a, b], side="right"))  # the packs ending in (a, b]
+            shards.add(src, chunk, np.asarray(po[p0:p1], dtype=np.int64) - a, p0)
+            a = b
+        shards.close(int(po.shape[0]) - 1)
+        manifest, own = collection_manifest(shards.members, tmp, files={LENGTHS_FILE: files.lengths.close()})
         write_own_files(tmp, own)  # a member table (§2.5) from 256 shards on; the manifest says 1.3 or 1.4
-        _check_counts(manifest, segs, seg_len, ahead, 0 if spans is None else int((last_image - first_image).sum()))
+        _check_counts(manifest, {"documents": n, "tokens": files.tokens, "images": files.images})
         binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
-        _write_index(tmp, pm, idx.name, seg_len, po, binding, time.perf_counter() - t0)
+        files.finish(idx.manifest, po, binding, time.perf_counter() - t0)
         manifest["layout"] = {
             "kind": LAYOUT_KIND, "index": idx.name, "shard_bytes": int(shard_bytes),
-            "lookahead_tokens": int(ahead.sum()),
-            "member_packs": np.diff(cuts).tolist(),
+            "lookahead_tokens": files.tokens - files.packed,
+            "member_packs": shards.member_packs,
             "source": {"name": _source_name(ds), "manifest": checksum_file(ds.path / F.MANIFEST),
-                       "index": checksum_file(idx.path / F.PACK_INDEX_JSON), "mixture": pm.raw.get("mixture"),
+                       "index": checksum_file(idx.path / F.PACK_INDEX_JSON), "mixture": idx.manifest.raw.get("mixture"),
                        **({"url": ds.url} if getattr(ds, "url", None) else {})},
         }
         parse_collection_manifest(json.loads(F.canonical_json(manifest)), read=collection_reader(tmp))  # C1 self-check
         write_durably(tmp / F.MANIFEST, F.canonical_json(manifest))  # last: the commit point
         publish_dir(tmp, out, overwrite=overwrite)
     except BaseException:
+        for part in (shards, files):
+            if part is not None:
+                part.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Collection(out)
@@ -158,133 +160,131 @@ def _source_name(ds) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1] if url else Path(ds.path).resolve().name
 
 
-def lookahead(segs: np.ndarray, off: np.ndarray, mask) -> np.ndarray:
-    """bool per segment: it ends before its document does and the next token is a training target
-    (its mask bit is 1, or the dataset has no mask), so the label at its cut is that token (FORMAT.md §7)."""
-    end = off[segs[:, 0]] + segs[:, 2]
-    ahead = end < off[segs[:, 0] + 1]
-    if mask is not None and ahead.any():
-        at = np.flatnonzero(ahead)
-        ahead[at] = np.asarray(mask[end[at]]) == 1
-    return ahead
+class _Shards:
+    """The shard being written and the shards done. Shard ``k`` holds packs ``c_k .. c_(k+1) - 1``:
+    ``c_(k+1)`` is the first pack end at which its bytes reach ``limit`` (or the last pack; §9.1)."""
 
+    def __init__(self, root: Path, ds, limit: int) -> None:
+        self.root, self.ds, self.limit = root, ds, limit
+        self.writer: DatasetWriter | None = None
+        self.bytes = 0  # of the shard being written, so far
+        self.first_pack = 0  # its first pack
+        self.members: list = []  # (member, path, shared keys) of each shard done
+        self.member_packs: list[int] = []
 
-def shard_cuts(pack_end_bytes: np.ndarray, shard_bytes: int) -> np.ndarray:
-    """Pack offsets of the shards: each shard ends at the first pack whose end reaches ``shard_bytes``
-    bytes since the shard began (the last one holds what is left). ``pack_end_bytes``: ``(P + 1,)`` cumulative."""
-    n = pack_end_bytes.shape[0] - 1
-    cuts, p = [0], 0
-    while p < n:
-        q = int(np.searchsorted(pack_end_bytes, pack_end_bytes[p] + shard_bytes, side="left"))
-        p = min(max(q, p + 1), n)
-        cuts.append(p)
-    return np.asarray(cuts, dtype=np.int64)
+    def add(self, src: Source, c: Chunk, ends: np.ndarray, p0: int) -> None:
+        """The chunk's documents, in order. ``ends``: the positions in the chunk where packs end, increasing:
+        ``ends[j]`` is the source's ``pack_offsets[p0 + j]``, so ``p0 + j`` packs are done there."""
+        cum = np.concatenate([[0], np.cumsum(c.nbytes)])
+        at_end, lo, j = cum[ends], 0, 0
+        while True:  # the first pack end from ``lo`` at which the shard reaches the size
+            j += int(np.searchsorted(at_end[j:], cum[lo] + self.limit - self.bytes, side="left"))
+            if j == len(ends):
+                break
+            self._write(src, c, lo, int(ends[j]), int(cum[ends[j]] - cum[lo]))
+            self.close(p0 + j)
+            lo, j = int(ends[j]), j + 1
+        self._write(src, c, lo, len(c), int(cum[-1] - cum[lo]))
 
+    def _write(self, src: Source, c: Chunk, lo: int, hi: int, nbytes: int) -> None:
+        if hi <= lo:
+            return
+        if self.writer is None:
+            ds = self.ds
+            special = {k: ds.special_tokens.get(k) for k in F.SPECIAL_TOKEN_KEYS}
+            tokenizer = {k: v for k, v in ds.manifest.raw["tokenizer"].items() if k != "path"}  # never a host path
+            self.writer = DatasetWriter(self.root / f"{len(self.members):05d}", vocab_size=ds.vocab_size,
+                                        tokenizer=tokenizer, special_tokens=special, loss_mask=ds.has_loss_mask)
+        _append(self.writer, src, c, lo, hi)
+        self.bytes += nbytes
 
-def _images(ds) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Every image's global token span (sorted) and encoded size, in dataset image order."""
-    if ds.num_images == 0:
-        return None, None
-    sizes = [np.diff(np.asarray(ds.member(m).images.offsets, dtype=np.int64)) for m in range(ds.num_members)
-             if ds.image_start[m + 1] > ds.image_start[m]]
-    return image_token_spans(ds), np.concatenate(sizes)
-
-
-class _Source:
-    """What the shards are cut from, per source segment in index order."""
-
-    def __init__(self, ds, tokens, mask, start, seg_len, ahead, spans, first_image, last_image) -> None:
-        self.ds, self.tokens, self.mask = ds, tokens, mask
-        self.start, self.length = start, seg_len + ahead  # the shard document: the segment and its lookahead
-        self.spans, self.first_image, self.last_image = spans, first_image, last_image
-
-    def images(self, s: int, doc_start: int) -> list[ImageRecord]:
-        """The images of segment ``s`` as records of its shard document (spans relative to ``doc_start``)."""
-        if self.spans is None:
-            return []
-        out = []
-        for i in range(int(self.first_image[s]), int(self.last_image[s])):
-            m = int(np.searchsorted(self.ds.image_start, i, side="right")) - 1
-            store, j = self.ds.member(m), i - int(self.ds.image_start[m])
-            (width, height), (b, e) = store.images.size(j), self.spans[i]
-            out.append(ImageRecord(bytes(store.images.data(j)), width, height, store.images.codec(j),
-                                   int(b) - doc_start, int(e) - doc_start))
-        return out
-
-
-def _write_shard(path: Path, ds, src: _Source, s0: int, s1: int) -> DatasetWriter:
-    """One shard: source segments ``s0 .. s1 - 1`` as documents, in order."""
-    special = {k: ds.special_tokens.get(k) for k in F.SPECIAL_TOKEN_KEYS}
-    tokenizer = {k: v for k, v in ds.manifest.raw["tokenizer"].items() if k != "path"}  # a host path: never (§2.2)
-    w = DatasetWriter(path, vocab_size=ds.vocab_size, tokenizer=tokenizer, special_tokens=special,
-                      loss_mask=ds.has_loss_mask)
-    try:
-        a = s0
-        while a < s1:
-            cum = np.cumsum(src.length[a:s1])
-            b = a + max(1, int(np.searchsorted(cum, CHUNK_TOKENS, side="right")))
-            lens = src.length[a:b]
-            total = int(lens.sum())
-            first = np.concatenate([[0], np.cumsum(lens)[:-1]])
-            at = np.repeat(src.start[a:b] - first, lens) + np.arange(total, dtype=np.int64)
-            toks = np.asarray(src.tokens[at])
-            mask = None if src.mask is None else np.asarray(src.mask[at])
-            with_images = np.flatnonzero(src.last_image[a:b] > src.first_image[a:b]) if src.spans is not None else []
-            run = 0  # documents [run, k) of the chunk not written yet (image-free: one vectorised append)
-            for k in [*with_images, b - a]:
-                if k > run:
-                    t0, t1 = int(first[run]), int(first[k - 1] + lens[k - 1])
-                    w.add_documents(toks[t0:t1], lens[run:k], None if mask is None else mask[t0:t1])
-                if k < b - a:
-                    t0, t1 = int(first[k]), int(first[k] + lens[k])
-                    w.add_document(toks[t0:t1], None if mask is None else mask[t0:t1],
-                                   src.images(a + k, int(src.start[a + k])))
-                run = k + 1
-            a = b
+    def close(self, packs_done: int) -> None:
+        """Finish the shard being written (none: nothing to do) after pack ``packs_done - 1``."""
+        w = self.writer
+        if w is None:
+            return
         w.finalize()
-    except BaseException:
-        w.abort()
-        raise
-    return w
+        path, name = w.path, f"{len(self.members):05d}"
+        shared = {key: w.manifest()[key] for key in SHARED_KEYS}
+        self.members.append((Member(name, str(path), w.num_documents, w.num_tokens, w.num_images,
+                                    checksum_file(path / F.MANIFEST)), path, shared))
+        self.member_packs.append(packs_done - self.first_pack)
+        self.writer, self.bytes, self.first_pack = None, 0, packs_done
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
 
 
-def _check_counts(manifest: dict, segs, seg_len, ahead, images: int) -> None:
+def _append(w: DatasetWriter, src: Source, c: Chunk, lo: int, hi: int) -> None:
+    """The chunk's documents ``lo .. hi - 1`` appended to ``w``: runs without images in one vectorised call each."""
+    i0, i1 = (int(i) for i in np.searchsorted(c.imaged, [lo, hi]))
+    run = lo  # documents [run, k) not written yet
+    for k in [*c.imaged[i0:i1].tolist(), hi]:
+        if k > run:
+            t0, t1 = int(c.first[run]), int(c.first[k])
+            w.add_documents(c.tokens[t0:t1], c.length[run:k], None if c.mask is None else c.mask[t0:t1])
+        if k < hi:
+            t0, t1 = int(c.first[k]), int(c.first[k + 1])
+            w.add_document(c.tokens[t0:t1], None if c.mask is None else c.mask[t0:t1], src.images(c, k))
+        run = k + 1
+
+
+def _check_counts(manifest: dict, want: dict) -> None:
     """Every segment became one document, every token and image arrived (nothing lost, nothing silent)."""
     counts = manifest["counts"]
-    want = {"documents": int(segs.shape[0]), "tokens": int(seg_len.sum() + ahead.sum()), "images": images}
     for key, value in want.items():
         if counts[key] != value:
             raise WriteError(f"shards: counts.{key}: expected {value} (from the source index's segments, their "
-                             f"lookahead tokens and images), found {counts[key]}", field=f"counts.{key}", expected=value, found=counts[key])
+                             f"lookahead tokens and images), found {counts[key]}", field=f"counts.{key}", expected=value,
+                             found=counts[key])
 
 
-def _write_index(root: Path, pm, name: str, seg_len: np.ndarray, po: np.ndarray, binding: str, seconds: float) -> None:
-    """``packs/<name>``: pack ``p`` is the source's pack ``p``, its segments ``(g, 0, L_g - lookahead_g)``."""
-    n = seg_len.shape[0]
-    target = root / F.PACKS_DIR / name
-    target.parent.mkdir()
-    tmp = temp_sibling(target)
-    files = {}
-    f = HashedFile(tmp / F.PACK_OFFSETS)
-    f.write_array(po, F.OFFSET_DTYPE)
-    files[F.PACK_OFFSETS] = f.close()
-    f = HashedFile(tmp / F.SEGMENTS)
-    for a in range(0, n, 1 << 20):
-        b = min(n, a + (1 << 20))
-        f.write_array(np.stack([np.arange(a, b, dtype=np.int64), np.zeros(b - a, dtype=np.int64), seg_len[a:b]], 1),
-                      F.OFFSET_DTYPE)
-    files[F.SEGMENTS] = f.close()
-    packs, packed = int(po.shape[0] - 1), int(seg_len.sum())
-    stats = {"documents": n, "documents_packed": n, "segments": n, "packs": packs, "split_documents": 0,
-             "dropped_documents": 0, "dropped_tokens": 0, "truncated_documents": 0, "truncated_tokens": 0,
-             "fill_efficiency": packed / (packs * pm.capacity), "seconds": round(seconds, 6)}
-    index = {
-        "format": F.PACK_INDEX_FORMAT_NAME, "format_version": "1.1",
-        "producer": {"name": "packfmt", "version": __version__},
-        "name": name, "capacity": pm.capacity, "algorithm": pm.algorithm, "seed": pm.raw["seed"],
-        "oversize": pm.oversize, "params": dict(pm.params),
-        "counts": {"packs": packs, "segments": n, "packed_tokens": packed},
-        "stats": stats, "materialized": False, "collection": binding, "files": files,
-    }
-    write_durably(tmp / F.PACK_INDEX_JSON, F.canonical_json(index))
-    publish_dir(tmp, target, overwrite=False)
+class _IndexFiles:
+    """OUT's ``doc_lengths.bin`` (``L_s``) and ``packs/<name>`` (pack ``p`` is the source's pack ``p``, its
+    segments ``(s, 0, L_s - a(s))``), appended to chunk by chunk; the totals they record."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.name, self.target = name, root / F.PACKS_DIR / name
+        self.target.parent.mkdir()
+        self.tmp = temp_sibling(self.target)
+        self.lengths = HashedFile(root / LENGTHS_FILE)
+        self.segments = HashedFile(self.tmp / F.SEGMENTS)
+        self.tokens = self.packed = self.images = 0
+
+    def add(self, a: int, c: Chunk) -> None:
+        """The chunk of source segments ``a, a + 1, ...``: OUT's documents of the same numbers."""
+        n = len(c)
+        self.lengths.write_array(c.length, F.OFFSET_DTYPE)
+        self.segments.write_array(np.stack([np.arange(a, a + n, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                                            c.seg_len], 1), F.OFFSET_DTYPE)
+        self.tokens += int(c.length.sum())
+        self.packed += int(c.seg_len.sum())
+        self.images += 0 if c.image0 is None else int((c.image1 - c.image0).sum())
+
+    def finish(self, pm, po, binding: str, seconds: float) -> None:
+        """``pack_offsets.bin`` (the source's, copied a chunk at a time) and ``index.json``; the index published."""
+        files = {}
+        f = HashedFile(self.tmp / F.PACK_OFFSETS)
+        for a in range(0, int(po.shape[0]), CHUNK_SEGMENTS):
+            f.write_array(po[a:a + CHUNK_SEGMENTS], F.OFFSET_DTYPE)
+        files[F.PACK_OFFSETS] = f.close()
+        files[F.SEGMENTS] = self.segments.close()
+        n, packs, packed = self.lengths.nbytes // F.OFFSET_DTYPE.itemsize, int(po.shape[0] - 1), self.packed
+        stats = {"documents": n, "documents_packed": n, "segments": n, "packs": packs, "split_documents": 0,
+                 "dropped_documents": 0, "dropped_tokens": 0, "truncated_documents": 0, "truncated_tokens": 0,
+                 "fill_efficiency": packed / (packs * pm.capacity), "seconds": round(seconds, 6)}
+        index = {
+            "format": F.PACK_INDEX_FORMAT_NAME, "format_version": "1.1",
+            "producer": {"name": "packfmt", "version": __version__},
+            "name": self.name, "capacity": pm.capacity, "algorithm": pm.algorithm, "seed": pm.raw["seed"],
+            "oversize": pm.oversize, "params": dict(pm.params),
+            "counts": {"packs": packs, "segments": n, "packed_tokens": packed},
+            "stats": stats, "materialized": False, "collection": binding, "files": files,
+        }
+        write_durably(self.tmp / F.PACK_INDEX_JSON, F.canonical_json(index))
+        publish_dir(self.tmp, self.target, overwrite=False)
+
+    def abort(self) -> None:
+        self.lengths.abort()
+        self.segments.abort()
