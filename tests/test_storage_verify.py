@@ -31,6 +31,7 @@ SAMPLE = Path(packfmt.__file__).parent / "sample_data"
 TOK = str(SAMPLE / "tokenizer")
 URL = f"s3://{BUCKET}/v"
 STORE, OTHER, COLL, INDEX = f"{URL}/s", f"{URL}/t", f"{URL}/m", "ffd-128"
+TCOLL = f"{URL}/mt"  # the same collection with its member list as a member table (spec/COLLECTION.md §2.5)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,8 @@ def data(s3_server, tmp_path_factory):
         build_pack_index(STORE, capacity=128)
         write_collection(COLL, [(None, STORE), (None, OTHER)])
         build_pack_index(COLL, capacity=128)
+        write_collection(TCOLL, [(None, STORE), (None, OTHER)], member_table=True)
+        build_pack_index(TCOLL, capacity=128)
     finally:
         del os.environ["PACKFMT_CACHE"]
 
@@ -97,7 +100,7 @@ OPENERS = {
 #: member's file, the collection's pack index file, the collection's own doc_lengths.bin.
 BAD = [(f"{STORE}/tokens.bin", STORE), (f"{STORE}/packs/{INDEX}/segments.bin", STORE),
        (f"{OTHER}/doc_offsets.bin", COLL), (f"{COLL}/packs/{INDEX}/segments.bin", COLL),
-       (f"{COLL}/doc_lengths.bin", COLL)]
+       (f"{COLL}/doc_lengths.bin", COLL), (f"{TCOLL}/members.bin", TCOLL), (f"{TCOLL}/member_names.txt", TCOLL)]
 
 
 @pytest.mark.parametrize("when", ["cold cache", "after clearing the cache"])
@@ -266,3 +269,31 @@ def test_collection_writer_refuses_a_member_in_another_bucket(s3_server, data, c
         s3_server.mkdir("other-bkt")
     with pytest.raises(WriteError, match="not in the bucket of"):
         write_collection("s3://other-bkt/mix", [(None, STORE)])
+
+
+def test_a_member_table_is_mirrored_verified_and_never_left_out(s3_server, data, cache):
+    """A remote collection with a member table (spec/COLLECTION.md §2.5) opens, whole and streamed, exactly as the
+    same collection with a JSON array; its table files are verified like every listed file (corrupted: the test
+    above, on every open path) and, unlike doc_lengths.bin, one missing from the bucket is an error naming it."""
+    from packfmt.torch import PackedDataset
+
+    table, array = packfmt.open(TCOLL), packfmt.open(COLL)
+    assert table.manifest.raw["members"] == "table" and list(table.members) == list(array.members)
+    np.testing.assert_array_equal(table.doc_lengths, array.doc_lengths)
+    for stream in (False, True):
+        a, b = PackedDataset(TCOLL, INDEX, stream=stream), PackedDataset(COLL, INDEX, stream=stream)
+        for i in (0, len(a) - 1):
+            assert np.array_equal(a[i]["input_ids"], b[i]["input_ids"])
+    assert validate(TCOLL, deep=True).ok
+    for name in ("members.bin", "member_names.txt"):
+        key = f"{_key(TCOLL)}/{name}"
+        good = s3_server.cat_file(key)
+        s3_server.rm_file(key)
+        try:
+            shutil.rmtree(cache, ignore_errors=True)
+            for open_ in (lambda: packfmt.open(TCOLL), lambda: PackedDataset(TCOLL, INDEX, stream=True)):
+                with pytest.raises(FormatError) as exc:
+                    open_()
+                assert name in str(exc.value) and "missing" in str(exc.value)
+        finally:
+            s3_server.pipe_file(key, good)
