@@ -146,12 +146,12 @@ class _MemberReader:
         listed = tuple(entry.name in names for names in self.listed) if self.any_listed else self.listed
         if t.differences(self.cm.shared, self.cm.unified, entry.name, listed):  # C2 shared keys
             return False
-        if bare and not (t.bare and _only(path, t.files)):
+        if bare and not (t.bare and _only(path, t.listing)):
             return False
         if not t.sizes_agree(documents, tokens, sizes):  # V11
             return False
-        for name in t.files:  # V10; doc_offsets.bin's size is checked by reading it
-            if name != F.DOC_OFFSETS and os.stat(path + "/" + name).st_size != sizes[name]:
+        for name in t.stated:  # V10; doc_offsets.bin's size is checked by reading it
+            if os.stat(path + "/" + name).st_size != sizes[name]:
                 return False
         return _read_exact(path + "/" + F.DOC_OFFSETS, dest)
 
@@ -169,16 +169,16 @@ class _MemberReader:
             if t is not None:
                 self.templates.insert(0, t)
         if bare and not (sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
-                         and _only(path, sm.files)):
+                         and _only(path, {F.MANIFEST, *sm.files})):
             return False
         check_files_table(path, sm.files, F.expected_layout(sm), where="")  # V10, V11: sizes of every file
         return _read_exact(os.path.join(path, F.DOC_OFFSETS), dest)
 
 
-def _only(path: str, files) -> bool:
-    """The directory at ``path`` holds its manifest and ``files``, nothing else."""
+def _only(path: str, listing) -> bool:
+    """The directory at ``path`` holds the names in the set ``listing`` (its manifest and files), nothing else."""
     names = os.listdir(path)
-    return len(names) == len(files) + 1 and set(names) == {F.MANIFEST, *files}
+    return len(names) == len(listing) and listing.issuperset(names)
 
 
 #: A member manifest read with one ``read`` when smaller than this (a canonical one is under 1 KiB).

@@ -37,15 +37,21 @@ class Template:
     ``match(raw)``: ``(documents, tokens, {file: bytes})`` of a manifest whose bytes match, or None.
     """
 
-    __slots__ = ("pattern", "slots", "files", "has_loss_mask", "obj", "itemsize", "bare", "_differences")
+    __slots__ = ("pattern", "slots", "files", "has_loss_mask", "obj", "itemsize", "bare", "listing", "stated",
+                 "_ints", "_differences")
 
     def __init__(self, pattern: re.Pattern, slots: list, sm: F.Manifest) -> None:
         self.pattern, self.slots = pattern, slots
         self.files = tuple(sm.files)
+        #: the groups holding integers: counts.documents, .tokens, .images, then each file's bytes, in ``files`` order
+        self._ints = [slots.index(what) for what in [("count", k) for k in ("documents", "tokens", "images")]
+                      + [(name, "bytes") for name in self.files]]
         self.has_loss_mask, self.obj = sm.has_loss_mask, sm.raw
         self.itemsize = sm.np_token_dtype.itemsize
         #: a known version and the files the format requires, nothing else (``member_doc_lengths``' ``bare``)
         self.bare = sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
+        self.listing = frozenset([F.MANIFEST, *sm.files])  # what the directory of a ``bare`` member holds
+        self.stated = tuple(name for name in sm.files if name != F.DOC_OFFSETS)  # sized by ``stat`` (V10)
         self._differences: dict = {}
 
     @classmethod
@@ -87,20 +93,11 @@ class Template:
         found = self.pattern.fullmatch(raw)
         if found is None:
             return None
-        counts, sizes = {}, {}
-        for (where, key), value in zip(self.slots, found.groups()):
-            if key == "checksum":
-                continue  # well formed by the pattern: all that V8 asks of it
-            n = int(value)
-            if n > F.INT64_MAX:
-                return None
-            if where == "count":
-                counts[key] = n
-            else:
-                sizes[where] = n
-        if counts["images"]:
+        groups = found.groups()  # a checksum is well formed by the pattern: all that V8 asks of it
+        values = [int(groups[i]) for i in self._ints]
+        if values[2] or max(values) > F.INT64_MAX:  # images: parsed as always; V7, V8: below 2^63
             return None
-        return counts["documents"], counts["tokens"], sizes
+        return values[0], values[1], dict(zip(self.files, values[3:]))
 
     def differences(self, shared: dict, unified: dict, name: str, listed: tuple) -> list:
         """``member_differences`` of a member whose manifest matched (C2's shared keys): the template's own, which
