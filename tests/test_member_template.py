@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -164,3 +166,22 @@ def test_a_member_with_a_file_besides_its_own_is_warned_of_after_a_template(tmp_
     (paths[3] / "notes.txt").write_text("x")
     report = validate(coll)
     assert report.ok and [p.file for p in report.warnings] == ["../stores/m000003/notes.txt"]
+
+
+def test_members_with_manifests_not_canonical_are_parsed_and_checked_as_always(tmp_path):
+    from packfmt.collection import write_collection
+    from packfmt.torch.testing import write_split_stores
+
+    rng = np.random.default_rng(0)
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 9, 80))]).astype(np.int64)
+    tokens = rng.integers(0, 1000, int(offsets[-1]), dtype=np.uint16)
+    cuts = np.arange(0, 81, 2)
+    paths = [Path(p) for p in write_split_stores(tmp_path / "stores", tokens, offsets, cuts, vocab_size=1000)]
+    for p in paths:  # valid, and not the bytes canonical JSON writes: no template is made of any
+        obj = json.loads((p / F.MANIFEST).read_text())
+        (p / F.MANIFEST).write_text(json.dumps(obj))
+    coll = write_collection(tmp_path / "coll", [(None, p) for p in paths]).path
+    assert validate(coll).ok
+    victim = paths[37] / F.TOKENS
+    victim.write_bytes(victim.read_bytes()[:-2])
+    assert [(p.file, p.field) for p in validate(coll).errors] == [(f"../stores/m000037/{F.TOKENS}", "size")]

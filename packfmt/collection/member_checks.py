@@ -115,6 +115,7 @@ class _MemberReader:
     def __init__(self, root: str, cm: CollectionManifest) -> None:
         self.root, self.cm = root, cm
         self.templates: list[Template] = []
+        self.tries = TEMPLATE_TRIES  # manifests left to try as templates (members not canonical: tried no more)
         self.listed = listed_in(cm.unified)  # no member listed anywhere: every member's flags are these
         self.any_listed = any(self.listed)
 
@@ -164,10 +165,12 @@ class _MemberReader:
         sm = F.parse_manifest(obj, file=F.MANIFEST)
         if sm.num_images or member_problems(cm, m, manifest_checksum(raw), sm, path):
             return False
-        if len(self.templates) < MAX_TEMPLATES:
+        if self.tries and len(self.templates) < MAX_TEMPLATES:
             t = Template.of(raw, sm)
             if t is not None:
                 self.templates.insert(0, t)
+            else:
+                self.tries -= 1
         if bare and not (sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
                          and _only(path, {F.MANIFEST, *sm.files})):
             return False
@@ -180,6 +183,9 @@ def _only(path: str, listing) -> bool:
     names = os.listdir(path)
     return len(names) == len(listing) and listing.issuperset(names)
 
+
+#: Manifests that fail to make a template (not canonical JSON, or with images) before no more are tried.
+TEMPLATE_TRIES = 32
 
 #: A member manifest read with one ``read`` when smaller than this (a canonical one is under 1 KiB).
 SMALL_JSON = 1 << 14

@@ -22,7 +22,7 @@ import uuid
 from .. import format as F
 from .unify import UNIFIABLE, member_differences
 
-__all__ = ["Template", "MAX_TEMPLATES"]
+__all__ = ["MAX_TEMPLATES", "Template", "listed_in"]
 
 #: Templates kept per collection (members written by a few producers, or a few writer versions).
 MAX_TEMPLATES = 8
@@ -37,8 +37,8 @@ class Template:
     ``match(raw)``: ``(documents, tokens, {file: bytes})`` of a manifest whose bytes match, or None.
     """
 
-    __slots__ = ("pattern", "slots", "files", "has_loss_mask", "obj", "itemsize", "bare", "listing", "stated",
-                 "_ints", "_differences")
+    __slots__ = ("_differences", "_ints", "bare", "files", "has_loss_mask", "itemsize", "listing", "obj", "pattern",
+                 "slots", "stated")
 
     def __init__(self, pattern: re.Pattern, slots: list, sm: F.Manifest) -> None:
         self.pattern, self.slots = pattern, slots
@@ -55,7 +55,7 @@ class Template:
         self._differences: dict = {}
 
     @classmethod
-    def of(cls, raw: bytes, sm: F.Manifest) -> "Template | None":
+    def of(cls, raw: bytes, sm: F.Manifest) -> Template | None:
         """The template of ``raw``, a manifest that passed ``parse_json`` and ``parse_manifest`` as ``sm``; None when
         it is not canonical JSON, has images, or is not matched back by its own pattern with its own values."""
         obj = sm.raw
