@@ -97,7 +97,7 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
         if used + n > GROUP_OFFSETS or (group and (entry.images or n > GROUP_OFFSETS)):
             _check_group(cm, doc_start, group, buf[:used], out, the_long_way)
             group, used = [], 0
-        if not (entry.images or n > GROUP_OFFSETS) and reader.read(m, buf[used:used + n], bare):
+        if not (entry.images or n > GROUP_OFFSETS) and reader.read(m, entry, buf[used:used + n], bare):
             group.append(m)
             used += n
             continue
@@ -109,7 +109,7 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
 
 
 class _MemberReader:
-    """``read(m, dest, bare)``: one member's checks of ``member_doc_lengths``, with the templates (``member_template``) its
+    """``read(m, entry, dest, bare)``: one member's checks of ``member_doc_lengths``, with the templates (``member_template``) its
     members' manifests have given so far: a manifest that matches one costs one pattern match, not a parse."""
 
     def __init__(self, root: str, cm: CollectionManifest) -> None:
@@ -119,11 +119,10 @@ class _MemberReader:
         self.listed = listed_in(cm.unified)  # no member listed anywhere: every member's flags are these
         self.any_listed = any(self.listed)
 
-    def read(self, m: int, dest: np.ndarray, bare: bool) -> bool:
-        """Member ``m`` passes C3, C2 and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its
+    def read(self, m: int, entry, dest: np.ndarray, bare: bool) -> bool:
+        """Member ``m`` (``entry``: ``cm.members[m]``, made once a member from a member table) passes C3, C2 and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its
         ``doc_offsets.bin`` (exactly ``dest.nbytes`` bytes by them) is read into ``dest``; False on anything
         else (the caller takes the long way, which says why)."""
-        entry = self.cm.members[m]
         path = os.path.join(self.root, entry.path)  # then a str per file: os.path.join costs more than the check
         try:
             raw = _read_small(path + "/" + F.MANIFEST)
@@ -231,7 +230,7 @@ def _check_group(cm: CollectionManifest, doc_start: np.ndarray, group: list[int]
     firsts = np.zeros(ms.shape[0], dtype=np.int64)
     np.cumsum(docs[:-1] + 1, out=firsts[1:])
     lasts = firsts + docs
-    tokens = np.fromiter((cm.members[m].tokens for m in group), dtype=np.int64, count=ms.shape[0])
+    tokens = cm.members.tokens[ms]
     lengths = np.delete(np.diff(off), lasts[:-1])  # the steps inside each member
     bad = (off[firsts] != 0) | (off[lasts] != tokens)
     short = np.flatnonzero(lengths <= 0)
