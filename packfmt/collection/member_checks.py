@@ -109,8 +109,9 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
 
 
 class _MemberReader:
-    """``read(m, entry, dest, bare)``: one member's checks of ``member_doc_lengths``, with the templates (``member_template``) its
-    members' manifests have given so far: a manifest that matches one costs one pattern match, not a parse."""
+    """``read(m, entry, dest, bare)``: one member's checks of ``member_doc_lengths``, with the templates
+    (``member_template``) the members' manifests have given so far: a manifest that matches one costs one pattern
+    match, not a parse."""
 
     def __init__(self, root: str, cm: CollectionManifest) -> None:
         self.root, self.cm = root, cm
@@ -120,10 +121,10 @@ class _MemberReader:
         self.any_listed = any(self.listed)
 
     def read(self, m: int, entry, dest: np.ndarray, bare: bool) -> bool:
-        """Member ``m`` (``entry``: ``cm.members[m]``, made once a member from a member table) passes C3, C2 and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its
-        ``doc_offsets.bin`` (exactly ``dest.nbytes`` bytes by them) is read into ``dest``; False on anything
-        else (the caller takes the long way, which says why)."""
-        path = os.path.join(self.root, entry.path)  # then a str per file: os.path.join costs more than the check
+        """Member ``m`` (``entry``: ``cm.members[m]``, made once: a member table makes one per access) passes C3, C2
+        and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its ``doc_offsets.bin`` (exactly ``dest.nbytes``
+        bytes by them) is read into ``dest``; False on anything else (the caller takes the long way, which says why)."""
+        path = os.path.join(self.root, entry.path)  # its files' paths then by concatenation (os.path.join costs more)
         try:
             raw = _read_small(path + "/" + F.MANIFEST)
             if manifest_checksum(raw) != entry.manifest:
