@@ -57,22 +57,24 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
             where, msg = exc.file or str(path), str(exc)
             _Collector(report).add(where, None, detail=msg.removeprefix(f"{where}: "))
             return report
-        if _is_collection(Path(fetched.path)):  # a doc_lengths.bin the mirror lacks is looked for in the bucket
+        obj = _collection_manifest(Path(fetched.path))
+        if obj is not None:  # a doc_lengths.bin the mirror lacks is looked for in the bucket
             from .collection.validate import validate_collection
 
             report = validate_collection(Path(fetched.path), Report(str(fetched.path), deep), deep=deep,
-                                         progress=progress, decode_images=decode_images,
+                                         progress=progress, decode_images=decode_images, obj=obj,
                                          record=lambda size: _remote_record(str(path), storage_options, size))
         else:
             report = validate(fetched.path, deep=deep, progress=progress, decode_images=decode_images)
         report.path = str(path)
         return report
     root = Path(local_file(path))
-    if root.is_dir() and _is_collection(root):  # spec/COLLECTION.md §3: C1-C5, each member as a store
+    obj = _collection_manifest(root) if root.is_dir() else None
+    if obj is not None:  # spec/COLLECTION.md §3: C1-C5, each member as a store
         from .collection.validate import validate_collection
 
         return validate_collection(root, Report(str(root), deep), deep=deep, progress=progress,
-                                   decode_images=decode_images)
+                                   decode_images=decode_images, obj=obj)
     return validate_store(root, deep=deep, progress=progress, decode_images=decode_images)
 
 
@@ -90,10 +92,12 @@ def _remote_record(url: str, storage_options: dict | None, size: int) -> bytes |
             return None
 
 
-def _is_collection(root: Path) -> bool:
+def _collection_manifest(root: Path) -> dict | None:
+    """The parsed JSON of ``root``'s manifest when it is a collection's (read once: ``validate_collection`` checks it)."""
     from .collection.manifest import is_collection
 
     try:
-        return is_collection(F.read_json(root / F.MANIFEST, file=F.MANIFEST))
+        obj = F.read_json(root / F.MANIFEST, file=F.MANIFEST)
     except PackfmtError:
-        return False  # _load_manifest reports it
+        return None  # _load_manifest reports it
+    return obj if is_collection(obj) else None

@@ -10,7 +10,9 @@ recorded counts and the collection's shared keys (C2; V1-V11 of its manifest and
 its ``doc_offsets.bin`` holds valid offsets (V13), all checked before a length is computed from
 them. These are the checks ``Store`` and ``Collection.member`` make when a member opens; here they
 cost one read of the manifest and one of ``doc_offsets.bin`` per member, with no memory map and no
-``Store`` object, and V13 runs once over the offsets of many members at a time. A member with images
+``Store`` object, and V13 runs once over the offsets of many members at a time. A manifest whose bytes
+match those of one already checked but for its counts, sizes and checksums (every member by one writer:
+``member_template``) is checked by that match instead of a parse. A member with images
 (V14, V15, V19), one larger than a group, and any member a check here refuses take the long way:
 opened as a ``Store`` (which checks it as always and raises the error with the same words), or, for
 ``validate``, that member's own full checks (which report everything).
@@ -28,6 +30,7 @@ from .. import format as F
 from ..errors import FormatError, PackfmtError
 from ..mapped import check_files_table
 from .manifest import CollectionManifest, is_collection
+from .member_template import MAX_TEMPLATES, Template, listed_in
 from .unify import member_differences
 
 __all__ = ["member_problems", "member_doc_lengths", "GROUP_OFFSETS"]
@@ -82,6 +85,7 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
     buf = np.empty(GROUP_OFFSETS, dtype=F.OFFSET_DTYPE)
     group: list[int] = []  # consecutive members whose offsets are buf[:used], end to end
     used = 0
+    reader = _MemberReader(root, cm)
 
     def the_long_way(m: int) -> None:
         lengths = slow(m)
@@ -93,7 +97,7 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
         if used + n > GROUP_OFFSETS or (group and (entry.images or n > GROUP_OFFSETS)):
             _check_group(cm, doc_start, group, buf[:used], out, the_long_way)
             group, used = [], 0
-        if not (entry.images or n > GROUP_OFFSETS) and _read_member(root, cm, m, buf[used:used + n], bare):
+        if not (entry.images or n > GROUP_OFFSETS) and reader.read(m, entry, buf[used:used + n], bare):
             group.append(m)
             used += n
             continue
@@ -104,46 +108,114 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
     return out
 
 
-def _read_member(root: str, cm: CollectionManifest, m: int, dest: np.ndarray, bare: bool) -> bool:
-    """Member ``m`` passes C3, C2 and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its
-    ``doc_offsets.bin`` (exactly ``dest.nbytes`` bytes by them) is read into ``dest``; False on anything
-    else (the caller takes the long way, which says why)."""
-    entry = cm.members[m]
-    path = os.path.join(root, entry.path)
-    try:
-        raw = F.read_json_bytes(os.path.join(path, F.MANIFEST), file=F.MANIFEST)
-        found = manifest_checksum(raw)
-        if found != entry.manifest:
+class _MemberReader:
+    """``read(m, entry, dest, bare)``: one member's checks of ``member_doc_lengths``, with the templates
+    (``member_template``) the members' manifests have given so far: a manifest that matches one costs one pattern
+    match, not a parse."""
+
+    def __init__(self, root: str, cm: CollectionManifest) -> None:
+        self.root, self.cm = root, cm
+        self.templates: list[Template] = []
+        self.tries = TEMPLATE_TRIES  # manifests left to try as templates (members not canonical: tried no more)
+        self.listed = listed_in(cm.unified)  # no member listed anywhere: every member's flags are these
+        self.any_listed = any(self.listed)
+
+    def read(self, m: int, entry, dest: np.ndarray, bare: bool) -> bool:
+        """Member ``m`` (``entry``: ``cm.members[m]``, made once: a member table makes one per access) passes C3, C2
+        and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its ``doc_offsets.bin`` (exactly ``dest.nbytes``
+        bytes by them) is read into ``dest``; False on anything else (the caller takes the long way, which says why)."""
+        path = os.path.join(self.root, entry.path)  # its files' paths then by concatenation (os.path.join costs more)
+        try:
+            raw = _read_small(path + "/" + F.MANIFEST)
+            if manifest_checksum(raw) != entry.manifest:
+                return False
+            for k, t in enumerate(self.templates):
+                found = t.match(raw)
+                if found is not None:
+                    if k:  # the last one matched is tried first
+                        self.templates.insert(0, self.templates.pop(k))
+                    return self._matched(t, found, entry, path, dest, bare)
+            return self._parsed(raw, m, path, dest, bare)
+        except (PackfmtError, OSError):
             return False
+
+    def _matched(self, t: Template, found: tuple, entry, path: str, dest: np.ndarray, bare: bool) -> bool:
+        """C2, V10, V11 of a member whose manifest matched ``t`` (V1-V9 hold: see ``member_template``)."""
+        documents, tokens, sizes = found
+        if documents != entry.documents or tokens != entry.tokens or entry.images:  # C2 counts
+            return False
+        listed = tuple(entry.name in names for names in self.listed) if self.any_listed else self.listed
+        if t.differences(self.cm.shared, self.cm.unified, entry.name, listed):  # C2 shared keys
+            return False
+        if bare and not (t.bare and _only(path, t.listing)):
+            return False
+        if not t.sizes_agree(documents, tokens, sizes):  # V11
+            return False
+        for name in t.stated:  # V10; doc_offsets.bin's size is checked by reading it
+            if os.stat(path + "/" + name).st_size != sizes[name]:
+                return False
+        return _read_exact(path + "/" + F.DOC_OFFSETS, dest)
+
+    def _parsed(self, raw: bytes, m: int, path: str, dest: np.ndarray, bare: bool) -> bool:
+        """``read`` of a manifest no template matches: parsed and checked, then a template if it can be one."""
+        cm = self.cm
         obj = F.parse_json(raw, file=F.MANIFEST)
         if is_collection(obj):
             return False
         sm = F.parse_manifest(obj, file=F.MANIFEST)
-        if sm.num_images or member_problems(cm, m, found, sm, path):
+        if sm.num_images or member_problems(cm, m, manifest_checksum(raw), sm, path):
             return False
+        if self.tries and len(self.templates) < MAX_TEMPLATES:
+            t = Template.of(raw, sm)
+            if t is not None:
+                self.templates.insert(0, t)
+            else:
+                self.tries -= 1
         if bare and not (sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
-                         and len(names := os.listdir(path)) == len(sm.files) + 1
-                         and set(names) == {F.MANIFEST, *sm.files}):
+                         and _only(path, {F.MANIFEST, *sm.files})):
             return False
         check_files_table(path, sm.files, F.expected_layout(sm), where="")  # V10, V11: sizes of every file
         return _read_exact(os.path.join(path, F.DOC_OFFSETS), dest)
-    except (PackfmtError, OSError):
-        return False
+
+
+def _only(path: str, listing) -> bool:
+    """The directory at ``path`` holds the names in the set ``listing`` (its manifest and files), nothing else."""
+    names = os.listdir(path)
+    return len(names) == len(listing) and listing.issuperset(names)
+
+
+#: Manifests that fail to make a template (not canonical JSON, or with images) before no more are tried.
+TEMPLATE_TRIES = 32
+
+#: A member manifest read with one ``read`` when smaller than this (a canonical one is under 1 KiB).
+SMALL_JSON = 1 << 14
+
+
+def _read_small(path: str) -> bytes:
+    """The bytes of a member's manifest: one read (short: the end of a regular file) for one smaller than
+    ``SMALL_JSON``, else ``F.read_json_bytes`` (which bounds its size)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        raw = os.read(fd, SMALL_JSON)
+    finally:
+        os.close(fd)
+    return raw if len(raw) < SMALL_JSON else F.read_json_bytes(path, file=F.MANIFEST)
 
 
 def _read_exact(path: str, dest: np.ndarray) -> bool:
-    """Read the file at ``path`` into ``dest`` when it has exactly ``dest.nbytes`` bytes."""
-    fd = os.open(path, os.O_RDONLY)
+    """Read the file at ``path`` into ``dest`` when it has exactly ``dest.nbytes`` bytes: each read asks for a byte
+    more, and a read of a regular file short of what it asked for ends at its end (no ``fstat``); not blocking,
+    so a FIFO in its place reads as empty."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        if os.fstat(fd).st_size != dest.nbytes:
-            return False
-        view, got = memoryview(dest).cast("B"), 0
-        while got < dest.nbytes:
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
+        view, more, got = memoryview(dest).cast("B"), bytearray(1), 0
+        while True:
+            n = os.readv(fd, [view[got:], more])
+            if n == 0 or got + n > dest.nbytes:
                 return False
             got += n
-        return True
+            if got == dest.nbytes:
+                return True
     finally:
         os.close(fd)
 
@@ -159,7 +231,7 @@ def _check_group(cm: CollectionManifest, doc_start: np.ndarray, group: list[int]
     firsts = np.zeros(ms.shape[0], dtype=np.int64)
     np.cumsum(docs[:-1] + 1, out=firsts[1:])
     lasts = firsts + docs
-    tokens = np.fromiter((cm.members[m].tokens for m in group), dtype=np.int64, count=ms.shape[0])
+    tokens = cm.members.tokens[ms]
     lengths = np.delete(np.diff(off), lasts[:-1])  # the steps inside each member
     bad = (off[firsts] != 0) | (off[lasts] != tokens)
     short = np.flatnonzero(lengths <= 0)

@@ -30,8 +30,10 @@ from ..validation.report import (
 __all__ = ["validate_collection"]
 
 
-def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool, record=None):
-    """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``.
+def validate_collection(root: Path, report, *, deep: bool, progress: bool, decode_images: bool, record=None,
+                        obj: dict | None = None):
+    """Fill ``report`` (a ``packfmt.validate.Report``) with every problem of the collection at ``root``; ``obj``: its
+    manifest's JSON, when the caller has read it (``packfmt.validate``: read and parsed once per command).
 
     ``record``: for a mirror of a collection in object storage that lacks its ``doc_lengths.bin`` (the cache
     leaves out one missing from the bucket), a function giving that file's bytes from the bucket (None when
@@ -39,9 +41,9 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
     from .manifest import collection_reader, parse_collection_manifest
 
     out = _Collector(report)
-    cm = parsed_or_reported(lambda: parse_collection_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST),  # C1
-                                                              file=F.MANIFEST, read=collection_reader(root)),
-                           out, F.MANIFEST)
+    cm = parsed_or_reported(lambda: parse_collection_manifest(F.read_json(root / F.MANIFEST, file=F.MANIFEST)  # C1
+                                                              if obj is None else obj, file=F.MANIFEST,
+                                                              read=collection_reader(root)), out, F.MANIFEST)
     if cm is None:
         return report
     report.checked.update(members=len(cm.members), documents=cm.num_documents, tokens=cm.num_tokens,

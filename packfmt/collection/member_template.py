@@ -1,0 +1,119 @@
+"""A member manifest checked by one match against the bytes of one already checked (spec/COLLECTION.md C2, C3).
+
+The members of a collection written by ``packfmt merge`` (or any one writer) hold canonical manifests
+(FORMAT.md §2.1: sorted keys, 2-space indent) that differ only in their counts and their files' sizes and
+checksums. Once one member's manifest has passed every check of ``F.parse_json`` (V1) and
+``F.parse_manifest`` (V2-V9), its own bytes with those values cut out make a ``Template``: a byte pattern
+whose literal parts are that manifest's, each cut value matched only as well formed (a decimal integer
+without sign or leading zero; ``"xxh3_64:"`` and 16 lowercase hex digits). A manifest whose bytes match it
+parses to that same object but for those values (same keys, none twice, the same UTF-8 text, every other
+value equal), so it passes the same checks when its integers are below ``2^63`` (what ``match`` also checks);
+C2's shared keys are the template's too (``differences``). What is left to check of the member is what the
+cut values say: its counts against the collection's (C2), its files' sizes against the disk and the layout
+(V10, V11). A manifest that does not match (written by another producer or by hand, not canonical, or with
+anything else changed) is parsed as always, and may become a template itself.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from .. import format as F
+from .unify import UNIFIABLE, member_differences
+
+__all__ = ["MAX_TEMPLATES", "Template", "listed_in"]
+
+#: Templates kept per collection (members written by a few producers, or a few writer versions).
+MAX_TEMPLATES = 8
+
+_INT = rb"(0|[1-9][0-9]{0,18})"
+_CHECKSUM = rb'"xxh3_64:([0-9a-f]{16})"'
+
+
+class Template:
+    """The byte pattern of one checked canonical store manifest without images (see the module doc).
+
+    ``match(raw)``: ``(documents, tokens, {file: bytes})`` of a manifest whose bytes match, or None.
+    """
+
+    __slots__ = ("_differences", "_ints", "bare", "files", "has_loss_mask", "itemsize", "listing", "obj", "pattern",
+                 "slots", "stated")
+
+    def __init__(self, pattern: re.Pattern, slots: list, sm: F.Manifest) -> None:
+        self.pattern, self.slots = pattern, slots
+        self.files = tuple(sm.files)
+        #: the groups holding integers: counts.documents, .tokens, .images, then each file's bytes, in ``files`` order
+        self._ints = [slots.index(what) for what in [("count", k) for k in ("documents", "tokens", "images")]
+                      + [(name, "bytes") for name in self.files]]
+        self.has_loss_mask, self.obj = sm.has_loss_mask, sm.raw
+        self.itemsize = sm.np_token_dtype.itemsize
+        #: a known version and the files the format requires, nothing else (``member_doc_lengths``' ``bare``)
+        self.bare = sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
+        self.listing = frozenset([F.MANIFEST, *sm.files])  # what the directory of a ``bare`` member holds
+        self.stated = tuple(name for name in sm.files if name != F.DOC_OFFSETS)  # sized by ``stat`` (V10)
+        self._differences: dict = {}
+
+    @classmethod
+    def of(cls, raw: bytes, sm: F.Manifest) -> Template | None:
+        """The template of ``raw``, a manifest that passed ``parse_json`` and ``parse_manifest`` as ``sm``; None when
+        it is not canonical JSON, has images, or is not matched back by its own pattern with its own values."""
+        obj = sm.raw
+        if sm.num_images or F.canonical_json(obj) != raw:
+            return None
+        tag = uuid.uuid4().hex
+        if tag.encode() in raw:
+            return None
+        slots: list = []  # per cut value, in the order of the pattern's groups: ("count", key) or (file, field)
+
+        def cut(what) -> str:
+            slots.append(what)
+            return f"packfmt-slot-{len(slots) - 1}-{tag}"
+
+        cut_obj = dict(obj)
+        cut_obj["counts"] = {**obj["counts"], **{k: cut(("count", k)) for k in ("documents", "tokens", "images")}}
+        cut_obj["files"] = {name: {**entry, "bytes": cut((name, "bytes")), "checksum": cut((name, "checksum"))}
+                            for name, entry in obj["files"].items()}
+        text = F.canonical_json(cut_obj)
+        parts = re.split(rb'"packfmt-slot-(\d+)-' + tag.encode() + rb'"', text)
+        pattern, order = [re.escape(parts[0])], []
+        for i in range(1, len(parts), 2):
+            slot = slots[int(parts[i])]
+            order.append(slot)
+            pattern += [_CHECKSUM if slot[1] == "checksum" else _INT, re.escape(parts[i + 1])]
+        if len(order) != len(slots):
+            return None
+        self = cls(re.compile(b"".join(pattern)), order, sm)
+        files = {name: e.bytes for name, e in sm.files.items()}
+        if self.match(raw) != (sm.num_documents, sm.num_tokens, files):
+            return None  # not read back as written: never used
+        return self
+
+    def match(self, raw: bytes) -> tuple[int, int, dict] | None:
+        found = self.pattern.fullmatch(raw)
+        if found is None:
+            return None
+        groups = found.groups()  # a checksum is well formed by the pattern: all that V8 asks of it
+        values = [int(groups[i]) for i in self._ints]
+        if values[2] or max(values) > F.INT64_MAX:  # images: parsed as always; V7, V8: below 2^63
+            return None
+        return values[0], values[1], dict(zip(self.files, values[3:]))
+
+    def differences(self, shared: dict, unified: dict, name: str, listed: tuple) -> list:
+        """``member_differences`` of a member whose manifest matched (C2's shared keys): the template's own, which
+        depend on the member only through whether ``unified`` lists it under each key (``listed``)."""
+        got = self._differences.get(listed)
+        if got is None:
+            got = self._differences[listed] = member_differences(shared, unified, name, self.obj)
+        return got
+
+    def sizes_agree(self, documents: int, tokens: int, sizes: dict) -> bool:
+        """V11 of a matched manifest: each file the counts give a size has it (``F.expected_layout`` without images)."""
+        return (sizes[F.TOKENS] == tokens * self.itemsize
+                and sizes[F.DOC_OFFSETS] == (documents + 1) * F.OFFSET_DTYPE.itemsize
+                and (not self.has_loss_mask or sizes[F.LOSS_MASK] == tokens * F.MASK_DTYPE.itemsize))
+
+
+def listed_in(unified: dict) -> tuple:
+    """Per ``UNIFIABLE`` key, the set of member names ``unified`` lists (a member's ``listed`` flags in O(1))."""
+    return tuple(frozenset(unified.get(key, ())) for key in UNIFIABLE)
