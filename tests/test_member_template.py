@@ -185,3 +185,18 @@ def test_members_with_manifests_not_canonical_are_parsed_and_checked_as_always(t
     victim = paths[37] / F.TOKENS
     victim.write_bytes(victim.read_bytes()[:-2])
     assert [(p.file, p.field) for p in validate(coll).errors] == [(f"../stores/m000037/{F.TOKENS}", "size")]
+
+
+
+def test_a_finding_shared_by_matched_members_names_each_of_them():
+    """Members matched against one template share its C2 findings, but each finding names its own member: a
+    ``unified`` record listing members whose own loss mask is the collection's (it lies about both)."""
+    from packfmt.collection.member_template import listed_in
+
+    _, sm, t, _ = _template(True)
+    shared = {key: sm.raw[key] for key in ("vocab_size", "token_dtype", "tokenizer", "special_tokens", "loss_mask")}
+    unified = {"loss_mask": ["a", "b"]}
+    for name in ("a", "b"):
+        listed = tuple(name in names for names in listed_in(unified))
+        got = t.differences(shared, unified, name, listed)
+        assert got == member_differences(shared, unified, name, sm.raw) and got and repr(name) in got[0][1]

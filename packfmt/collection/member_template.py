@@ -105,7 +105,7 @@ class Template:
         got = self._differences.get(listed)
         if got is None:
             got = self._differences[listed] = member_differences(shared, unified, name, self.obj)
-        return got
+        return got and member_differences(shared, unified, name, self.obj)  # a finding names this member
 
     def sizes_agree(self, documents: int, tokens: int, sizes: dict) -> bool:
         """V11 of a matched manifest: each file the counts give a size has it (``F.expected_layout`` without images)."""
