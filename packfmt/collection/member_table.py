@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 import xxhash
+from numba import njit
 
 from .. import format as F
 from ..errors import ChecksumError, FormatError
@@ -39,12 +40,6 @@ TABLE_VALUE = "table"
 DEFAULT_TABLE_MIN = 256
 #: One record of ``members.bin``: 32 bytes, little-endian.
 RECORD = np.dtype([("documents", "<i8"), ("tokens", "<i8"), ("images", "<i8"), ("manifest", "<u8")])
-
-_NAME_BYTES = np.zeros(256, dtype=bool)  # [A-Za-z0-9_.-]
-for _c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-":
-    _NAME_BYTES[_c] = True
-_FIRST_BYTES = _NAME_BYTES.copy()
-_FIRST_BYTES[[ord("_"), ord("."), ord("-")]] = False
 
 
 @dataclass(frozen=True)
@@ -140,9 +135,9 @@ class MemberTable(_Members):
 
     def __init__(self, records: np.ndarray, text: bytes, line_start: np.ndarray, tab: np.ndarray, binding: str) -> None:
         self._records, self._text, self._start, self._tab = records, text, line_start, tab
-        self.documents = records["documents"].astype(np.int64)
-        self.tokens = records["tokens"].astype(np.int64)
-        self.images = records["images"].astype(np.int64)
+        self.documents = records["documents"]  # int64 views of the records (read-only, strided: no copy)
+        self.tokens = records["tokens"]
+        self.images = records["images"]
         #: ``"xxh3_64:..."`` of ``members.bin`` then ``member_names.txt``: what a pack index binds to (§4).
         self.binding = binding
         self._names: list[str] | None = None
@@ -238,82 +233,120 @@ def parse_table(table: bytes, text: bytes, count: int) -> MemberTable:
             raise _fail(TABLE_FILE, f"[{m}].{key}", "an integer in [0, 2^63 - 1]",
                         int(records[key][m].view(np.uint64)))
     try:
-        text.decode("utf-8")
+        if not text.isascii():  # ASCII (the usual names and paths) is UTF-8: no decode needed to know
+            text.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = text.count(b"\n", 0, exc.start) + 1
         raise _fail(NAMES_FILE, f"line {line}", "UTF-8 text", f"{text[exc.start:exc.start + 4]!r} at byte {exc.start}"
                     ) from None
     b = np.frombuffer(text, dtype=np.uint8)
-    newline = np.flatnonzero(b == 10)
-    tab = np.flatnonzero(b == 9)
-    start = np.zeros(count + 1, dtype=np.int64)
-    if newline.shape[0] == count and tab.shape[0] == count and (count == 0 or newline[-1] == len(text) - 1):
-        start[1:] = newline + 1
-        shape_ok = bool(np.all((start[:-1] < tab) & (tab < newline)))
-    else:
-        shape_ok = False
-    names = _name_matrix(b, start, tab) if shape_ok else None
-    if not shape_ok or not _lines_ok(b, text, start, tab, newline, names):
+    start = np.empty(count + 1, dtype=np.int64)
+    tab = np.empty(count, dtype=np.int64)
+    key = np.empty(count, dtype=np.uint64)
+    if _scan(b, _CLASS, count, start, tab, key):  # one pass over the bytes: every rule of a line (§2.5), a key per name
         raise _first_bad_line(text, count)
-    table_ = MemberTable(records, text, start, tab, "xxh3_64:" + xxhash.xxh3_64_hexdigest(table + text))
-    _unique_names(names, table_)
+    both = xxhash.xxh3_64(table)
+    both.update(text)  # the two files end to end (§4), without joining them
+    table_ = MemberTable(records, text, start, tab, "xxh3_64:" + both.hexdigest())
+    _unique_names(key, table_)
     return table_
 
 
-def _name_matrix(b: np.ndarray, start: np.ndarray, tab: np.ndarray) -> np.ndarray:
-    """uint8 ``(n, w)``: each line's name, zero-padded to ``w`` (the longest name rounded up to 8 bytes, at most 136;
-    a longer name is cut there: _lines_ok refuses it by its length)."""
-    n = tab.shape[0]
-    length = np.minimum(tab - start[:-1], 136)
-    width = max(8, -(-int(length.max(initial=0)) // 8) * 8)
-    cols = np.arange(width)
-    out = b[np.minimum(start[:-1, None] + cols, b.shape[0] - 1)] if n else np.zeros((0, width), dtype=np.uint8)
-    out[cols >= length[:, None]] = 0
-    return out
+#: Per byte value, for ``_scan``: 1 a name's first byte (a letter or digit), 2 any byte of a name, 4 a byte no path
+#: may hold (TAB, CR, NUL, backslash), 8 an end of a path component ("/" or LF).
+_CLASS = np.zeros(256, dtype=np.uint8)
+for _c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789":
+    _CLASS[_c] |= 3
+for _c in b"_.-":
+    _CLASS[_c] |= 2
+for _c in b"\t\r\0\\":
+    _CLASS[_c] |= 4
+for _c in b"/\n":
+    _CLASS[_c] |= 8
 
 
-def _lines_ok(b: np.ndarray, text: bytes, start: np.ndarray, tab: np.ndarray, newline: np.ndarray,
-              names: np.ndarray) -> bool:
-    """Every line's name is 1-128 bytes of ``[A-Za-z0-9_.-]`` starting with a letter or digit, and its path holds no
-    CR, NUL or backslash and no empty or ``.`` component and is not absolute (with the line shape checked already)."""
-    if not b.size:
-        return True
-    name_len = tab - start[:-1]
-    if name_len.min() < 1 or name_len.max() > 128 or (newline - tab).min() < 2:
-        return False
-    if not _FIRST_BYTES[names[:, 0]].all() or not (_NAME_BYTES[names] | (names == 0)).all():
-        return False
-    if b"\r" in text or b"\0" in text or b"\\" in text:  # memchr each
-        return False
-    slash = np.flatnonzero(b == 47)  # "/": only paths hold it
-    nxt = np.append(b, np.zeros(2, dtype=np.uint8))  # b[i + 1], b[i + 2] defined past the end
-    if slash.size:
-        after, after2 = nxt[slash + 1], nxt[slash + 2]
-        if (b[slash - 1] == 9).any() or (after == 47).any() or (after == 10).any():  # "\t/", "//", "/\n"
-            return False
-        if ((after == 46) & ((after2 == 47) | (after2 == 10))).any():  # "/./", "/.\n"
-            return False
-    after, after2 = nxt[tab + 1], nxt[tab + 2]
-    return not ((after == 46) & ((after2 == 47) | (after2 == 10))).any()  # "\t./", "\t.\n"
+@njit(cache=True, nogil=True)
+def _scan(b, cls, count, start, tab, key) -> bool:
+    """One pass over ``member_names.txt``: ``count`` lines of ``name TAB path LF``, the name 1-128 bytes of
+    ``[A-Za-z0-9_.-]`` starting with a letter or digit, the path non-empty, not absolute, no empty or ``.``
+    component, no TAB, CR, NUL or backslash. Fills each line's ``start`` (and ``start[count]``: the end), its
+    ``tab`` and a 64-bit ``key`` of its name; True when a rule fails (``_first_bad_line`` then names it)."""
+    n = b.shape[0]
+    i = 0
+    for line in range(count):
+        if i >= n:
+            return True
+        start[line] = i
+        if not cls[b[i]] & 1:
+            return True
+        h = np.uint64(0xCBF29CE484222325)
+        length = 0
+        while i < n and b[i] != 9:
+            c = b[i]
+            if not cls[c] & 2:
+                return True
+            h = (h ^ np.uint64(c)) * np.uint64(0x100000001B3)
+            length += 1
+            if length > 128:
+                return True
+            i += 1
+        if i >= n:
+            return True
+        tab[line] = i
+        key[line] = h ^ np.uint64(length)
+        i += 1
+        part = i  # the component being read
+        if i >= n or b[i] == 47:
+            return True
+        while True:
+            if i >= n:
+                return True
+            c = b[i]
+            k = cls[c]
+            if k & 8:
+                if i == part or (i == part + 1 and b[part] == 46):  # an empty or "." component
+                    return True
+                if c == 10:
+                    break
+                part = i + 1
+            elif k & 4:
+                return True
+            i += 1
+        i += 1
+    start[count] = i
+    return i != n
 
 
-def _unique_names(names: np.ndarray, table: MemberTable) -> None:
-    """Names unique (§2.1): the zero-padded names (no name holds a zero byte) read as 64-bit words, mixed into
-    one 64-bit key each, sorted; equal keys are compared exactly, so a collision costs a comparison, never a
-    false error."""
-    n = names.shape[0]
-    if n < 2:
+@njit(cache=True, nogil=True)
+def _any_equal(key) -> bool:
+    """Whether two of ``key`` are equal: one pass through an open-addressing table (no sort)."""
+    size = 2
+    while size < 2 * key.shape[0]:
+        size *= 2
+    slots = np.empty(size, dtype=np.uint64)
+    used = np.zeros(size, dtype=np.bool_)
+    mask = np.uint64(size - 1)
+    for k in key:
+        j = (k * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32) & mask
+        while used[j]:
+            if slots[j] == k:
+                return True
+            j = (j + np.uint64(1)) & mask
+        used[j] = True
+        slots[j] = k
+    return False
+
+
+def _unique_names(key: np.ndarray, table: MemberTable) -> None:
+    """Names unique (§2.1): each name's 64-bit key (``_scan``: FNV-1a of its bytes and its length) sorted; equal
+    keys are compared exactly, so a collision costs a comparison, never a false error."""
+    if key.shape[0] < 2:
         return
-    words = np.ascontiguousarray(names).view("<u8")
-    key = words[:, 0].copy()
-    with np.errstate(over="ignore"):
-        for k in range(1, words.shape[1]):
-            key = (key ^ (key >> np.uint64(29))) * np.uint64(0xBF58476D1CE4E5B9) + words[:, k]
+    if not _any_equal(key):  # the usual case: no two keys equal, so no two names
+        return
     order = np.argsort(key, kind="stable")
     ks = key[order]
     dup = np.flatnonzero(ks[1:] == ks[:-1])
-    if not dup.size:
-        return
     seen: dict[str, int] = {}
     for j in np.unique(np.concatenate([order[dup], order[dup + 1]])).tolist():  # member order
         name = table._entry(j).name
