@@ -36,7 +36,8 @@ TABLE_FILES = (TABLE_FILE, NAMES_FILE)
 #: The value of ``members`` in a manifest whose member list is the table.
 TABLE_VALUE = "table"
 #: Writers keep the member list as a table from this many members on (below it, the readable JSON array). At
-#: 1,000 members the table halves open + lengths (4 ms against 8.5 ms, `benchmarks/bench_members.py --forms`).
+#: 1,000 members of 1,000 documents: open + lengths 2.8 ms against 8.2 ms, pack 1.03x one store against 1.45x
+#: (`benchmarks/bench_members.py --forms array,table`, README "Measured here").
 DEFAULT_TABLE_MIN = 256
 #: One record of ``members.bin``: 32 bytes, little-endian.
 RECORD = np.dtype([("documents", "<i8"), ("tokens", "<i8"), ("images", "<i8"), ("manifest", "<u8")])
