@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+import xxhash
 
-from .errors import FormatError, UnsupportedVersionError
+from .errors import ChecksumError, FormatError, UnsupportedVersionError
 
 FORMAT_NAME = "packfmt"
 FORMAT_VERSION = (1, 0)
@@ -217,6 +218,21 @@ def nonneg(value: int, *, file: str, field: str, low: int = 0) -> int:
     if not low <= value <= INT64_MAX:
         raise FormatError(file=file, field=field, expected=f"an integer in [{low}, 2^63 - 1]", found=value)
     return value
+
+
+def check_listed_bytes(name: str, data: bytes, entry: "FileEntry", listed_in: str) -> None:
+    """A collection's own file read whole (``data``: at most one byte more than recorded is enough to tell) against
+    its ``files`` entry: the recorded size, then the recorded checksum (spec/COLLECTION.md §2.4, §2.5); the errors
+    name the file and say what to do."""
+    if len(data) != entry.bytes:
+        raise FormatError(f"{name}: size: expected {entry.bytes} bytes ({listed_in}), found {len(data)}"
+                          + ("+" if len(data) > entry.bytes else ""), file=name, field="size", expected=entry.bytes,
+                          found=len(data))
+    found = "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
+    if found != entry.checksum:
+        raise ChecksumError(f"{name}: checksum: expected {entry.checksum} ({listed_in}), found {found}: the file "
+                            "changed after the collection was written; run `packfmt merge` again", file=name,
+                            field="checksum", expected=entry.checksum, found=found)
 
 
 def parse_files_table(obj: Mapping, *, file: str) -> dict[str, FileEntry]:

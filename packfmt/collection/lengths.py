@@ -18,7 +18,7 @@ import numpy as np
 import xxhash
 
 from .. import format as F
-from ..errors import ChecksumError, FormatError
+from ..errors import FormatError
 from .member_table import TABLE_FILES
 from .versions import COLLECTION_VERSION, FILES_VERSION, TABLE_VERSION
 
@@ -98,16 +98,7 @@ def read_lengths(root: str | os.PathLike, cm) -> np.ndarray | None:
 def check_record(raw: bytes, cm) -> np.ndarray:
     """The lengths in ``raw``, the bytes of ``doc_lengths.bin`` (at most one byte more than recorded is enough to
     tell), once their size, checksum and contents (C7) are checked against ``cm``."""
-    entry = cm.files[LENGTHS_FILE]
-    if len(raw) != entry.bytes:
-        raise FormatError(f"{LENGTHS_FILE}: size: expected {entry.bytes} bytes (manifest), found {len(raw)}"
-                          + ("+" if len(raw) > entry.bytes else ""), file=LENGTHS_FILE, field="size",
-                          expected=entry.bytes, found=len(raw))
-    found = "xxh3_64:" + xxhash.xxh3_64_hexdigest(raw)
-    if found != entry.checksum:
-        raise ChecksumError(f"{LENGTHS_FILE}: checksum: expected {entry.checksum} (manifest), found {found}: the file "
-                            "changed after the collection was written; run `packfmt merge` again", file=LENGTHS_FILE,
-                            field="checksum", expected=entry.checksum, found=found)
+    F.check_listed_bytes(LENGTHS_FILE, raw, cm.files[LENGTHS_FILE], "manifest")
     lengths = np.frombuffer(raw, dtype=LENGTHS_DTYPE)
     check_lengths(lengths, cm)
     return lengths

@@ -23,7 +23,7 @@ import xxhash
 from numba import njit
 
 from .. import format as F
-from ..errors import ChecksumError, FormatError
+from ..errors import FormatError
 from .versions import TABLE_VERSION
 
 __all__ = ["TABLE_FILE", "NAMES_FILE", "TABLE_FILES", "RECORD", "TABLE_VALUE", "TABLE_VERSION", "DEFAULT_TABLE_MIN",
@@ -202,15 +202,7 @@ def read_table(read: Callable[[str, int], bytes], files: dict, count: int, *, fi
                               f"{NAMES_FILE} (spec/COLLECTION.md §2.5); copy the whole collection directory, or "
                               "write it again with `packfmt merge`", file=name, field="file", expected="present",
                               found="missing") from None
-        if len(data) != entry.bytes:
-            raise FormatError(f"{name}: size: expected {entry.bytes} bytes ({file}), found {len(data)}"
-                              + ("+" if len(data) > entry.bytes else ""), file=name, field="size",
-                              expected=entry.bytes, found=len(data))
-        found = "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)
-        if found != entry.checksum:
-            raise ChecksumError(f"{name}: checksum: expected {entry.checksum} ({file}), found {found}: the file changed "
-                                "after the collection was written; run `packfmt merge` again", file=name,
-                                field="checksum", expected=entry.checksum, found=found)
+        F.check_listed_bytes(name, data, entry, file)
         raw[name] = data
     return parse_table(raw[TABLE_FILE], raw[NAMES_FILE], count)
 
