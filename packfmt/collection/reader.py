@@ -224,7 +224,8 @@ def nested_collection_error(root: Path, m: int, entry: Member) -> FormatError | 
     listed = [x["path"] for x in listed if isinstance(x, dict) and isinstance(x.get("path"), str)]
     if obj.get("members") == TABLE_VALUE:  # §2.5: its paths are in member_names.txt
         try:
-            listed = table_paths((path / NAMES_FILE).read_bytes()[:64 << 20])
+            with open(path / NAMES_FILE, "rb") as fh:
+                listed = table_paths(fh.read(64 << 20))  # a bound, as for a manifest: naming a cycle needs no more
         except OSError:
             listed = []
     try:
