@@ -235,3 +235,17 @@ def test_vectorised_checks_agree_with_the_per_line_rules(entries, where, insert)
     lines = text.decode("utf-8").split("\n")[:-1]
     assert [(m.name, m.path) for m in table] == [tuple(line.split("\t")) for line in lines]
     assert table.names == [line.split("\t")[0] for line in lines]
+
+
+def test_a_table_listing_its_own_collection_names_the_cycle(tmp_path, pair):
+    """SECURITY A18 through a member table: a path leading back to the collection is refused as a collection
+    (never opened as one), and the error names the cycle."""
+    import shutil
+
+    root = tmp_path / "c"
+    shutil.copytree(pair[0], root)
+    _rewrite(root, NAMES_FILE, (root / NAMES_FILE).read_bytes().replace(b"\t../stores/m000004\n", b"\t../c\n", 1))
+    coll = Collection(root)
+    with pytest.raises(FormatError, match=r"a collection \(this collection itself: a cycle\)"):
+        coll.member(4)
+    assert any("cycle" in p.message for p in validate(root).errors)
