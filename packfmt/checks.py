@@ -158,16 +158,18 @@ def image_span_rows(spans: np.ndarray, doc: np.ndarray, doc_offsets: np.ndarray,
 
 
 def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray, *,
-             file: str) -> tuple[list[Finding], np.ndarray | None]:
+             file: str, doc_lengths: bool = False) -> tuple[list[Finding], np.ndarray | None]:
     """V27: every segment ``(doc, begin, end)`` has ``0 <= doc < n`` and ``0 <= begin < end <= len(doc)``.
 
-    Needs V13 (``doc_offsets``) and V25 (``pack_offsets``) to hold. Returns the findings and, when
-    there are none, the int64 token count of every pack (for ``packs``).
+    Needs V13 (``doc_offsets``) and V25 (``pack_offsets``) to hold. ``doc_lengths``: the second argument holds the
+    ``n`` documents' lengths instead of their ``n + 1`` offsets (a collection holds its lengths: no offsets array
+    of 8 bytes a document is made to check an index). Returns the findings and, when there are none, the int64
+    token count of every pack (for ``packs``).
     """
     doc_offsets, segs, pack_offsets = np.asarray(doc_offsets), np.asarray(segs), np.asarray(pack_offsets)
-    n_docs = doc_offsets.shape[0] - 1
+    n_docs = doc_offsets.shape[0] - (0 if doc_lengths else 1)
     lengths = np.empty(pack_offsets.shape[0] - 1, dtype=np.int64)
-    first_doc, n_doc, first_range, n_range = _segment_kernel()(segs, doc_offsets, pack_offsets, lengths)
+    first_doc, n_doc, first_range, n_range = _segment_kernel()(segs, doc_offsets, pack_offsets, lengths, doc_lengths)
     out = []
     if first_doc >= 0:
         k = first_doc
@@ -176,8 +178,8 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
     if first_range >= 0:
         k = first_range
         d, beg, end = (int(v) for v in segs[k])
-        out.append(Finding("V27", file, f"[{k}]", f"0 <= begin < end <= length of document {d} "
-                           f"({int(doc_offsets[d + 1] - doc_offsets[d])})",
+        length = int(doc_offsets[d]) if doc_lengths else int(doc_offsets[d + 1] - doc_offsets[d])
+        out.append(Finding("V27", file, f"[{k}]", f"0 <= begin < end <= length of document {d} ({length})",
                            f"[{beg}, {end}) (segment beyond its document, or empty; {n_range} bad segment(s) in all)"))
     return out, (None if out else lengths)
 
@@ -196,9 +198,10 @@ def _segment_kernel():
         from numba import njit
 
         @njit(cache=True, nogil=True)
-        def scan(segs, doc_offsets, pack_offsets, lengths):
-            """(first bad doc id, count, first bad range, count), -1 for none; fills ``lengths``."""
-            n_docs = doc_offsets.shape[0] - 1
+        def scan(segs, doc_offsets, pack_offsets, lengths, doc_lengths):
+            """(first bad doc id, count, first bad range, count), -1 for none; fills ``lengths``. ``doc_lengths``:
+            ``doc_offsets`` holds each document's length instead."""
+            n_docs = doc_offsets.shape[0] - (0 if doc_lengths else 1)
             first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
             for p in range(pack_offsets.shape[0] - 1):
                 total = 0
@@ -208,7 +211,7 @@ def _segment_kernel():
                         if first_doc < 0:
                             first_doc = s
                         n_doc += 1
-                    elif b < 0 or b >= e or e > doc_offsets[d + 1] - doc_offsets[d]:
+                    elif b < 0 or b >= e or e > (doc_offsets[d] if doc_lengths else doc_offsets[d + 1] - doc_offsets[d]):
                         if first_range < 0:
                             first_range = s
                         n_range += 1

@@ -39,6 +39,11 @@ class Dataset:
     image_start: np.ndarray
     all_trained: tuple[bool, ...]
 
+    def segment_bounds(self) -> tuple[np.ndarray, bool]:
+        """What bounds a pack index's segments (V27): ``(doc_offsets, False)``, or ``(doc_lengths, True)`` for a
+        dataset that holds its lengths rather than offsets (``checks.segments``)."""
+        return self.doc_offsets, False
+
     def _shared(self) -> dict:
         """``vocab_size``, ``token_dtype``, ``special_tokens``, ``loss_mask``: what every member agrees on."""
         raise NotImplementedError

@@ -123,8 +123,10 @@ class PackIndex:
             checks.raise_first(checks.offsets(self.pack_token_offsets, rule="V25", file=lab + F.PACK_TOKEN_OFFSETS,
                                               last=n_packed, last_what="counts.packed_tokens", strict=False,
                                               unit="tokens per pack"))
-        found, lengths = checks.segments(self.segments, self.store.doc_offsets, self.pack_offsets,
-                                         file=lab + F.SEGMENTS)
+        bounded = getattr(self.store, "segment_bounds", None)  # a store's offsets, a collection's lengths (V27)
+        bounds, by_length = bounded() if bounded is not None else (self.store.doc_offsets, False)
+        found, lengths = checks.segments(self.segments, bounds, self.pack_offsets, file=lab + F.SEGMENTS,
+                                         doc_lengths=by_length)
         checks.raise_first(found)
         checks.raise_first(checks.packs(lengths, self.capacity, n_packed, file=lab + F.SEGMENTS,
                                         pack_token_offsets=self.pack_token_offsets, pto_file=lab + F.PACK_TOKEN_OFFSETS))

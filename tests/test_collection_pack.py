@@ -317,3 +317,26 @@ def test_cli_pack_says_copies_and_validate_names_members(coll, capsys):
     assert f"from {coll.num_documents + 20:,} document copies" in capsys.readouterr().out
     assert main(["validate", str(coll.path)]) == 0
     assert "members 3, documents 47" in capsys.readouterr().out
+
+
+def test_a_segment_past_its_document_is_refused_by_the_collections_lengths(coll, tmp_path):
+    """V27 over a collection is checked against its documents' lengths (no offsets array is built): a segment one
+    token past its document, or naming a document past the last, is refused at open, naming the document's length."""
+    index = build_pack_index(coll, capacity=64, name="v27")
+    segs = np.fromfile(index.path / F.SEGMENTS, dtype=np.int64).reshape(-1, 3)
+    lengths = coll.doc_lengths
+    for k, row, says in ((3, None, f"length of document {{d}} ({{n}})"), (5, "doc", "a document id in [0, ")):
+        bad = segs.copy()
+        if row is None:
+            d = int(bad[k, 0])
+            bad[k, 1], bad[k, 2] = 0, lengths[d] + 1
+            says = says.format(d=d, n=int(lengths[d]))
+        else:
+            bad[k, 0] = coll.num_documents
+        shutil.rmtree(tmp_path / "c", ignore_errors=True)
+        shutil.copytree(coll.path, tmp_path / "c")
+        (tmp_path / "c" / F.PACKS_DIR / "v27" / F.SEGMENTS).write_bytes(bad.tobytes())
+        with pytest.raises(FormatError) as exc:
+            packfmt.open(tmp_path / "c").pack_index("v27")
+        assert "V27" in str(exc.value) or exc.value.field.startswith("["), str(exc.value)
+        assert says in str(exc.value), str(exc.value)

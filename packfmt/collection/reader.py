@@ -188,6 +188,10 @@ class Collection(Dataset):
                     raise
         return self._lengths
 
+    def segment_bounds(self) -> tuple[np.ndarray, bool]:
+        """Its lengths (``doc_lengths``, held anyway): an index is checked without an offsets array (V27)."""
+        return self.doc_lengths, True
+
     @property
     def doc_offsets(self) -> np.ndarray:
         """int64 ``(num_documents + 1,)``: the ``doc_offsets`` a physical merge would have (computed)."""

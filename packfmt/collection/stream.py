@@ -90,6 +90,10 @@ class StreamedCollection(Collection):
         np.cumsum(per_doc, out=out[1:])
         return out
 
+    def segment_bounds(self) -> tuple[np.ndarray, bool]:
+        """The bounds above (each document as long as its member), not the real lengths (members not fetched)."""
+        return self.doc_offsets, False
+
     def __getstate__(self) -> dict:
         raise TypeError(f"{self.path}: a streamed collection is not pickled; PackedDataset(url, stream=True) "
                         "re-opens it in each DataLoader worker")
