@@ -249,3 +249,20 @@ def test_a_table_listing_its_own_collection_names_the_cycle(tmp_path, pair):
     with pytest.raises(FormatError, match=r"a collection \(this collection itself: a cycle\)"):
         coll.member(4)
     assert any("cycle" in p.message for p in validate(root).errors)
+
+
+def test_cli_merge_member_table_flag(tmp_path, capsys):
+    """`packfmt merge --member-table yes|no|auto`: the listing asked for, said in the output; refused with --physical."""
+    from packfmt.cli import main
+
+    paths = _stores(tmp_path, 3)
+    for flag, members, version in (("yes", "table", "1.4"), ("no", None, "1.3"), ("auto", None, "1.3")):
+        out = tmp_path / f"c-{flag}"
+        assert main(["merge", *map(str, paths), "-o", str(out), "--member-table", flag]) == 0
+        raw = json.loads((out / F.MANIFEST).read_text())
+        assert raw["format_version"] == version and (raw["members"] == "table") == (members == "table")
+        said = capsys.readouterr().out
+        assert f"({'member table' if members else 'member array'}, format {version})" in said
+    assert main(["merge", "--physical", *map(str, paths), "-o", str(tmp_path / "one"), "--member-table", "yes"]) == 1
+    assert "--member-table lists the members of a collection" in capsys.readouterr().err
+    assert not (tmp_path / "one").exists()

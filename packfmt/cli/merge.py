@@ -19,6 +19,10 @@ def add_parser(sub) -> None:
     p.add_argument("--physical", action="store_true",
                    help="write one contiguous store (tokens, offsets, masks and images copied); the pack indexes "
                         "of a single source collection are carried, those of member stores are not")
+    p.add_argument("--member-table", choices=("auto", "yes", "no"), default="auto",
+                   help="keep the member list in members.bin + member_names.txt (collection format 1.4, "
+                        "spec/COLLECTION.md §2.5: read in one pass, for many members) instead of the manifest's JSON "
+                        "array (format 1.3, readable by 1.3 readers); auto: from 256 members on")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.set_defaults(func=run)
 
@@ -30,10 +34,17 @@ def run(args: argparse.Namespace) -> int:
     sources = [parse_source(s) for s in args.sources]
     refuse_laid_out_sources(sources)  # a pack-ordered layout: its lookahead tokens are labels (COLLECTION §9.2)
     if args.physical:
+        if args.member_table != "auto":
+            from ..errors import WriteError
+
+            raise WriteError("--member-table lists the members of a collection; --physical writes one store: drop one "
+                             "of them", field="member_table", expected="auto with --physical", found=args.member_table)
         return _physical(args, sources)
-    coll = write_collection(args.output, sources, overwrite=args.overwrite)
-    print(f"wrote collection {getattr(coll, 'url', coll.path)}: {len(coll.members):,} members, {coll.num_documents:,} documents, "
-          f"{coll.num_tokens:,} tokens")
+    table = {"auto": None, "yes": True, "no": False}[args.member_table]
+    coll = write_collection(args.output, sources, overwrite=args.overwrite, member_table=table)
+    listing = "member table" if coll.manifest.raw["members"] == "table" else "member array"
+    print(f"wrote collection {getattr(coll, 'url', coll.path)}: {len(coll.members):,} members ({listing}, format "
+          f"{coll.manifest.raw['format_version']}), {coll.num_documents:,} documents, {coll.num_tokens:,} tokens")
     for m in coll.members[:10]:
         print(f"  {m.name}: {m.documents:,} documents, {m.tokens:,} tokens ({m.path})")
     if len(coll.members) > 10:
