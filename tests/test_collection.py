@@ -92,7 +92,7 @@ def test_changed_member_is_refused_naming_it(tmp_path, three):
 
 def test_cli_merge(tmp_path, three, capsys):
     assert main(["merge", *map(str, three), "-o", str(tmp_path / "mix")]) == 0
-    assert "3 members, 9 documents" in capsys.readouterr().out
+    assert "3 members (member array, format 1.3), 9 documents" in capsys.readouterr().out
     assert main(["merge", str(three[0]), "-o", str(tmp_path / "mix")]) == 1
     assert "--overwrite" in capsys.readouterr().err
 
