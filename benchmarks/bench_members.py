@@ -68,6 +68,26 @@ def measure(path: Path, repeat: int) -> dict:
     return {"open_s": best_of(open_, repeat), "pack_s": best_of(pack, repeat), "validate_s": best_of(check, repeat)}
 
 
+#: ``--process``: each command run as a whole process (interpreter start, imports, numba cache loads included).
+COMMANDS = {"pack": ["pack", "{p}", "--capacity", str(CAPACITY), "--name", "bp", "--overwrite"],
+            "validate": ["validate", "{p}"], "inspect": ["inspect", "{p}"]}
+
+
+def measure_processes(path: Path, repeat: int) -> dict:
+    """Best wall time of each ``COMMANDS`` entry run as ``python -m packfmt.cli ...`` (output discarded)."""
+    import subprocess
+
+    out = {}
+    for name, argv in COMMANDS.items():
+        cmd = [sys.executable, "-m", "packfmt.cli", *(a.format(p=path) for a in argv)]
+
+        def run(cmd=cmd):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        out[f"process_{name}_s"] = best_of(run, repeat)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="1000x2,10000x2,1000x1000", help="MEMBERSxDOCS_PER_MEMBER, comma separated")
@@ -75,6 +95,8 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="also 100000x2")
     ap.add_argument("--forms", default="auto", help="comma separated: array (JSON, format 1.3), table (member table, "
                     "1.4), auto (the writer's choice)")
+    ap.add_argument("--process", action="store_true", help="also time `packfmt pack/validate/inspect` as whole "
+                    "processes, store against collection")
     ap.add_argument("--out", default="bench_members.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")] + ([(100_000, 2)] if args.full else [])
@@ -95,6 +117,12 @@ def main() -> None:
                     row[f"coll_{key}"] = round(many[key], 4)
                     row[f"{key[:-2]}_ratio"] = round(many[key] / one[key], 2)
                     row[f"{key[:-2]}_us_per_member"] = round(1e6 * (many[key] - one[key]) / members, 1)
+                if args.process:
+                    one_p, many_p = measure_processes(single, args.repeat), measure_processes(coll, args.repeat)
+                    for key in one_p:
+                        row[f"store_{key}"] = round(one_p[key], 3)
+                        row[f"coll_{key}"] = round(many_p[key], 3)
+                        row[f"{key[:-2]}_ratio"] = round(many_p[key] / one_p[key], 2)
                 rows.append(row)
                 print(row, flush=True)
         finally:
@@ -102,6 +130,10 @@ def main() -> None:
     print_table(rows, ["members", "documents", "form", "store_open_s", "coll_open_s", "open_ratio", "store_pack_s",
                        "coll_pack_s", "pack_ratio", "store_validate_s", "coll_validate_s", "validate_ratio",
                        "open_us_per_member", "pack_us_per_member", "validate_us_per_member"])
+    if args.process:
+        print_table(rows, ["members", "documents", "form", *(f"{side}_process_{c}_s" for c in COMMANDS
+                                                           for side in ("store", "coll")),
+                           *(f"process_{c}_ratio" for c in COMMANDS)])
     write_json(RESULTS_DIR / args.out, {"machine": machine_info(), "packfmt": packfmt.__file__, "args": vars(args),
                                         "rows": rows})
 
