@@ -12,7 +12,7 @@ import mmap
 
 import numpy as np
 
-__all__ = ["INT32_MAX", "narrow_lengths", "release"]
+__all__ = ["INT32_MAX", "narrow_lengths", "narrow", "release"]
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 #: Elements per chunk of a pass over document offsets (32 MiB of int64).
@@ -54,3 +54,15 @@ def narrow_lengths(doc_offsets: np.ndarray, cap: int | None = None) -> np.ndarra
         release(doc_offsets)  # per chunk: never more than one chunk of offsets resident
     return out
 
+
+
+def narrow(lengths: np.ndarray) -> np.ndarray:
+    """``lengths`` (a dataset's own, e.g. a collection's ``doc_lengths.bin``) as int32 when every one fits, else
+    as they are; copied in chunks, the source's pages released after each (as ``narrow_lengths``)."""
+    if lengths.size and int(lengths.max()) > INT32_MAX:
+        return lengths
+    out = np.empty(lengths.shape[0], dtype=np.int32)
+    for a in range(0, lengths.shape[0], CHUNK_ELEMS):
+        out[a:a + CHUNK_ELEMS] = lengths[a:a + CHUNK_ELEMS]
+        release(lengths)
+    return out

@@ -22,7 +22,7 @@ from ._io import (
     temp_sibling,
     write_durably,
 )
-from ._resident import narrow_lengths
+from ._resident import narrow, narrow_lengths
 from .collection.arrays import relative_image_spans
 from .errors import FormatError, WriteError
 from .index import PackIndex
@@ -155,7 +155,9 @@ def build_pack_index(
     t0 = time.perf_counter()
     # int32 when every document fits (4 bytes per document, kept as is by segment_documents and
     # pack_items); the offsets' pages are handed back once read (packfmt._resident)
-    lengths = narrow_lengths(store.doc_offsets)
+    bounds, are_lengths = store.segment_bounds()  # a collection holds its lengths: no offsets built to diff
+    lengths = narrow(bounds) if are_lengths else narrow_lengths(bounds)
+    del bounds
     plan_mixture = weights is not None or proportions is not None
     if plan_mixture:  # the mixture planners work on int64 lengths
         lengths = lengths.astype(np.int64, copy=False)

@@ -18,7 +18,7 @@ from old_collections import without_lengths_record
 
 from packfmt import format as F
 from packfmt.collection import Collection, write_collection
-from packfmt.collection.lengths import LENGTHS_FILE
+from packfmt.collection.lengths import LENGTHS_FILE, _member_sums, _member_sums_checked
 from packfmt.collection.shards import write_shards
 from packfmt.errors import ChecksumError, FormatError
 from packfmt.packindex import build_pack_index
@@ -143,6 +143,7 @@ def test_members_open_before_the_record_is_read_are_compared_then(tmp_path):
     (lambda x: np.concatenate([[x[0] + 1], x[1:]]), r"members\[0\].*summing to"),
     (lambda x: np.concatenate([[-(2**62)], [2**62 + x[0] + x[1]], x[2:]]), r"\[0\]: expected a length >= 1"),
     (lambda x: np.concatenate([x[:-1], [2**63 - 1 - int(x[:-1].sum())]]), r"summing to"),
+    (lambda x: np.concatenate([[2**62, 2**62], x[2:]]), r"\[1\]: expected a length >= 1"),  # the sum passes 2^63
 ])
 def test_a_record_whose_contents_break_c7_is_refused_as_it_is_read(tmp_path, lie, match):
     root, _, lengths = write_random_collection(tmp_path, [3, 3])
@@ -202,3 +203,15 @@ def test_without_the_file_the_members_give_the_lengths(tmp_path):
     without_lengths_record(root)  # a 1.2 collection: valid, read from its members
     np.testing.assert_array_equal(Collection(root).doc_lengths, lengths)
     assert validate(root).ok
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=12), st.integers(0, 2**32))
+def test_member_sums_taken_directly_equal_the_running_sums(documents, seed):
+    """C7's fast path (``reduceat`` over the members holding documents) and the running sum agree, members of no
+    document included (first, last, in a row)."""
+    documents = np.array(documents, dtype=np.int64)
+    lengths = np.random.default_rng(seed).integers(1, 1000, int(documents.sum()))
+    direct = _member_sums(lengths, documents)
+    assert direct.tolist() == _member_sums_checked(lengths, documents).tolist()
+    assert direct.tolist() == [int(lengths[a:a + d].sum()) for a, d in zip(np.cumsum(documents) - documents, documents)]
