@@ -246,3 +246,16 @@ def test_inspect_of_many_members_elides_rows_and_totals_groups(tmp_path, capsys)
     assert re.search(r"^  code\s+15\s+15\s+30\s+37\.50%$", out, re.M), out
     assert main(["inspect", "--json", str(tmp_path / "c")]) == 0
     assert [m["name"] for m in json.loads(capsys.readouterr().out)["members"]] == names
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.integers(0, 3000), st.integers(0, 2**62)), max_size=40), min_size=1,
+                max_size=12))
+def test_sorted_within_members_equals_a_sort_of_each_member(members):
+    """The radix sort (keys of up to 63 bits, several passes) and its lexsort fallback (wider keys) sort each
+    member's lengths and keep members in place, empty members included."""
+    from packfmt.collection.inspect import sorted_within
+
+    lengths = np.array([x for m in members for x in m], dtype=np.int64)
+    got = sorted_within(lengths, np.array([len(m) for m in members], dtype=np.int64))
+    assert got.tolist() == [x for m in members for x in sorted(m)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 __all__ = ["summarize_collection", "format_collection", "format_mixture", "member_length_stats", "SHOWN_MEMBERS"]
 
@@ -27,7 +28,7 @@ def member_length_stats(lengths: np.ndarray, doc_start: np.ndarray) -> list[dict
     if not lengths.size:
         return [{"count": 0} for _ in range(counts.shape[0])]
     lengths = np.asarray(lengths, dtype=np.int64)
-    ordered = lengths[np.lexsort((lengths, np.repeat(np.arange(counts.shape[0]), counts)))]
+    ordered = sorted_within(lengths, counts)
     last = lengths.size - 1
     start = np.minimum(doc_start[:-1], last)  # an empty member's: clamped, and never read below
     n = np.maximum(counts, 1)
@@ -57,6 +58,47 @@ def member_length_stats(lengths: np.ndarray, doc_start: np.ndarray) -> list[dict
         row["max"] = int(cols["max"][m])
         out.append(row)
     return out
+
+
+def sorted_within(lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``lengths`` (int64, ``>= 0``, ``counts[m]`` documents of member ``m`` after another) sorted within each member.
+
+    One key per document, the member above the length, sorted by an LSD radix sort: linear in the documents
+    (10^7 over 1,000 members: a few passes, where a lexsort of the two columns took ~1.8 s); a lexsort only
+    when the key would not fit 63 bits."""
+    members = counts.shape[0]
+    shift = int(lengths.max()).bit_length() if lengths.size else 0
+    bits = (members - 1).bit_length() + shift
+    if bits > 63:
+        return lengths[np.lexsort((lengths, np.repeat(np.arange(members), counts)))]
+    key = np.repeat(np.arange(members, dtype=np.int64) << shift, counts)
+    key |= lengths
+    out = _radix_sort(key, bits)
+    out &= (1 << shift) - 1
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _radix_sort(key, bits):
+    """``key`` (int64, ``>= 0``, below ``2^bits``) sorted ascending: stable counting passes of 11 bits, low first;
+    ``key`` is the buffer of every other pass (the result is ``key`` or a new array)."""
+    n = key.shape[0]
+    src, dst = key, np.empty_like(key)
+    shift = 0
+    while shift < bits:
+        count = np.zeros(2049, dtype=np.int64)
+        for i in range(n):
+            count[((src[i] >> shift) & 2047) + 1] += 1
+        if count.max() < n:  # a digit every key shares leaves the order as it is
+            for d in range(2048):
+                count[d + 1] += count[d]
+            for i in range(n):
+                d = (src[i] >> shift) & 2047
+                dst[count[d]] = src[i]
+                count[d] += 1
+            src, dst = dst, src
+        shift += 11
+    return src
 
 
 def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -> dict:
