@@ -14,6 +14,9 @@ and as the in-process seconds of the call). Aims (issue "Internet scale", point 
     python benchmarks/bench_pack_e2e.py --label before --pythonpath /tmp/packfmt-base   # another checkout
     python benchmarks/bench_pack_e2e.py --full --steps pack --repeats 5 --baseline /tmp/packfmt-base
         # this checkout and another interleaved, run by run: the same machine load for both
+    python benchmarks/bench_pack_e2e.py --full --members 1000 --label coll1000 \
+        --out benchmarks/results/bench_pack_e2e_members.json
+        # the same documents as a collection of 1,000 members (written once beside the store)
 
 On a shared machine the wall times move by 2x with the load of others: compare labels measured
 in one run with ``--baseline`` (each repeat runs both checkouts back to back), and read the spread
@@ -116,6 +119,34 @@ def make_store(path: Path, n: int, seed: int = 0, long_every: int = 0) -> float:
             tokens = (np.arange(int(lengths.sum()), dtype=np.int64) % 32_000).astype(np.uint16)
             w.add_documents(tokens, lengths)
     return time.perf_counter() - t0
+
+
+#: Run in its own process: a child's peak RSS (``ru_maxrss``) starts from its parent's at the spawn, so the
+#: parent must not touch the store's pages.
+SPLIT = """
+import sys, numpy as np
+from pathlib import Path
+from packfmt.collection import write_collection
+from packfmt.torch.testing import write_split_stores
+store, out, members = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+offsets = np.memmap(store / "doc_offsets.bin", dtype="<i8", mode="r")
+tokens = np.memmap(store / "tokens.bin", dtype="<u2", mode="r")
+n = offsets.shape[0] - 1
+paths = write_split_stores(out.parent / (out.name + "-stores"), tokens, offsets,
+                           np.linspace(0, n, members + 1).astype(np.int64), vocab_size=32_000)
+write_collection(out, [(None, p) for p in paths])
+"""
+
+
+def make_collection(store: Path, members: int) -> Path:
+    """The documents of ``store`` as a collection of ``members`` members (even cuts), written beside it once."""
+    out = store.parent / f"{store.name}-coll{members}"
+    if not (out / "manifest.json").exists():
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", SPLIT, str(store), str(out), str(members)], check=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        print(f"wrote {members:,} members in {time.perf_counter() - t0:.1f} s -> {out}", flush=True)
+    return out
 
 
 def spawn_wait(argv: list[str], env: dict, profile: Path | None = None) -> dict:
@@ -269,6 +300,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, help="runs per process, best wall kept (default 3 below 10^8, 1 from 10^8 on)")
     ap.add_argument("--long-every", type=int, default=0, metavar="K",
                     help=f"every K-th document has {LONG_LEN} tokens (cut into 3 segments; use a --label of its own)")
+    ap.add_argument("--members", type=int, default=0, metavar="K",
+                    help="measure the same documents as a collection of K members instead of one store (use a "
+                         "--label and --out of its own; the floor stays one store's: per-member costs count as growth)")
     ap.add_argument("--quick", action="store_true", help="do not write the JSON (smoke runs)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="JSON output path")
     args = ap.parse_args(argv)
@@ -303,13 +337,15 @@ def main(argv=None) -> int:
             prof = Path(tempfile.mkdtemp(prefix="bench_prof_")) if args.profile else None
             repeats = args.repeats or (3 if n < 10**8 else 1)
             print(f"load average before n={n:,}: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
-            for label, found in measure(n, ds, envs, prof, repeats, floors, steps).items():
+            target = make_collection(ds, args.members) if args.members else ds
+            for label, found in measure(n, target, envs, prof, repeats, floors, steps).items():
                 if gen is not None:
                     found[0]["generate_s"] = gen
                 found[0]["load_average"] = os.getloadavg()[0]
                 rows[label] += found
             if tmp:
-                shutil.rmtree(ds, ignore_errors=True)
+                for gone in (ds, ds.parent / f"{ds.name}-coll{args.members}", ds.parent / f"{ds.name}-coll{args.members}-stores"):
+                    shutil.rmtree(gone, ignore_errors=True)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -321,7 +357,8 @@ def main(argv=None) -> int:
         kept = [r for r in previous if r["n_docs"] not in sizes]
         checkout = "(this checkout)" if Path(path).resolve() == ROOT else "(another checkout, see the label)"
         report["labels"][label] = {"rows": kept + rows[label], "floor_rss_mb": floors[label], "pythonpath": checkout,
-                                   "machine": machine_info(), "long_every": args.long_every or None}
+                                   "machine": machine_info(), "long_every": args.long_every or None,
+                                   "members": args.members or None}
         if args.baseline:
             report["labels"][label]["interleaved_with"] = sorted(set(paths) - {label})
     report["setup"] = {"capacity": CAPACITY, "algorithm": ALGORITHM, "doc_lengths": f"uniform 1..{MAX_LEN}",
