@@ -101,6 +101,7 @@ def _check_lengths_record(root: Path, cm, out, lengths: np.ndarray | None, faile
     size and checksum, its contents agree with the counts, and each member that passed its checks has exactly its slice of it (``lengths``: the
     members' own, from their ``doc_offsets.bin``; None: read here)."""
     from ..dataset import running_sum
+    from ..mapped import map_bytes
     from .lengths import LENGTHS_FILE, check_record, member_lengths_problem
 
     entry = cm.files.get(LENGTHS_FILE)
@@ -108,8 +109,7 @@ def _check_lengths_record(root: Path, cm, out, lengths: np.ndarray | None, faile
         return
     raw = None
     if (root / LENGTHS_FILE).is_file():
-        with open(root / LENGTHS_FILE, "rb") as fh:
-            raw = fh.read(entry.bytes + 1)
+        raw = map_bytes(root / LENGTHS_FILE)  # checked in place, as readers do (no private copy)
     elif remote is not None:
         raw = remote(entry.bytes + 1)
     if raw is None:
