@@ -158,18 +158,24 @@ def image_span_rows(spans: np.ndarray, doc: np.ndarray, doc_offsets: np.ndarray,
 
 
 def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray, *,
-             file: str, doc_lengths: bool = False) -> tuple[list[Finding], np.ndarray | None]:
+             file: str, doc_lengths: bool = False, doc_start: np.ndarray | None = None
+             ) -> tuple[list[Finding], np.ndarray | None]:
     """V27: every segment ``(doc, begin, end)`` has ``0 <= doc < n`` and ``0 <= begin < end <= len(doc)``.
 
     Needs V13 (``doc_offsets``) and V25 (``pack_offsets``) to hold. ``doc_lengths``: the second argument holds the
     ``n`` documents' lengths instead of their ``n + 1`` offsets (a collection holds its lengths: no offsets array
-    of 8 bytes a document is made to check an index). Returns the findings and, when there are none, the int64
-    token count of every pack (for ``packs``).
+    of 8 bytes a document is made to check an index). ``doc_start`` (``M + 1`` first document ids of ``M``
+    members): the second argument holds one BOUND per member instead, and a document is taken to be at most as
+    long as its member (a streamed collection before its members are fetched: nothing of 8 bytes a document).
+    Returns the findings and, when there are none, the int64 token count of every pack (for ``packs``).
     """
     doc_offsets, segs, pack_offsets = np.asarray(doc_offsets), np.asarray(segs), np.asarray(pack_offsets)
-    n_docs = doc_offsets.shape[0] - (0 if doc_lengths else 1)
+    mode = 2 if doc_start is not None else int(doc_lengths)
+    starts = np.asarray(doc_start, dtype=np.int64) if doc_start is not None else np.zeros(1, dtype=np.int64)
+    n_docs = int(starts[-1]) if mode == 2 else doc_offsets.shape[0] - (0 if doc_lengths else 1)
     lengths = np.empty(pack_offsets.shape[0] - 1, dtype=np.int64)
-    first_doc, n_doc, first_range, n_range = _segment_kernel()(segs, doc_offsets, pack_offsets, lengths, doc_lengths)
+    first_doc, n_doc, first_range, n_range = _segment_kernel()(segs, doc_offsets, pack_offsets, lengths, mode,
+                                                               starts)
     out = []
     if first_doc >= 0:
         k = first_doc
@@ -178,8 +184,12 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
     if first_range >= 0:
         k = first_range
         d, beg, end = (int(v) for v in segs[k])
-        length = int(doc_offsets[d]) if doc_lengths else int(doc_offsets[d + 1] - doc_offsets[d])
-        out.append(Finding("V27", file, f"[{k}]", f"0 <= begin < end <= length of document {d} ({length})",
+        if mode == 2:
+            m = int(np.searchsorted(starts, d, side="right")) - 1
+            what = f"at most the {int(doc_offsets[m])} tokens of its member {m}"
+        else:
+            what = str(int(doc_offsets[d]) if doc_lengths else int(doc_offsets[d + 1] - doc_offsets[d]))
+        out.append(Finding("V27", file, f"[{k}]", f"0 <= begin < end <= length of document {d} ({what})",
                            f"[{beg}, {end}) (segment beyond its document, or empty; {n_range} bad segment(s) in all)"))
     return out, (None if out else lengths)
 
@@ -198,10 +208,14 @@ def _segment_kernel():
         from numba import njit
 
         @njit(cache=True, nogil=True)
-        def scan(segs, doc_offsets, pack_offsets, lengths, doc_lengths):
-            """(first bad doc id, count, first bad range, count), -1 for none; fills ``lengths``. ``doc_lengths``:
-            ``doc_offsets`` holds each document's length instead."""
-            n_docs = doc_offsets.shape[0] - (0 if doc_lengths else 1)
+        def scan(segs, bounds, pack_offsets, lengths, mode, doc_start):
+            """(first bad doc id, count, first bad range, count), -1 for none; fills ``lengths``. ``mode`` 0:
+            ``bounds`` are the documents' offsets; 1: their lengths; 2: one bound per member, the members
+            starting at documents ``doc_start`` (found by bisection, as ``torch._kernels.doc_span`` does)."""
+            if mode == 2:
+                n_docs = doc_start[doc_start.shape[0] - 1]
+            else:
+                n_docs = bounds.shape[0] - (1 if mode == 0 else 0)
             first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
             for p in range(pack_offsets.shape[0] - 1):
                 total = 0
@@ -211,7 +225,21 @@ def _segment_kernel():
                         if first_doc < 0:
                             first_doc = s
                         n_doc += 1
-                    elif b < 0 or b >= e or e > (doc_offsets[d] if doc_lengths else doc_offsets[d + 1] - doc_offsets[d]):
+                        continue
+                    if mode == 0:
+                        length = bounds[d + 1] - bounds[d]
+                    elif mode == 1:
+                        length = bounds[d]
+                    else:
+                        lo, hi = 0, doc_start.shape[0] - 1
+                        while hi - lo > 1:
+                            mid = (lo + hi) >> 1
+                            if doc_start[mid] <= d:
+                                lo = mid
+                            else:
+                                hi = mid
+                        length = bounds[lo]
+                    if b < 0 or b >= e or e > length:
                         if first_range < 0:
                             first_range = s
                         n_range += 1

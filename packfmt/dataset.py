@@ -39,10 +39,11 @@ class Dataset:
     image_start: np.ndarray
     all_trained: tuple[bool, ...]
 
-    def segment_bounds(self) -> tuple[np.ndarray, bool]:
-        """What bounds a pack index's segments (V27): ``(doc_offsets, False)``, or ``(doc_lengths, True)`` for a
-        dataset that holds its lengths rather than offsets (``checks.segments``)."""
-        return self.doc_offsets, False
+    def segment_bounds(self) -> tuple[np.ndarray, bool, np.ndarray | None]:
+        """What bounds a pack index's segments (V27, ``checks.segments``): ``(doc_offsets, False, None)``;
+        ``(doc_lengths, True, None)`` for a dataset that holds its lengths rather than offsets; ``(bounds, False,
+        doc_start)``, one bound per member, for one whose documents' lengths are not known yet."""
+        return self.doc_offsets, False, None
 
     def _shared(self) -> dict:
         """``vocab_size``, ``token_dtype``, ``special_tokens``, ``loss_mask``: what every member agrees on."""

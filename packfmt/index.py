@@ -124,9 +124,9 @@ class PackIndex:
                                               last=n_packed, last_what="counts.packed_tokens", strict=False,
                                               unit="tokens per pack"))
         bounded = getattr(self.store, "segment_bounds", None)  # a store's offsets, a collection's lengths (V27)
-        bounds, by_length = bounded() if bounded is not None else (self.store.doc_offsets, False)
+        bounds, by_length, doc_start = bounded() if bounded is not None else (self.store.doc_offsets, False, None)
         found, lengths = checks.segments(self.segments, bounds, self.pack_offsets, file=lab + F.SEGMENTS,
-                                         doc_lengths=by_length)
+                                         doc_lengths=by_length, doc_start=doc_start)
         checks.raise_first(found)
         checks.raise_first(checks.packs(lengths, self.capacity, n_packed, file=lab + F.SEGMENTS,
                                         pack_token_offsets=self.pack_token_offsets, pto_file=lab + F.PACK_TOKEN_OFFSETS))

@@ -155,7 +155,10 @@ def build_pack_index(
     t0 = time.perf_counter()
     # int32 when every document fits (4 bytes per document, kept as is by segment_documents and
     # pack_items); the offsets' pages are handed back once read (packfmt._resident)
-    bounds, are_lengths = store.segment_bounds()  # a collection holds its lengths: no offsets built to diff
+    bounds, are_lengths, per_member = store.segment_bounds()  # a collection holds its lengths: no offsets to diff
+    if per_member is not None:
+        raise ValueError(f"{store.path}: a streamed collection knows its members' sizes, not its documents' lengths; "
+                         "pack the collection itself: packfmt.packindex.build_pack_index(URL or path, ...)")
     lengths = narrow(bounds) if are_lengths else narrow_lengths(bounds)
     del bounds
     plan_mixture = weights is not None or proportions is not None

@@ -18,7 +18,7 @@ from packfmt.torch import DistributedPackSampler, PackedDataset
 from packfmt.torch.prefetch import prefetch
 from packfmt.torch.testing import next_fit_segments, write_pack_index
 
-from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
+from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures; time_limit: autouse)
 
 MEMBERS, BATCH = 200, 8
 
@@ -156,3 +156,35 @@ def test_streamed_member_is_verified(remote, cache, s3_server):
     finally:
         s3_server.pipe_file(key, good)
     assert int(ds.__getitems__([last])[0]["pack_id"]) == last  # the object restored: read
+
+
+def test_streamed_open_bounds_segments_by_member_then_by_document(s3_server, cache, tmp_path):
+    """V27 of a streamed index: at open each segment is bounded by its member's tokens (one bound per member, no
+    array of 8 bytes a document), and a segment past that is refused naming the member; one within its member but
+    past its document opens, and is refused when a batch fetches the member, before any token of it is read."""
+    import shutil
+
+    from packfmt.errors import FormatError
+
+    paths = []
+    for m, lengths in enumerate([[3, 4], [5], [2, 2]]):
+        with packfmt.DatasetWriter(tmp_path / "s" / f"m{m}", vocab_size=50, tokenizer={"name": "t", "hash": None}) as w:
+            for n in lengths:
+                w.add_document(np.arange(n) + 1)
+        paths.append(tmp_path / "s" / f"m{m}")
+    urls = {}
+    for lie, end in (("document", 6), ("member", 8)):  # member 0: documents of 3 and 4 tokens, 7 in all
+        shutil.rmtree(tmp_path / lie, ignore_errors=True)
+        shutil.copytree(tmp_path / "s", tmp_path / lie / "s")
+        coll = write_collection(tmp_path / lie / "c", [(None, tmp_path / lie / "s" / p.name) for p in paths])
+        segs = np.array([[0, 0, end], [1, 0, 4], [2, 0, 5], [3, 0, 2], [4, 0, 2]])
+        with pytest.raises(FormatError, match="V27"):  # written, then refused by the local open's real lengths
+            write_pack_index(coll, segs, np.array([0, 1, 2, 3, 5]), capacity=16, name="p")
+        urls[lie] = f"s3://{BUCKET}/bounds-{lie}/c"
+        upload_tree(tmp_path / lie, f"s3://{BUCKET}/bounds-{lie}")
+    with pytest.raises(FormatError, match=r"length of document 0 \(at most the 7 tokens of its member 0\)"):
+        PackedDataset(urls["member"], "p", stream=True)
+    ds = PackedDataset(urls["document"], "p", stream=True)
+    assert [int(x["pack_id"]) for x in ds.__getitems__([1, 2, 3])] == [1, 2, 3]  # members 1 and 2 read
+    with pytest.raises(FormatError, match=r"\[0\]: expected 0 <= begin < end <= length of document 0 \(3\)"):
+        ds.__getitems__([0])

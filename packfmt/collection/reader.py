@@ -188,9 +188,9 @@ class Collection(Dataset):
                     raise
         return self._lengths
 
-    def segment_bounds(self) -> tuple[np.ndarray, bool]:
+    def segment_bounds(self) -> tuple[np.ndarray, bool, None]:
         """Its lengths (``doc_lengths``, held anyway): an index is checked without an offsets array (V27)."""
-        return self.doc_lengths, True
+        return self.doc_lengths, True, None
 
     @property
     def doc_offsets(self) -> np.ndarray:
