@@ -12,7 +12,8 @@ bounded whatever the input size, and results are consumed in submission order, s
 identical for any number of workers.
 
 The workers (``packfmt.workers``) are watched: one that dies (the out-of-memory killer's SIGKILL, a
-segfault) stops the build at once with one line naming the worker, its signal and its records.
+segfault) stops the build at once with one line naming the worker, its signal and its records. A worker
+that cannot load the tokenizer stops the build with one line naming it (no traceback).
 
 Every record ends up either written or skipped with a reason; ``on_error="fail"`` (default)
 stops at the first bad record (``file:line: reason``) and publishes nothing (see ``skips``).
@@ -72,10 +73,23 @@ def _dead_worker_error(lost, batches: dict[int, list], workers: int, batch_size:
                         cli=head + todo.format(w="--workers", n=workers, b="--batch-size", s=batch_size))
 
 
+def _worker_start_error(failed, converter, workers: int) -> PackfmtError:
+    """A worker could not build its converter (``factory()`` raised there): one line naming the tokenizer."""
+    spec = getattr(getattr(converter, "encoder", None), "spec", None)
+    path = failed.file or getattr(spec, "path", None)
+    what = f"could not load the tokenizer {path}" if path else "could not build its converter"
+    head = (f"worker {failed.index} of {workers} {what} ({failed.kind}: {failed.message}); the build loaded it "
+            "at its start: check that it was not moved, changed or made unreadable since (and that "
+            "there is memory for {w} copies of it), then run the build again{alt}; nothing was written")
+    return PackfmtError(head.format(w=workers, alt=" (workers=1 loads it once)"), file=path, field="tokenizer",
+                        expected="a tokenizer every worker loads", found=f"{failed.kind}: {failed.message}",
+                        cli=head.format(w=workers, alt=" (--workers 1 loads it once)"))
+
+
 def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
                      batch_size: int = 0) -> Iterator[tuple[list, list]]:
     """Yield ``(batch, results)`` in submission order; ``results`` covers the batch's good payloads."""
-    from .workers import EncodePool, WorkerLost
+    from .workers import EncodePool, WorkerLost, WorkerStartFailed
 
     def payloads(batch):
         return [item for _, _, item in batch if not isinstance(item, InputError)]
@@ -103,6 +117,8 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
                 del pending[oldest]
         except WorkerLost as lost:
             raise _dead_worker_error(lost, pending, workers, batch_size) from None
+        except WorkerStartFailed as failed:
+            raise _worker_start_error(failed, converter, workers) from None
         finished = True
     finally:
         pool.close(finished)

@@ -11,6 +11,10 @@ so a death (the sentinel, or the end of a half-written result) raises ``WorkerLo
 wait. Each worker holds at most two tasks (the second queued in its pipe, sent by a thread so
 that the parent never blocks on a busy worker), as ``Pool`` keeps workers busy.
 
+A worker whose converter cannot be built (``factory()`` raises: the tokenizer cannot be loaded) sends
+why and exits, printing nothing (multiprocessing would print its traceback); the parent raises
+``WorkerStartFailed``.
+
 Test-only hook: with ``PACKFMT_TEST_KILL_WORKER_AT_BATCH=N`` in the environment, the worker given
 task N (1-based, in submission order) kills itself with SIGKILL, as the out-of-memory killer would.
 """
@@ -26,11 +30,13 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-__all__ = ["EncodePool", "WorkerLost", "KILL_AT_BATCH_ENV"]
+__all__ = ["EncodePool", "WorkerLost", "WorkerStartFailed", "KILL_AT_BATCH_ENV"]
 
 KILL_AT_BATCH_ENV = "PACKFMT_TEST_KILL_WORKER_AT_BATCH"
 #: Tasks a worker holds at once (one running, one queued in its pipe).
 DEPTH = 2
+#: The task number of a worker's start-up report (tasks count from 1).
+START = 0
 
 
 class WorkerLost(Exception):
@@ -42,13 +48,33 @@ class WorkerLost(Exception):
         self.index, self.pid, self.how, self.tasks = index, pid, how, tasks
 
 
+class WorkerStartFailed(Exception):
+    """Worker ``index`` could not build its converter: ``kind`` (the exception's class name), ``message`` (its
+    first line) and ``file`` (the file it names, or None), as the worker reported them (no traceback crosses the
+    pipe)."""
+
+    def __init__(self, index: int, pid: int | None, kind: str, message: str, file: str | None = None) -> None:
+        super().__init__(f"worker {index} (pid {pid}) could not start: {kind}: {message}")
+        self.index, self.pid, self.kind, self.message, self.file = index, pid, kind, message, file
+
+
 def _worker(factory: Callable[[], Any], tasks, results, parent_ends: list) -> None:
     for conn in parent_ends:  # copies a fork made: the parent's ends of every worker's pipes, this one's too, so
         conn.close()          # that the parent's death ends our tasks (EOF) and our results (EPIPE): no orphan
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     kill_at = int(os.environ.get(KILL_AT_BATCH_ENV) or 0)
-    converter = factory()
+    try:
+        converter = factory()
+    except Exception as exc:  # the parent says it in one line (multiprocessing would print a traceback here)
+        lines = str(exc).strip().splitlines()
+        try:
+            file = getattr(exc, "file", None)  # a PackfmtError names the file it could not read
+            why = (type(exc).__name__, lines[0] if lines else "", file if isinstance(file, str) else None)
+            results.send((START, False, why))
+        except OSError:  # the parent is gone
+            pass
+        return
     while True:
         try:
             task = tasks.recv()
@@ -126,7 +152,8 @@ class EncodePool:
         self._outbox.put((k, (seq, payload)))
 
     def result(self, seq: int):
-        """The result of task ``seq``, reading every worker's results meanwhile; ``WorkerLost`` when one died."""
+        """The result of task ``seq``, reading every worker's results meanwhile; ``WorkerLost`` when one died,
+        ``WorkerStartFailed`` when one could not build its converter."""
         while seq not in self._done:
             conns = {c: k for k, c in enumerate(self._results)}
             sentinels = {p.sentinel: k for k, p in enumerate(self.procs)}
@@ -138,20 +165,24 @@ class EncodePool:
                     got, ok, value = ready.recv()
                 except (EOFError, OSError):  # the worker died while writing (or before)
                     self._lost(k)
-                self._held[k].discard(got)
-                self._done[got] = (ok, value)
+                self._record(k, got, ok, value)
         ok, value = self._done.pop(seq)
         if not ok:
             raise value
         return value
 
+    def _record(self, k: int, got: int, ok: bool, value) -> None:
+        if got == START:  # factory() raised in the worker: it exits
+            self.procs[k].join(5)
+            raise WorkerStartFailed(k + 1, self.procs[k].pid, *value)
+        self._held[k].discard(got)
+        self._done[got] = (ok, value)
+
     def _lost(self, k: int) -> None:
         proc, conn = self.procs[k], self._results[k]
         try:  # results it finished before dying are not what it held
             while conn.poll():
-                got, ok, value = conn.recv()
-                self._held[k].discard(got)
-                self._done[got] = (ok, value)
+                self._record(k, *conn.recv())
         except (EOFError, OSError):
             pass
         proc.join(5)  # the sentinel fired, or the pipe ended: the process is gone or going

@@ -185,6 +185,40 @@ def test_worker_killed_api_error_names_the_options(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]
 
 
+def test_worker_that_cannot_load_the_tokenizer_fails_in_one_line_without_a_traceback(tmp_path, capfd):
+    """The tokenizer loaded at the start of the build (the converter of this process), then moved away before the
+    workers load theirs: the build fails with one line naming the tokenizer, the worker and what to do, and no
+    worker prints a traceback (multiprocessing did, then "exited with code 1 ... free memory")."""
+    import shutil
+    from functools import partial
+
+    from packfmt.build import TextConverter
+    from packfmt.pipeline import run_build
+    from packfmt.sources import iter_records
+    from packfmt.tokenize import TokenizerSpec
+
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(20)])
+    tok = tmp_path / "tok"
+    shutil.copytree(SAMPLE_TOK, tok)
+    spec = TokenizerSpec(str(tok), image_token=None)
+    converter = TextConverter(spec)  # what build_text does first, in this process
+    assert converter.encoder.identity["hash"]  # hashed at the start too (the manifest's identity), then gone
+    shutil.rmtree(tok)
+    capfd.readouterr()
+    with time_limit(120, "a build whose workers cannot start (a hang?)"), pytest.raises(PackfmtError) as info:
+        run_build(iter_records([str(src)], None, columns=converter.columns), converter, partial(TextConverter, spec),
+                  tmp_path / "ds", report_base={}, workers=2, batch_size=3)
+    err = info.value
+    for text, flag in ((str(err), "workers=1"), (err.cli_message(), "--workers 1")):
+        assert text.startswith("worker ") and f" of 2 could not load the tokenizer {tok} (TokenizerError: {tok}: " \
+            "tokenizer not found" in text and f"then run the build again ({flag} loads it once)" in text, text
+        assert "\n" not in text and "memory for 2 copies" in text
+    assert err.file == str(tok) and err.field == "tokenizer"
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.err and printed.err == "", printed.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # nothing published, no temp dir left
+
+
 def test_token_ids_not_below_vocab(tmp_path):
     src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": "a"}), json.dumps({"text": GOOD * 3})])
     tok = load_tokenizer(SAMPLE_TOK)
