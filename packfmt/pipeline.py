@@ -12,7 +12,9 @@ bounded whatever the input size, and results are consumed in submission order, s
 identical for any number of workers.
 
 The workers (``packfmt.workers``) are watched: one that dies (the out-of-memory killer's SIGKILL, a
-segfault) stops the build at once with one line naming the worker, its signal and its records.
+segfault) is replaced, and the batch it was tokenizing is tried once more in the fresh worker; a batch
+whose worker dies twice stops the build with one line naming the records, the workers and their
+signals. A worker that cannot load the tokenizer stops the build with one line naming it (no traceback).
 
 Every record ends up either written or skipped with a reason; ``on_error="fail"`` (default)
 stops at the first bad record (``file:line: reason``) and publishes nothing (see ``skips``).
@@ -20,6 +22,7 @@ stops at the first bad record (``file:line: reason``) and publishes nothing (see
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import time
@@ -58,24 +61,49 @@ def _pool_context():
     return mp.get_context("fork" if "fork" in methods else "spawn")
 
 
+def _records_of(batch: list) -> str:
+    """The input range of a batch: ``file:first-last`` (or ``file:first to other:last`` across files)."""
+    (f0, l0, _), (f1, l1, _) = batch[0], batch[-1]
+    return f"{f0}:{l0}-{l1}" if f0 == f1 else f"{f0}:{l0} to {f1}:{l1}"
+
+
 def _dead_worker_error(lost, batches: dict[int, list], workers: int, batch_size: int) -> PackfmtError:
-    """The one-line error of a worker that died: which one and how, the batch it was tokenizing, what to do."""
+    """The one-line error of a batch whose worker died on it twice (it was retried once in a fresh worker): the
+    records, how each worker died, what to do."""
     batch = next((batches[seq] for seq in lost.tasks if batches.get(seq)), None)
-    where = f"the batch that starts at {batch[0][0]}:{batch[0][1]}" if batch else "a batch"
     who = f"worker {lost.index} of {workers} (pid {lost.pid}) {lost.how}"
+    before = "; ".join(lost.deaths[:-1])
+    if batch:
+        where = (f"while tokenizing the batch that starts at {batch[0][0]}:{batch[0][1]} (records "
+                 f"{_records_of(batch)}), its second try (the first: {before}; retried in a fresh worker)")
+    else:
+        where = "holding no batch, as the worker it replaced did"
     oom = "the out-of-memory killer sends SIGKILL: " if lost.how.endswith("SIGKILL") else ""
     todo = "lower {w} (now {n}) or {b} (now {s}), or free memory, then run the build again; nothing was written"
-    head = f"{who} while tokenizing {where}; {oom}"
+    head = f"{who} {where}; {oom}"
     return PackfmtError(head + todo.format(w="workers=", n=workers, b="batch_size=", s=batch_size),
                         file=batch[0][0] if batch else None, field="workers",
-                        expected="every worker alive until the end", found=who,
+                        expected="every batch tokenized by a worker that lives (one retry)", found=who,
                         cli=head + todo.format(w="--workers", n=workers, b="--batch-size", s=batch_size))
+
+
+def _worker_start_error(failed, converter, workers: int) -> PackfmtError:
+    """A worker could not build its converter (``factory()`` raised there): one line naming the tokenizer."""
+    spec = getattr(getattr(converter, "encoder", None), "spec", None)
+    path = failed.file or getattr(spec, "path", None)
+    what = f"could not load the tokenizer {path}" if path else "could not build its converter"
+    head = (f"worker {failed.index} of {workers} {what} ({failed.kind}: {failed.message}); the build loaded it "
+            "at its start: check that it was not moved, changed or made unreadable since (and that "
+            "there is memory for {w} copies of it), then run the build again{alt}; nothing was written")
+    return PackfmtError(head.format(w=workers, alt=" (workers=1 loads it once)"), file=path, field="tokenizer",
+                        expected="a tokenizer every worker loads", found=f"{failed.kind}: {failed.message}",
+                        cli=head.format(w=workers, alt=" (--workers 1 loads it once)"))
 
 
 def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
                      batch_size: int = 0) -> Iterator[tuple[list, list]]:
     """Yield ``(batch, results)`` in submission order; ``results`` covers the batch's good payloads."""
-    from .workers import EncodePool, WorkerLost
+    from .workers import EncodePool, WorkerLost, WorkerStartFailed
 
     def payloads(batch):
         return [item for _, _, item in batch if not isinstance(item, InputError)]
@@ -85,8 +113,16 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
             good = payloads(batch)
             yield batch, (converter.encode(good) if good else [])
         return
-    pool = EncodePool(factory, workers, _pool_context())
     pending: dict[int, list] = {}  # seq -> batch, in submission order
+
+    def replaced(index: int, pid: int | None, how: str, tasks: list[int]) -> None:  # a worker died: retried once
+        batch = next((pending[seq] for seq in tasks if pending.get(seq)), None)
+        what = (f"while tokenizing records {_records_of(batch)}; tokenizing them again in a fresh worker" if batch
+                else "holding no batch; replaced by a fresh worker")
+        logging.getLogger(__name__).warning("packfmt build: worker %d of %d (pid %s) %s %s", index, workers, pid,
+                                            how, what)
+
+    pool = EncodePool(factory, workers, _pool_context(), on_lost=replaced)
     finished = False
     try:
         try:
@@ -103,6 +139,8 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
                 del pending[oldest]
         except WorkerLost as lost:
             raise _dead_worker_error(lost, pending, workers, batch_size) from None
+        except WorkerStartFailed as failed:
+            raise _worker_start_error(failed, converter, workers) from None
         finished = True
     finally:
         pool.close(finished)

@@ -89,9 +89,10 @@ def test_skip_with_two_workers_same_report(tmp_path):
     assert (one.path / "tokens.bin").read_bytes() == (two.path / "tokens.bin").read_bytes()
 
 
-def test_worker_killed_mid_build_fails_in_one_line_and_leaves_nothing(tmp_path):
-    """A tokenizing worker SIGKILLed (as by the out-of-memory killer) on batch 3 of 15: the CLI exits 1 at once
-    with one line naming the worker and the signal; no temp dir beside -o (multiprocessing.Pool waited forever)."""
+def test_worker_killed_twice_on_a_batch_fails_in_one_line_and_leaves_nothing(tmp_path):
+    """A tokenizing worker SIGKILLed (as by the out-of-memory killer) on batch 3 of 15, and its replacement on the
+    same batch again: the CLI says it retried (one warning line), then exits 1 with one line naming the records, both
+    deaths and the signal; no temp dir beside -o (multiprocessing.Pool waited forever)."""
     src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(60)])
     out = tmp_path / "ds"
     root = str(Path(packfmt.__file__).parent.parent)
@@ -102,16 +103,42 @@ def test_worker_killed_mid_build_fails_in_one_line_and_leaves_nothing(tmp_path):
                               capture_output=True, text=True, env=env, timeout=110)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("packfmt build: error: worker ") and " of 2 (pid " in lines[0]
-    assert "was killed by SIGKILL" in lines[0] and "--workers" in lines[0] and "--batch-size" in lines[0]
-    assert f"while tokenizing the batch that starts at {src}:9;" in lines[0]  # batch 3 of 4 records each
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith("packfmt build: worker ") and " was killed by SIGKILL while tokenizing records " \
+        f"{src}:9-12; tokenizing them again in a fresh worker" in lines[0], lines[0]
+    first = lines[0].split(" of 2 (pid ")[1].split(")")[0]
+    assert lines[1].startswith("packfmt build: error: worker ") and " of 2 (pid " in lines[1]
+    assert "was killed by SIGKILL" in lines[1] and "--workers" in lines[1] and "--batch-size" in lines[1]
+    assert f"while tokenizing the batch that starts at {src}:9 (records {src}:9-12), its second try (the " \
+        f"first: worker " in lines[1] and f"(pid {first}) was killed by SIGKILL; retried in a fresh worker)" in lines[1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # neither -o nor its temp sibling
 
 
-def test_worker_killed_from_outside_is_noticed(tmp_path):
-    """A worker SIGKILLed by another process (psutil here, the OOM killer in life) mid-build, while idle: the
-    input is a FIFO, so the build has surely started (temp dir made, records read) and waits for more input."""
+def test_worker_killed_once_its_batch_is_retried_and_the_build_is_the_same(tmp_path, caplog, monkeypatch):
+    """The worker holding batch 3 SIGKILLed (its first try only): a fresh worker tokenizes that batch (and the one
+    queued behind it) again; the store is byte for byte the one-worker build's, every record read is written or
+    skipped once, and a warning names the worker, its signal and the records."""
+    src, expected = mixed_input(tmp_path)
+    one = build_text([src], tmp_path / "a", SAMPLE_TOK, on_error="skip", batch_size=2)
+    monkeypatch.setenv(KILL_AT_BATCH_ENV, "3:once")  # read by each worker as it starts (forked from this process)
+    with time_limit(120, "a build whose worker was killed (a hang?)"), caplog.at_level("WARNING"):
+        two = build_text([src], tmp_path / "b", SAMPLE_TOK, on_error="skip", batch_size=2, workers=2)
+    r = two.report
+    assert r["skipped"] == one.report["skipped"] == expected
+    assert r["records_read"] == r["documents_written"] + sum(r["skipped"].values()) == one.report["records_read"]
+    assert r["documents_written"] == one.report["documents_written"]
+    for name in ("tokens.bin", "doc_offsets.bin"):
+        assert (one.path / name).read_bytes() == (two.path / name).read_bytes(), name
+    warned = [rec.getMessage() for rec in caplog.records if "was killed by SIGKILL" in rec.getMessage()]
+    assert len(warned) == 1 and f"while tokenizing records {src}:5-6; tokenizing them again in a fresh worker" \
+        in warned[0], warned
+    assert packfmt.open(two.path).num_documents == r["documents_written"]
+
+
+def test_worker_killed_from_outside_is_replaced(tmp_path):
+    """A worker SIGKILLed by another process (psutil here, the OOM killer in life) mid-build: the input is a FIFO,
+    so the build has surely started (temp dir made, records read) and waits for more input. The worker is replaced
+    (what it held tokenized again) and the build ends with every record written once."""
     psutil = pytest.importorskip("psutil")
     fifo = tmp_path / "in.jsonl"
     os.mkfifo(fifo)
@@ -137,10 +164,14 @@ def test_worker_killed_from_outside_is_noticed(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert proc.returncode == 1, err
+    assert proc.returncode == 0, err
     lines = err.splitlines()
-    assert len(lines) == 1 and f" of 2 (pid {victim}) was killed by SIGKILL while tokenizing " in lines[0], err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+    assert len(lines) == 1 and lines[0].startswith("packfmt build: worker "), err
+    assert f" of 2 (pid {victim}) was killed by SIGKILL " in lines[0] and lines[0].endswith(" a fresh worker"), err
+    store = packfmt.open(tmp_path / "ds")
+    report = store.manifest.raw["build_report"]
+    assert report["records_read"] == report["documents_written"] == store.num_documents == 80, report
+    assert store.document(79).tolist() == load_tokenizer(SAMPLE_TOK)(f"{GOOD} 39")["input_ids"]
 
 
 def test_workers_exit_when_the_build_is_killed(tmp_path):
@@ -181,8 +212,42 @@ def test_worker_killed_api_error_names_the_options(tmp_path, monkeypatch):
         build_text([src], tmp_path / "ds", SAMPLE_TOK, workers=2, batch_size=3)
     msg = str(info.value)
     assert "was killed by SIGKILL" in msg and "workers= (now 2)" in msg and "batch_size= (now 3)" in msg
-    assert f"the batch that starts at {src}:1;" in msg and "\n" not in msg
+    assert f"the batch that starts at {src}:1 (records {src}:1-3), its second try" in msg and "\n" not in msg
     assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]
+
+
+def test_worker_that_cannot_load_the_tokenizer_fails_in_one_line_without_a_traceback(tmp_path, capfd):
+    """The tokenizer loaded at the start of the build (the converter of this process), then moved away before the
+    workers load theirs: the build fails with one line naming the tokenizer, the worker and what to do, and no
+    worker prints a traceback (multiprocessing did, then "exited with code 1 ... free memory")."""
+    import shutil
+    from functools import partial
+
+    from packfmt.build import TextConverter
+    from packfmt.pipeline import run_build
+    from packfmt.sources import iter_records
+    from packfmt.tokenize import TokenizerSpec
+
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(20)])
+    tok = tmp_path / "tok"
+    shutil.copytree(SAMPLE_TOK, tok)
+    spec = TokenizerSpec(str(tok), image_token=None)
+    converter = TextConverter(spec)  # what build_text does first, in this process
+    assert converter.encoder.identity["hash"]  # hashed at the start too (the manifest's identity), then gone
+    shutil.rmtree(tok)
+    capfd.readouterr()
+    with time_limit(120, "a build whose workers cannot start (a hang?)"), pytest.raises(PackfmtError) as info:
+        run_build(iter_records([str(src)], None, columns=converter.columns), converter, partial(TextConverter, spec),
+                  tmp_path / "ds", report_base={}, workers=2, batch_size=3)
+    err = info.value
+    for text, flag in ((str(err), "workers=1"), (err.cli_message(), "--workers 1")):
+        assert text.startswith("worker ") and f" of 2 could not load the tokenizer {tok} (TokenizerError: {tok}: " \
+            "tokenizer not found" in text and f"then run the build again ({flag} loads it once)" in text, text
+        assert "\n" not in text and "memory for 2 copies" in text
+    assert err.file == str(tok) and err.field == "tokenizer"
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.err and printed.err == "", printed.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # nothing published, no temp dir left
 
 
 def test_token_ids_not_below_vocab(tmp_path):

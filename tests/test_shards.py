@@ -220,6 +220,32 @@ def test_a_merge_of_the_shards_is_refused(mix, out, capsys, tmp_path):
     assert main(["merge", str(mix.path), "-o", str(tmp_path / "m")]) == 0
 
 
+def test_a_merge_of_remote_shards_is_refused_from_its_manifest(out, s3_server, cache, capsys, tmp_path):
+    """An s3:// layout source: refused from its manifest.json alone, before any member is fetched into the cache,
+    naming the URL given (not the cache's copy), through the API and the CLI, plain and --physical."""
+    from packfmt.collection import merge_physical
+
+    url = f"s3://{BUCKET}/refused/shards"
+    for f in out.path.rglob("*"):
+        if f.is_file():
+            s3_server.put_file(str(f), f"{BUCKET}/refused/shards/{f.relative_to(out.path).as_posix()}")
+    with pytest.raises(WriteError) as exc:
+        write_collection(f"s3://{BUCKET}/refused/merged", [(None, url)])
+    assert exc.value.field == "layout" and exc.value.file == f"{url}/{F.MANIFEST}"
+    with pytest.raises(WriteError) as exc:
+        merge_physical([(None, url + "/")], tmp_path / "one")
+    assert exc.value.file == f"{url}/{F.MANIFEST}"
+    for args in ([url, "-o", f"s3://{BUCKET}/refused/m"], ["--physical", f"n={url}", "-o", str(tmp_path / "m")]):
+        assert main(["merge", *args]) == 1
+        err = capsys.readouterr().err.removeprefix("packfmt merge: error: ")
+        assert err.startswith(f"{url}: a pack-ordered layout (manifest.json key `layout`"), err
+        assert f"Train from the index it lays out, {url}/packs/{NAME}" in err and str(cache) not in err
+    fetched = [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
+    assert fetched == [], fetched  # not a member file, not even the manifest: nothing was mirrored
+    assert not (tmp_path / "one").exists() and not (tmp_path / "m").exists()
+    assert not s3_server.exists(f"{BUCKET}/refused/merged") and not s3_server.exists(f"{BUCKET}/refused/m")
+
+
 def test_the_shards_index_reshards(mix, out, tmp_path):
     """Writing shards of another size from OUT's own index is not packing: they read as the source's packs."""
     again = write_shards(out, NAME, tmp_path / "again", shard_bytes=1 << 20)

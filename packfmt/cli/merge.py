@@ -29,10 +29,10 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..collection import parse_source, write_collection
-    from ..collection.physical import refuse_laid_out_sources
 
+    # a pack-ordered layout source (its lookahead tokens are labels, COLLECTION §9.2) is refused by write_collection
+    # and merge_physical from its manifest alone, before anything is fetched or written
     sources = [parse_source(s) for s in args.sources]
-    refuse_laid_out_sources(sources)  # a pack-ordered layout: its lookahead tokens are labels (COLLECTION §9.2)
     if args.physical:
         if args.member_table != "auto":
             from ..errors import WriteError

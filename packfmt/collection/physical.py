@@ -234,6 +234,7 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
         from ..opening import open_dataset
         from ..storage.upload import merge_remote
 
+        refuse_laid_out_sources(sources, storage_options)  # from the manifests, before any source is fetched (§9.2)
         done = merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,
                             physical=True, storage_options=storage_options, on_bytes=on_bytes)
         return done if done is not None else open_dataset(str(dst), storage_options=storage_options)

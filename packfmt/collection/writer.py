@@ -159,19 +159,26 @@ def write_own_files(directory: Path, own: dict[str, bytes]) -> None:
         write_durably(Path(directory) / name, data)
 
 
-def refuse_laid_out_sources(sources) -> None:
-    """``refuse_laid_out(merge=True)`` for every local source of a merge (``(name, path)`` pairs or paths),
-    before anything is read or written: a store, or a collection without ``layout``, passes."""
-    from ..storage import is_url
+def refuse_laid_out_sources(sources, storage_options: dict | None = None) -> None:
+    """``refuse_laid_out(merge=True)`` for every source of a merge (``(name, path)`` pairs or paths), before
+    anything is read or written but their manifests: a store, or a collection without ``layout``, passes. A
+    source in object storage is refused from its ``manifest.json`` alone (``storage.ranges.dataset_manifest``:
+    no member is fetched), naming the URL the user gave, not the cache's copy."""
+    from ..storage import is_remote, is_url, local_file
 
     for source in sources:
         path = source[1] if isinstance(source, tuple) else source
-        if is_url(str(path)):  # a URL: checked on its fetched copy, where the merge reads it (packfmt.storage)
-            continue
-        file = str(Path(path) / F.MANIFEST)
-        obj = F.read_json(Path(file), file=file)
+        if is_remote(str(path)):
+            from ..storage.ranges import dataset_manifest
+
+            where = str(path).rstrip("/")
+            obj, read = dataset_manifest(where, storage_options)
+        else:
+            where = str(local_file(path) if is_url(str(path)) else path)
+            file = str(Path(where) / F.MANIFEST)
+            obj, read = F.read_json(Path(file), file=file), collection_reader(where)
         if is_collection(obj) and "layout" in obj:
-            refuse_laid_out(parse_collection_manifest(obj, file=file, read=collection_reader(path)), str(path),
+            refuse_laid_out(parse_collection_manifest(obj, file=f"{where}/{F.MANIFEST}", read=read), where,
                             merge=True)
 
 
@@ -194,6 +201,8 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
         from ..opening import open_dataset
         from ..storage.upload import merge_remote
+
+        refuse_laid_out_sources(sources, storage_options)  # from the manifests, before any source is fetched (§9.2)
 
         done = merge_remote(lambda s, d, **kw: write_collection(d, s, member_table=member_table, **kw), sources, dst,
                             overwrite=overwrite,

@@ -10,6 +10,8 @@ through fsspec (``uri.filesystem``; credentials as the back end reads them, plus
   length of the file's first ``SAMPLE`` bytes, so the cuts are a function of the object alone.
 * ``read_range``: one range (a unit's bytes, one ranged GET).
 * ``row_groups``: the row count of each row group of a Parquet object, from its footer only.
+* ``dataset_manifest``: a dataset's ``manifest.json`` alone (one GET), and ranged reads of its own files:
+  what a caller checks before it mirrors the dataset (``packfmt merge`` refuses a pack-ordered layout so).
 
 Failures are one-line ``StorageError``s naming the URL (``errors.storage_errors``).
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from .errors import StorageError, require_bucket, storage_errors
 from .uri import filesystem
 
-__all__ = ["line_ranges", "open_object", "read_range", "row_groups"]
+__all__ = ["dataset_manifest", "line_ranges", "open_object", "read_range", "row_groups"]
 
 #: Bytes read to estimate the average line length of a JSONL object.
 SAMPLE = 64 << 10  # enough lines for the average; an object of many small ones is not read whole
@@ -96,3 +98,30 @@ def row_groups(url: str, storage_options: dict | None = None) -> list[int]:
     with open_object(url, storage_options) as fh, storage_errors(url, storage_options):
         md = pq.ParquetFile(fh).metadata
         return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+
+
+def dataset_manifest(url: str, storage_options: dict | None = None):
+    """``(obj, read)``: the parsed ``manifest.json`` of the dataset at ``url`` (one GET, bounded and checked as
+    ``format.read_json`` checks a local one) and ``read(name, at_most)``, the first bytes of one of its own files
+    (a ranged GET; ``collection.manifest.collection_reader`` of a URL). Nothing is mirrored into the cache."""
+    from .. import format as F
+    from ..errors import FormatError
+
+    url = url.rstrip("/")
+    label = f"{url}/{F.MANIFEST}"
+    with storage_errors(url, storage_options):
+        fs, rpath = filesystem(url, storage_options)
+        try:
+            raw = fs.cat_file(f"{rpath}/{F.MANIFEST}", start=0, end=F.MAX_JSON_BYTES + 1)
+        except FileNotFoundError:
+            require_bucket(fs, url, storage_options)
+            raise FormatError(f"{url}: not a packfmt dataset (no {F.MANIFEST} there); check the URL, or write one "
+                              "with packfmt build / merge", file=url, expected="a manifest", found="missing") from None
+    if len(raw) > F.MAX_JSON_BYTES:
+        raise FormatError(file=label, field="size", expected=f"<= {F.MAX_JSON_BYTES} bytes", found=f"> {len(raw) - 1}")
+
+    def read(name: str, at_most: int) -> bytes:
+        with storage_errors(f"{url}/{name}", storage_options):
+            return fs.cat_file(f"{rpath}/{name}", start=0, end=at_most)  # FileNotFoundError: as the reader expects
+
+    return F.parse_json(raw, file=label), read
