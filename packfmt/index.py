@@ -30,7 +30,7 @@ def list_pack_indexes(root: Path) -> list[str]:
                   and (p / F.PACK_INDEX_JSON).exists())
 
 
-def open_pack_index(source, name: str | None = None) -> "PackIndex":
+def open_pack_index(source, name: str | None = None, *, names: list[str] | None = None) -> "PackIndex":
     """Open pack index ``name`` of a store or collection (default: the only one there is).
 
     A name that does not exist, or no name when there are several, is a FormatError that lists
@@ -38,7 +38,7 @@ def open_pack_index(source, name: str | None = None) -> "PackIndex":
     folder that is not a complete index gets PackIndex's own, more precise, error.)
     """
     path = source.path
-    names = list_pack_indexes(path)
+    names = list_pack_indexes(path) if names is None else names  # given: a streamed collection's (the bucket's)
     if not names:
         api = f"build_pack_index({str(path)!r}, capacity=N)"
         cli = f"packfmt pack {path} --capacity N"

@@ -188,3 +188,36 @@ def test_streamed_open_bounds_segments_by_member_then_by_document(s3_server, cac
     assert [int(x["pack_id"]) for x in ds.__getitems__([1, 2, 3])] == [1, 2, 3]  # members 1 and 2 read
     with pytest.raises(FormatError, match=r"\[0\]: expected 0 <= begin < end <= length of document 0 \(3\)"):
         ds.__getitems__([0])
+
+
+def test_streamed_open_fetches_only_the_index_it_opens(s3_server, cache, tmp_path):
+    """A streamed collection lists its pack indexes at open and fetches (and verifies) one only when it is opened:
+    training from one of several indexes downloads no byte of the others before its first batch."""
+    paths = []
+    for m in range(3):
+        with packfmt.DatasetWriter(tmp_path / "t" / "s" / f"m{m}", vocab_size=50,
+                                   tokenizer={"name": "t", "hash": None}) as w:
+            for n in (3, 5, 2):
+                w.add_document(np.arange(n) + 1)
+        paths.append(tmp_path / "t" / "s" / f"m{m}")
+    coll = write_collection(tmp_path / "t" / "c", [(None, p) for p in paths])
+    for name, capacity in (("a", 8), ("b", 16)):
+        segs, po = next_fit_segments(coll.doc_lengths, capacity)
+        write_pack_index(coll, segs, po, capacity=capacity, name=name)
+    upload_tree(tmp_path / "t", f"s3://{BUCKET}/lazy-index")
+    url = f"s3://{BUCKET}/lazy-index/c"
+
+    def fetched(name):
+        log = cache / "downloads.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [line for line in lines if f"/packs/{name}/" in line]
+
+    opened = packfmt.open(url, stream=True, cache_dir=cache)
+    assert opened.pack_index_names() == ["a", "b"] and not fetched("a") and not fetched("b")
+    with pytest.raises(packfmt.PackfmtError, match=r"2 pack indexes \['a', 'b'\]"):
+        opened.pack_index()
+    ds = PackedDataset(url, "a", stream=True, cache_dir=cache)
+    assert int(ds.__getitems__([0])[0]["pack_id"]) == 0
+    assert fetched("a") and not fetched("b")
+    assert len(PackedDataset(url, "b", stream=True, cache_dir=cache)) == len(opened.pack_index("b"))
+    assert fetched("b")

@@ -1,6 +1,7 @@
 """A remote collection read member by member: lazy, verified, bounded fetches (README "Remote data").
 
-``open_streamed`` fetches the collection's manifest and its pack indexes only, and returns the
+``open_streamed`` fetches the collection's manifest (and member table) and lists its pack indexes (each is
+fetched, verified, when ``pack_index`` first opens it: ``storage.pack_mirror``), and returns the
 ``Collection`` over the mirror with a ``StreamedMembers`` attached (``coll._stream``). A member's
 files are fetched when a batch first needs them, through the cache's own path (``cache._Fetcher``:
 hashed while they stream, checked against the member's manifest, stat-bound markers, a file lock per
@@ -14,7 +15,7 @@ A member with images is fetched the same way, its image files with the rest; whi
 ``ImageStore``, which ``packfmt.torch._sources._ImageIndex`` reads while the batch holds the member.
 
 Bound: ``cache_limit`` bytes hold this process's resident member files (the collection manifest and
-pack indexes are fetched whole and not counted). Before a member is fetched, resident members are
+pack indexes opened are fetched whole and not counted). Before a member is fetched, resident members are
 evicted (unmapped, their files and markers removed) until it fits: the one whose next use is furthest
 in the future first (Belady, from the plan ``packfmt.torch.prefetch`` sets from the sampler's order;
 least recently used without a plan), never one pinned by a batch in flight. A batch whose members
@@ -38,6 +39,7 @@ from .. import format as F
 from ..storage import uri
 from ..storage import verify as V
 from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
+from ..storage.pack_mirror import drop_gone, mirror_pack, remote_pack_manifests
 from ..storage.errors import StorageError, storage_errors
 from .manifest import is_collection
 from .reader import Collection
@@ -61,7 +63,8 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
                 return None
             f.result.pins.append(Pin(f.root, local))
             f.collection_manifest(fs, rpath, url, local, json.loads(raw))  # its own files (a member table) mirrored
-            f.packs(fs, rpath, url, local)
+            packs = remote_pack_manifests(fs, rpath)  # listed; each mirrored when pack_index first opens it
+            drop_gone(f.root, local, set(packs))
             f.write_atomic(local / F.MANIFEST, raw)
     except BaseException:
         for pin in f.result.pins:
@@ -70,6 +73,7 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
     coll = StreamedCollection(local)
     limit = parse_limit(cache_limit)
     coll._stream = StreamedMembers(coll, url, f, limit)
+    coll._stream.packs = packs
     coll._storage_pins = f.result.pins
     coll._storage_cache = f.root
     coll.url = url
@@ -95,6 +99,21 @@ class StreamedCollection(Collection):
         (members not fetched), and nothing of 8 bytes a document (10^9 documents: 16 GB of ``doc_offsets``
         above, in every process that opens the index)."""
         return np.asarray(self.members.tokens, dtype=np.int64), False, np.asarray(self.doc_start, dtype=np.int64)
+
+    def pack_index_names(self) -> list[str]:
+        """The pack indexes in the bucket (listed at open; none fetched yet but those opened)."""
+        return sorted(self._stream.packs)
+
+    def pack_index(self, name: str | None = None):
+        """Open pack index ``name`` (default: the only one), its files fetched and verified first if this process has
+        not yet: only the index trained from is fetched before the first batch, not every index of the collection."""
+        from ..index import open_pack_index
+
+        names = self.pack_index_names()
+        want = name if name is not None else (names[0] if len(names) == 1 else None)
+        if want in self._stream.packs:
+            self._stream.mirror_pack(want)
+        return open_pack_index(self, name, names=names)
 
     def __getstate__(self) -> dict:
         raise TypeError(f"{self.path}: a streamed collection is not pickled; PackedDataset(url, stream=True) "
@@ -127,6 +146,21 @@ class StreamedMembers:
         self.clock = 0
         self.plan = None  # packfmt.torch.prefetch.Plan: next use of each member
         self.failed: dict[int, BaseException] = {}
+        self.packs: dict[str, bytes] = {}  # pack index name -> its index.json in the bucket (open_streamed)
+        self.mirrored: set[str] = set()  # those fetched and verified by this process
+        self.pack_lock = threading.Lock()  # not ``cond``: batches go on while an index is fetched
+
+    def mirror_pack(self, name: str) -> None:
+        """Pack index ``name`` fetched into the mirror and verified (once per process; the cache's markers make a
+        second process's pass a stat per file)."""
+        with self.pack_lock:
+            if name in self.mirrored:
+                return
+            f = self.fetcher
+            with storage_errors(self.url, f.so, f.root):
+                fs, rpath = uri.filesystem(self.url, f.so)
+                mirror_pack(f, fs, rpath, self.url, self.coll.path, name, self.packs[name])
+            self.mirrored.add(name)
 
     # -- what the kernels read
     def source(self):

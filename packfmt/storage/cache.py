@@ -37,7 +37,6 @@ import fcntl
 import json
 import os
 import posixpath
-import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,7 +213,7 @@ class _Fetcher:
         if raw is None:
             raw = self.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
         self.result.pins.append(Pin(self.root, local))
-        _drop_legacy(local)
+        V.drop_legacy(local)
         obj = json.loads(raw)
         if obj.get("format") == "packfmt-collection":
             label = f"{url}/{F.MANIFEST}"
@@ -264,35 +263,12 @@ class _Fetcher:
 
     def packs(self, fs, rpath: str, url: str, local: Path) -> None:
         """Mirror every pack index under ``packs/``; drop mirrored ones the bucket no longer has."""
-        remote = f"{rpath}/{F.PACKS_DIR}"
-        fs.invalidate_cache(remote)
-        try:
-            names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(remote, detail=False))
-        except FileNotFoundError:
-            names = []
-        present = set()
-        for name in names:
-            if name.startswith("."):
-                continue
-            try:
-                raw = fs.cat_file(f"{remote}/{name}/{F.PACK_INDEX_JSON}")
-            except FileNotFoundError:  # not a committed index (an upload in flight or a stray folder)
-                continue
-            present.add(name)
-            label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"
-            idx = IF.parse_pack_index_manifest(json.loads(raw), file=label)
-            ldir = local / F.PACKS_DIR / name
-            ldir.mkdir(parents=True, exist_ok=True)
-            _drop_legacy(ldir)
-            for fname, entry in idx.files.items():
-                self.file(fs, f"{remote}/{name}/{fname}", f"{url}/{F.PACKS_DIR}/{name}/{fname}", ldir / fname, entry, label)
-            self.write_atomic(ldir / F.PACK_INDEX_JSON, raw)
-        lpacks = local / F.PACKS_DIR
-        if lpacks.is_dir():
-            for p in lpacks.iterdir():
-                if p.is_dir() and not p.name.startswith(".") and p.name not in present:
-                    shutil.rmtree(V.state_dir(self.root, p), ignore_errors=True)
-                    shutil.rmtree(p, ignore_errors=True)  # gone from the bucket; mapped copies stay valid on Linux
+        from .pack_mirror import drop_gone, mirror_pack, remote_pack_manifests
+
+        found = remote_pack_manifests(fs, rpath)
+        for name, raw in found.items():
+            mirror_pack(self, fs, rpath, url, local, name, raw)
+        drop_gone(self.root, local, set(found))
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -300,14 +276,6 @@ class _Fetcher:
         tmp.write_bytes(data)
         os.replace(tmp, path)
         fsync_dir(path.parent)
-
-
-def _drop_legacy(d: Path) -> None:
-    """Remove the bookkeeping files packfmt <= 0.1 kept inside the mirror (``.NAME.verified``, ``.NAME.lock``,
-    ``.packfmt-pin``): dataset file names never start with a dot, and validate would report them."""
-    for p in d.glob(".*"):
-        if p.is_file() and (p.name == V.PIN or p.name.endswith((".verified", ".lock"))):
-            p.unlink(missing_ok=True)
 
 
 def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None, cache_limit=None,

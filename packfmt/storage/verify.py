@@ -28,7 +28,7 @@ from .._io import checksum_file
 from ..errors import ChecksumError
 
 __all__ = ["STATE", "PIN", "OK", "CHANGED", "ABSENT", "state_dir", "marker", "status", "write_marker", "rehash",
-           "forget", "temp_path", "lock_path", "verify_mode", "check_mirror"]
+           "forget", "temp_path", "lock_path", "verify_mode", "check_mirror", "drop_legacy"]
 
 STATE, PIN = ".packfmt-state", ".packfmt-pin"
 _KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}$")  # uri.root_key
@@ -163,3 +163,11 @@ def check_mirror(path: Path, mode: str | None = None) -> None:
                                         f"{checksum}); removed, nothing served. Open the dataset's URL again to fetch "
                                         "it anew", file=str(local), field="checksum", expected=checksum,
                                         found="another checksum")
+
+
+def drop_legacy(d: Path) -> None:
+    """Remove the bookkeeping files packfmt <= 0.1 kept inside the mirror (``.NAME.verified``, ``.NAME.lock``,
+    ``.packfmt-pin``): dataset file names never start with a dot, and validate would report them."""
+    for p in d.glob(".*"):
+        if p.is_file() and (p.name == PIN or p.name.endswith((".verified", ".lock"))):
+            p.unlink(missing_ok=True)

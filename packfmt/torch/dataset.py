@@ -186,7 +186,7 @@ class PackedDataset(Dataset):
     @property
     def index(self) -> PackIndex:
         if self._index is None:
-            self._index = PackIndex(self.store, self.index_name)
+            self._index = self.store.pack_index(self.index_name)  # a streamed collection fetches it (verified) first
         return self._index
 
     # ------------------------------------------------------------------ metadata

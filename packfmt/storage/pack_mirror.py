@@ -1,0 +1,66 @@
+"""A remote dataset's pack indexes in the cache's mirror: listed from the bucket, each mirrored when wanted.
+
+The door (``cache._Fetcher.packs``) mirrors every index of a dataset it fetches whole; a streamed
+collection (``collection.stream``) lists them at open and mirrors one only when ``pack_index(name)``
+first opens it, so a collection with several indexes (capacities, mixtures) fetches only the one it
+trains from before its first batch. Each file is fetched and verified as every cached file is
+(``_Fetcher.file``: hashed while it streams, checked against ``index.json``), ``index.json`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+from pathlib import Path
+
+from .. import format as F
+from .. import index_format as IF
+from . import verify as V
+
+__all__ = ["remote_pack_manifests", "mirror_pack", "drop_gone"]
+
+
+def remote_pack_manifests(fs, rpath: str) -> dict[str, bytes]:
+    """``index.json`` bytes of every committed pack index under ``rpath/packs/`` (one listing, one small GET each;
+    a folder without ``index.json`` is an upload in flight or a stray folder, and left out)."""
+    remote = f"{rpath}/{F.PACKS_DIR}"
+    fs.invalidate_cache(remote)
+    try:
+        names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(remote, detail=False))
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in names:
+        if name.startswith("."):
+            continue
+        try:
+            out[name] = fs.cat_file(f"{remote}/{name}/{F.PACK_INDEX_JSON}")
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def mirror_pack(fetcher, fs, rpath: str, url: str, local: Path, name: str, raw: bytes) -> None:
+    """Pack index ``name`` (its ``index.json`` bytes ``raw``) mirrored under ``local/packs/name``: each file it lists
+    fetched and verified by ``fetcher`` (a ``cache._Fetcher``), then ``index.json``, so that a listing of the mirror
+    never shows an index whose files are not all there."""
+    remote = f"{rpath}/{F.PACKS_DIR}"
+    label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"
+    idx = IF.parse_pack_index_manifest(json.loads(raw), file=label)
+    ldir = local / F.PACKS_DIR / name
+    ldir.mkdir(parents=True, exist_ok=True)
+    V.drop_legacy(ldir)
+    for fname, entry in idx.files.items():
+        fetcher.file(fs, f"{remote}/{name}/{fname}", f"{url}/{F.PACKS_DIR}/{name}/{fname}", ldir / fname, entry, label)
+    fetcher.write_atomic(ldir / F.PACK_INDEX_JSON, raw)
+
+
+def drop_gone(root: Path, local: Path, present: set[str]) -> None:
+    """Remove the mirrored indexes the bucket no longer has (mapped copies stay valid on Linux)."""
+    lpacks = local / F.PACKS_DIR
+    if lpacks.is_dir():
+        for p in lpacks.iterdir():
+            if p.is_dir() and not p.name.startswith(".") and p.name not in present:
+                shutil.rmtree(V.state_dir(root, p), ignore_errors=True)
+                shutil.rmtree(p, ignore_errors=True)
