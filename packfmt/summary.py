@@ -218,6 +218,8 @@ def _images_per_pack(index: PackIndex, po: np.ndarray) -> dict | None:
 def summarize_store(store, *, progress: bool = False, batch_size: int = DEFAULT_BATCH) -> dict:
     """``packfmt.inspect.summarize`` of a store: manifest, lengths, images, loss mask, build report, indexes."""
     m = store.manifest
+    # opened first: each open's scan (V27) reads the offsets at random, then hands their pages back
+    indexes = {name: store.pack_index(name) for name in store.pack_index_names()}
     lengths = narrow_lengths(store.doc_offsets)  # int32 when every length fits; the offsets' pages handed back
     out: dict[str, Any] = {
         "path": str(store.path),
@@ -238,6 +240,6 @@ def summarize_store(store, *, progress: bool = False, batch_size: int = DEFAULT_
     if store.loss_mask is not None:
         frac = mask_fraction(store.loss_mask, progress)
         out["loss_mask"] = {"trained_fraction": frac, "trained_tokens": int(round(frac * m.num_tokens))}
-    for name in store.pack_index_names():
-        out["pack_indexes"][name] = index_summary(store.pack_index(name), lengths, batch_size)
+    for name, index in indexes.items():
+        out["pack_indexes"][name] = index_summary(index, lengths, batch_size)
     return out

@@ -75,6 +75,8 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
     from ..summary import index_summary, length_stats, mask_fraction
 
     raw = coll.manifest.raw
+    # opened first: each open's scan (V27) reads the lengths at random, then hands their pages back
+    indexes = {name: coll.pack_index(name) for name in coll.pack_index_names()}
     lengths = narrow(coll.doc_lengths)  # int32 when every length fits (its pages handed back): 4 bytes a document
     total = coll.num_tokens
     stats = member_length_stats(lengths, coll.doc_start)  # every member's at once (10^5 members: not 10^5 sorts)
@@ -105,8 +107,7 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
                       for m, e in enumerate(coll.members))
         out["loss_mask"] = {"trained_fraction": trained / total if total else 0.0, "trained_tokens": int(round(trained))}
     layout = raw.get("layout")
-    for name in coll.pack_index_names():
-        index = coll.pack_index(name)
+    for name, index in indexes.items():
         mixture = index.manifest.raw.get("mixture")
         if layout is not None and layout.get("index") == name:  # its documents as the index covers them (§9.2)
             seen = segment_lengths_if_in_order(index.segments, index.pack_offsets, lengths.shape[0])

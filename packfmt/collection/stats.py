@@ -116,12 +116,14 @@ def sort_within(lengths: np.ndarray, doc_start: np.ndarray) -> tuple[np.ndarray,
     (``lengths[doc_start[m]:doc_start[m + 1]]``), and each member's int64 sum.
 
     Each member on its own: an LSD radix sort of 11-bit digits (a digit every length shares is skipped) for
-    a long member, a comparison sort for a short one; two arrays of the input's type, no wider key per document.
+    a long member, a comparison sort for a short one: the result and one member's scratch, of the input's type.
     """
     lengths = np.asarray(lengths)
+    doc_start = np.asarray(doc_start, dtype=np.int64)
     out = np.empty_like(lengths)
-    scratch = np.empty_like(lengths)
-    totals = _sort_runs(lengths, np.asarray(doc_start, dtype=np.int64), out, scratch)
+    widest = int(np.diff(doc_start).max()) if doc_start.shape[0] > 1 else 0
+    scratch = np.empty(widest if widest >= _RADIX_MIN else 0, dtype=lengths.dtype)  # one member's, not every one's
+    totals = _sort_runs(lengths, doc_start, out, scratch)
     return out, totals
 
 
@@ -150,25 +152,26 @@ def _sort_runs(values, starts, out, scratch):
         bits = 0
         while bits < 63 and (np.int64(top) >> bits) > 0:
             bits += 1
-        in_scratch = False
+        mine, other = out[a:b], scratch[:n]
+        in_other = False
         shift = 0
         while shift < bits:
-            src = scratch if in_scratch else out
-            dst = out if in_scratch else scratch
+            src = other if in_other else mine
+            dst = mine if in_other else other
             count[:] = 0
-            for i in range(a, b):
+            for i in range(n):
                 count[((np.int64(src[i]) >> shift) & 2047) + 1] += 1
             if count.max() < n:  # else every length shares this digit: the order stays
                 for d in range(2048):
                     count[d + 1] += count[d]
-                for i in range(a, b):
+                for i in range(n):
                     d = (np.int64(src[i]) >> shift) & 2047
-                    dst[a + count[d]] = src[i]
+                    dst[count[d]] = src[i]
                     count[d] += 1
-                in_scratch = not in_scratch
+                in_other = not in_other
             shift += 11
-        if in_scratch:
-            out[a:b] = scratch[a:b]
+        if in_other:
+            mine[:] = other
     return totals
 
 
