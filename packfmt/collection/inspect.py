@@ -24,7 +24,7 @@ def member_length_stats(lengths: np.ndarray, doc_start: np.ndarray) -> list[dict
     """``summary.length_stats`` of each member's documents (``lengths[doc_start[m]:doc_start[m + 1]]``), equal to it
     value for value, for all members from one pass (``stats.sort_within``): numpy's ``linear`` percentile, its
     virtual index and interpolation written out (``tests/test_inspect.py`` compares the two). ``lengths`` keeps
-    its type (int32 when every length fits): two arrays of it, nothing wider per document."""
+    its type (int32 when every length fits): one sorted copy of it (and one member's scratch), nothing wider."""
     from ..summary import PERCENTILES
 
     doc_start = np.asarray(doc_start, dtype=np.int64)
