@@ -58,11 +58,14 @@ def narrow_lengths(doc_offsets: np.ndarray, cap: int | None = None) -> np.ndarra
 
 def narrow(lengths: np.ndarray) -> np.ndarray:
     """``lengths`` (a dataset's own, e.g. a collection's ``doc_lengths.bin``) as int32 when every one fits, else
-    as they are; copied in chunks, the source's pages released after each (as ``narrow_lengths``)."""
-    if lengths.size and int(lengths.max()) > INT32_MAX:
-        return lengths
+    as they are; copied in chunks, the source's pages released after each (as ``narrow_lengths``), each chunk's
+    maximum checked as it is copied (no pass over the whole source before: its pages would all be resident)."""
     out = np.empty(lengths.shape[0], dtype=np.int32)
     for a in range(0, lengths.shape[0], CHUNK_ELEMS):
-        out[a:a + CHUNK_ELEMS] = lengths[a:a + CHUNK_ELEMS]
+        chunk = np.asarray(lengths[a:a + CHUNK_ELEMS])
+        if chunk.size and int(chunk.max()) > INT32_MAX:  # a length of 2^31 tokens or more: kept as it is
+            release(lengths)
+            return lengths
+        out[a:a + CHUNK_ELEMS] = chunk
         release(lengths)
     return out

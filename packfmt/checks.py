@@ -20,10 +20,11 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from ._resident import release
 from .errors import FormatError
 
 __all__ = ["Finding", "raise_first", "offsets", "offsets_chunk", "image_spans", "image_span_rows", "segments", "packs",
-           "MAX_LISTED"]
+           "pack_runs", "MAX_LISTED"]
 
 #: Elements per chunk of a scan: bounded temporaries whatever the file size.
 CHUNK = 1 << 20
@@ -168,14 +169,30 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
     members): the second argument holds one BOUND per member instead, and a document is taken to be at most as
     long as its member (a streamed collection before its members are fetched: nothing of 8 bytes a document).
     Returns the findings and, when there are none, the int64 token count of every pack (for ``packs``).
+
+    Scanned in runs of packs (``pack_runs``), the pages of a mapped ``segs`` handed back after each run and those
+    of a mapped second argument after the scan (``_resident.release``): opening an index leaves neither resident
+    (24 bytes a segment and 8 a document, in every process that opens it).
     """
+    mapped_segs, mapped_bounds = segs, doc_offsets
     doc_offsets, segs, pack_offsets = np.asarray(doc_offsets), np.asarray(segs), np.asarray(pack_offsets)
     mode = 2 if doc_start is not None else int(doc_lengths)
     starts = np.asarray(doc_start, dtype=np.int64) if doc_start is not None else np.zeros(1, dtype=np.int64)
     n_docs = int(starts[-1]) if mode == 2 else doc_offsets.shape[0] - (0 if doc_lengths else 1)
     lengths = np.empty(pack_offsets.shape[0] - 1, dtype=np.int64)
-    first_doc, n_doc, first_range, n_range = _segment_kernel()(segs, doc_offsets, pack_offsets, lengths, mode,
-                                                               starts)
+    first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
+    scan = _segment_kernel()
+    for p0, p1 in pack_runs(pack_offsets):  # runs of packs: one run's pages of segments.bin resident at a time
+        s0 = int(pack_offsets[p0])
+        fd, nd, fr, nr = scan(segs[s0:int(pack_offsets[p1])], doc_offsets, pack_offsets[p0:p1 + 1] - s0,
+                              lengths[p0:p1], mode, starts)
+        if first_doc < 0 <= fd:
+            first_doc = s0 + fd
+        if first_range < 0 <= fr:
+            first_range = s0 + fr
+        n_doc, n_range = n_doc + nd, n_range + nr
+        release(mapped_segs)
+    release(mapped_bounds)  # read at random: handed back once, after the scan
     out = []
     if first_doc >= 0:
         k = first_doc
@@ -192,6 +209,21 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
         out.append(Finding("V27", file, f"[{k}]", f"0 <= begin < end <= length of document {d} ({what})",
                            f"[{beg}, {end}) (segment beyond its document, or empty; {n_range} bad segment(s) in all)"))
     return out, (None if out else lengths)
+
+
+#: Segments per run of packs in ``segments`` (a run holds at least one pack): 1M rows, 24 MiB of segments.bin.
+PACK_RUN_ROWS = 1 << 20
+
+
+def pack_runs(pack_offsets: np.ndarray, rows: int = PACK_RUN_ROWS) -> Iterator[tuple[int, int]]:
+    """``(p0, p1)``: runs of whole packs of about ``rows`` segments (one pack alone when it has more)."""
+    n = pack_offsets.shape[0] - 1
+    p = 0
+    while p < n:
+        q = int(np.searchsorted(pack_offsets, int(pack_offsets[p]) + rows, side="right")) - 1
+        q = min(max(q, p + 1), n)
+        yield p, q
+        p = q
 
 
 _KERNEL = None

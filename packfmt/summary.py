@@ -19,7 +19,10 @@ from typing import Any
 import numpy as np
 
 from . import format as F
+from ._resident import narrow_lengths, release
+from .checks import pack_runs
 from .collection.arrays import image_token_spans
+from .collection.stats import distinct_documents, padding_rows
 from .index import PackIndex
 
 __all__ = ["length_stats", "row_lengths", "padding_costs", "mask_fraction", "index_summary", "documents_per_pack",
@@ -72,13 +75,7 @@ def padding_costs(doc_lengths: np.ndarray, capacity: int, batch_size: int = DEFA
     Returns ``{"pad_to_capacity": {...}, "pad_to_longest": {...}[, "packed": {...}]}``, each with
     ``rows``, ``slots`` (token positions fed to the model), ``padding`` and ``efficiency``.
     """
-    rows = row_lengths(doc_lengths, capacity)
-    real = int(rows.sum())
-    n = rows.shape[0]
-    n_full = n // batch_size * batch_size
-    longest = rows[:n_full].reshape(-1, batch_size).max(axis=1).sum() * batch_size if n_full else 0
-    if n > n_full:
-        longest += int(rows[n_full:].max()) * (n - n_full)
+    n, real, longest = padding_rows(doc_lengths, capacity, batch_size)  # no rows array (8 bytes a row)
 
     def entry(n_rows: int, slots: int, tokens: int) -> dict:
         return {"rows": int(n_rows), "slots": int(slots), "tokens": int(tokens), "padding": int(slots - tokens),
@@ -104,6 +101,7 @@ def mask_fraction(mask: np.ndarray, progress: bool) -> float:
     for a in range(0, n, _CHUNK):
         chunk = mask[a:a + _CHUNK]
         ones += int(np.count_nonzero(chunk))
+        release(mask)  # a mapped mask's pages handed back per chunk (1 byte a token)
         if bar is not None:
             bar.update(chunk.shape[0])
     if bar is not None:
@@ -152,15 +150,11 @@ def _build_report(raw: dict) -> dict | None:
 def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = DEFAULT_BATCH) -> dict:
     """Packing numbers of one index, with the padding baselines on the same documents."""
     po = np.asarray(index.pack_offsets)
-    segs = np.asarray(index.segments)
-    seg_len = segs[:, 2] - segs[:, 1]
-    packed = int(seg_len.sum())
+    totals = index.pack_lengths  # every pack's tokens, from the scan that opened the index (V27, V29)
+    packed = int(totals.sum())
     n_packs = int(po.shape[0] - 1)
     cap = index.capacity
-    cum = np.zeros(seg_len.shape[0] + 1, dtype=np.int64)
-    np.cumsum(seg_len, out=cum[1:])
-    totals = cum[po[1:]] - cum[po[:-1]]
-    docs_per_pack = documents_per_pack(segs, po, len(doc_lengths))
+    docs_per_pack = documents_per_pack(index.segments, po, len(doc_lengths))
     stats = index.stats
     out = {
         "algorithm": index.algorithm,
@@ -170,7 +164,7 @@ def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = D
         "params": index.manifest.params,
         "materialized": index.manifest.materialized,
         "packs": n_packs,
-        "segments": int(segs.shape[0]),
+        "segments": int(index.segments.shape[0]),
         "packed_tokens": packed,
         "fill_efficiency": float(packed / (n_packs * cap)) if n_packs else 1.0,
         "documents_per_pack": {"mean": float(docs_per_pack.mean()) if n_packs else 0.0,
@@ -182,7 +176,7 @@ def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = D
                                                                "truncated_tokens", "dropped_documents", "dropped_tokens")},
         "padding": padding_costs(doc_lengths, cap, batch_size, n_packs, packed),
     }
-    images = _images_per_pack(index, segs, po)
+    images = _images_per_pack(index, po)
     if images is not None:
         out["images_per_pack"] = images
     return out
@@ -192,46 +186,41 @@ def documents_per_pack(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndar
     """Distinct documents in each pack, int64 ``(n_packs,)``, in O(n_segments + n_docs).
 
     A pack can hold a document twice only through a document with several segments, so only
-    those segments are sorted (by pack, then document) to find the repeats.
+    those segments are compared within their pack to find the repeats (``collection.stats.distinct_documents``:
+    one byte per document, ``segs`` read in runs of packs).
     """
-    per_pack = np.diff(po).astype(np.int64)
-    if segs.shape[0] == 0:
-        return per_pack
-    doc = segs[:, 0]
-    per_doc = np.bincount(doc, minlength=n_docs)
-    if per_doc.max() <= 1:  # no document has two segments: nothing can repeat
-        return per_pack
-    several = np.flatnonzero(per_doc[doc] > 1)
-    if several.size:
-        pack = np.searchsorted(po, several, side="right") - 1
-        d = doc[several]
-        order = np.lexsort((d, pack))
-        pack, d = pack[order], d[order]
-        repeat = (pack[1:] == pack[:-1]) & (d[1:] == d[:-1])
-        per_pack -= np.bincount(pack[1:][repeat], minlength=per_pack.shape[0])
-    return per_pack
+    return distinct_documents(segs, po, n_docs)
 
 
-def _images_per_pack(index: PackIndex, segs: np.ndarray, po: np.ndarray) -> dict | None:
-    """Images whose token span starts inside each pack's segments (spans are globally sorted)."""
+def _images_per_pack(index: PackIndex, po: np.ndarray) -> dict | None:
+    """Images whose token span starts inside each pack's segments (spans are globally sorted), in runs of packs."""
     spans = image_token_spans(index.store)  # every member's, in dataset token offsets
     if spans is None:
         return None
     off = np.asarray(index.store.doc_offsets)
     starts = spans[:, 0]
-    g_begin = off[segs[:, 0]] + segs[:, 1]
-    g_end = off[segs[:, 0]] + segs[:, 2]
-    per_seg = np.searchsorted(starts, g_end, side="left") - np.searchsorted(starts, g_begin, side="left")
-    cum = np.concatenate([[0], np.cumsum(per_seg)])
-    per_pack = cum[po[1:]] - cum[po[:-1]]
+    segs = index.segments
+    per_pack = np.zeros(po.shape[0] - 1, dtype=np.int64)
+    for p0, p1 in pack_runs(po):
+        s0 = int(po[p0])
+        rows = np.asarray(segs[s0:int(po[p1])])
+        base = off[rows[:, 0]]
+        per_seg = (np.searchsorted(starts, base + rows[:, 2], side="left")
+                   - np.searchsorted(starts, base + rows[:, 1], side="left"))
+        cum = np.concatenate([[0], np.cumsum(per_seg)])
+        local = po[p0:p1 + 1] - s0
+        per_pack[p0:p1] = cum[local[1:]] - cum[local[:-1]]
+        release(segs)
     return {"mean": float(per_pack.mean()) if per_pack.size else 0.0, "max": int(per_pack.max()) if per_pack.size else 0,
-            "total": int(per_seg.sum())}
+            "total": int(per_pack.sum())}
 
 
 def summarize_store(store, *, progress: bool = False, batch_size: int = DEFAULT_BATCH) -> dict:
     """``packfmt.inspect.summarize`` of a store: manifest, lengths, images, loss mask, build report, indexes."""
     m = store.manifest
-    lengths = np.asarray(store.doc_lengths)
+    # opened first: each open's scan (V27) reads the offsets at random, then hands their pages back
+    indexes = {name: store.pack_index(name) for name in store.pack_index_names()}
+    lengths = narrow_lengths(store.doc_offsets)  # int32 when every length fits; the offsets' pages handed back
     out: dict[str, Any] = {
         "path": str(store.path),
         "format_version": m.raw.get("format_version"),
@@ -251,6 +240,6 @@ def summarize_store(store, *, progress: bool = False, batch_size: int = DEFAULT_
     if store.loss_mask is not None:
         frac = mask_fraction(store.loss_mask, progress)
         out["loss_mask"] = {"trained_fraction": frac, "trained_tokens": int(round(frac * m.num_tokens))}
-    for name in store.pack_index_names():
-        out["pack_indexes"][name] = index_summary(store.pack_index(name), lengths, batch_size)
+    for name, index in indexes.items():
+        out["pack_indexes"][name] = index_summary(index, lengths, batch_size)
     return out

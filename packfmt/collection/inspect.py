@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
+
+from .._resident import narrow
+from .stats import segment_lengths_if_in_order, sort_within
 
 __all__ = ["summarize_collection", "format_collection", "format_mixture", "member_length_stats", "SHOWN_MEMBERS"]
 
@@ -20,21 +22,20 @@ SHOWN_MEMBERS = 30
 
 def member_length_stats(lengths: np.ndarray, doc_start: np.ndarray) -> list[dict]:
     """``summary.length_stats`` of each member's documents (``lengths[doc_start[m]:doc_start[m + 1]]``), equal to it
-    value for value, for all members from one sort: numpy's ``linear`` percentile, its virtual index and
-    interpolation written out (``tests/test_inspect.py`` compares the two)."""
+    value for value, for all members from one pass (``stats.sort_within``): numpy's ``linear`` percentile, its
+    virtual index and interpolation written out (``tests/test_inspect.py`` compares the two). ``lengths`` keeps
+    its type (int32 when every length fits): one sorted copy of it (and one member's scratch), nothing wider."""
     from ..summary import PERCENTILES
 
-    counts = np.diff(np.asarray(doc_start, dtype=np.int64))
+    doc_start = np.asarray(doc_start, dtype=np.int64)
+    counts = np.diff(doc_start)
     if not lengths.size:
         return [{"count": 0} for _ in range(counts.shape[0])]
-    lengths = np.asarray(lengths, dtype=np.int64)
-    ordered = sorted_within(lengths, counts)
+    ordered, totals = sort_within(lengths, doc_start)
     last = lengths.size - 1
     start = np.minimum(doc_start[:-1], last)  # an empty member's: clamped, and never read below
     n = np.maximum(counts, 1)
-    run = np.concatenate([[0], np.cumsum(lengths)])
-    cols = {"total": run[doc_start[1:]] - run[doc_start[:-1]], "min": ordered[start],
-            "max": ordered[np.minimum(start + n - 1, last)]}
+    cols = {"total": totals, "min": ordered[start], "max": ordered[np.minimum(start + n - 1, last)]}
     for q in PERCENTILES:
         quantile = np.float64(q) / 100
         virtual = (n - 1) * quantile  # numpy's method="linear"
@@ -45,6 +46,7 @@ def member_length_stats(lengths: np.ndarray, doc_start: np.ndarray) -> list[dict
         b = ordered[np.minimum(start + np.minimum(lo + 1, n - 1), last)].astype(np.float64)
         diff = b - a
         cols[f"p{q}"] = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+    del ordered
     out = []
     for m in range(counts.shape[0]):
         c = int(counts[m])
@@ -61,44 +63,11 @@ def member_length_stats(lengths: np.ndarray, doc_start: np.ndarray) -> list[dict
 
 
 def sorted_within(lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``lengths`` (int64, ``>= 0``, ``counts[m]`` documents of member ``m`` after another) sorted within each member.
-
-    One key per document, the member above the length, sorted by an LSD radix sort: linear in the documents
-    (10^7 over 1,000 members: a few passes, where a lexsort of the two columns took ~1.8 s); a lexsort only
-    when the key would not fit 63 bits."""
-    members = counts.shape[0]
-    shift = int(lengths.max()).bit_length() if lengths.size else 0
-    bits = (members - 1).bit_length() + shift
-    if bits > 63:
-        return lengths[np.lexsort((lengths, np.repeat(np.arange(members), counts)))]
-    key = np.repeat(np.arange(members, dtype=np.int64) << shift, counts)
-    key |= lengths
-    out = _radix_sort(key, bits)
-    out &= (1 << shift) - 1
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _radix_sort(key, bits):
-    """``key`` (int64, ``>= 0``, below ``2^bits``) sorted ascending: stable counting passes of 11 bits, low first;
-    ``key`` is the buffer of every other pass (the result is ``key`` or a new array)."""
-    n = key.shape[0]
-    src, dst = key, np.empty_like(key)
-    shift = 0
-    while shift < bits:
-        count = np.zeros(2049, dtype=np.int64)
-        for i in range(n):
-            count[((src[i] >> shift) & 2047) + 1] += 1
-        if count.max() < n:  # a digit every key shares leaves the order as it is
-            for d in range(2048):
-                count[d + 1] += count[d]
-            for i in range(n):
-                d = (src[i] >> shift) & 2047
-                dst[count[d]] = src[i]
-                count[d] += 1
-            src, dst = dst, src
-        shift += 11
-    return src
+    """``lengths`` (``>= 0``, ``counts[m]`` documents of member ``m`` after another) sorted within each member, of
+    ``lengths``' type: each member by its own radix sort (``stats.sort_within``), linear in the documents."""
+    doc_start = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=doc_start[1:])
+    return sort_within(np.asarray(lengths), doc_start)[0]
 
 
 def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -> dict:
@@ -106,7 +75,9 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
     from ..summary import index_summary, length_stats, mask_fraction
 
     raw = coll.manifest.raw
-    lengths = np.asarray(coll.doc_lengths)
+    # opened first: each open's scan (V27) reads the lengths at random, then hands their pages back
+    indexes = {name: coll.pack_index(name) for name in coll.pack_index_names()}
+    lengths = narrow(coll.doc_lengths)  # int32 when every length fits (its pages handed back): 4 bytes a document
     total = coll.num_tokens
     stats = member_length_stats(lengths, coll.doc_start)  # every member's at once (10^5 members: not 10^5 sorts)
     members = [{"name": entry.name, "path": entry.path, "documents": entry.documents, "tokens": entry.tokens,
@@ -136,12 +107,11 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
                       for m, e in enumerate(coll.members))
         out["loss_mask"] = {"trained_fraction": trained / total if total else 0.0, "trained_tokens": int(round(trained))}
     layout = raw.get("layout")
-    for name in coll.pack_index_names():
-        index = coll.pack_index(name)
+    for name, index in indexes.items():
         mixture = index.manifest.raw.get("mixture")
         if layout is not None and layout.get("index") == name:  # its documents as the index covers them (§9.2)
-            segs = np.asarray(index.segments)
-            seen = segs[:, 2] - segs[:, 1] if np.array_equal(segs[:, 0], np.arange(lengths.shape[0])) else lengths
+            seen = segment_lengths_if_in_order(index.segments, index.pack_offsets, lengths.shape[0])
+            seen = lengths if seen is None else seen
         else:
             seen = lengths if mixture is None else _copy_lengths(coll, lengths, mixture, index)
         summary = index_summary(index, seen, batch_size)
