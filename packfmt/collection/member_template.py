@@ -35,10 +35,11 @@ class Template:
     """The byte pattern of one checked canonical store manifest without images (see the module doc).
 
     ``match(raw)``: ``(documents, tokens, {file: bytes})`` of a manifest whose bytes match, or None.
+    ``sizes(raw, documents, tokens)``: ``match`` with C2's counts and V11 in one step (``member_checks``' hot path).
     """
 
-    __slots__ = ("_differences", "_ints", "bare", "files", "has_loss_mask", "itemsize", "listing", "obj", "pattern",
-                 "slots", "stated")
+    __slots__ = ("_differences", "_ints", "_sized", "bare", "files", "has_loss_mask", "itemsize", "listing", "obj",
+                 "pattern", "slots", "stat", "stated")
 
     def __init__(self, pattern: re.Pattern, slots: list, sm: F.Manifest) -> None:
         self.pattern, self.slots = pattern, slots
@@ -52,6 +53,13 @@ class Template:
         self.bare = sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
         self.listing = frozenset([F.MANIFEST, *sm.files])  # what the directory of a ``bare`` member holds
         self.stated = tuple(name for name in sm.files if name != F.DOC_OFFSETS)  # sized by ``stat`` (V10)
+        #: ``(group of its bytes, "/" + name)`` of each of ``stated``: what ``sizes`` gives, what ``stat`` compares
+        self.stat = tuple((self._ints[3 + self.files.index(name)], "/" + name) for name in self.stated)
+        #: the groups of counts.documents, .tokens, .images and of the bytes of the files V11 sizes from the counts
+        #: (tokens, doc offsets, and the loss mask when there is one: ``sizes_agree``), -1 for a mask not sized
+        mask = self._ints[3 + self.files.index(F.LOSS_MASK)] if sm.has_loss_mask else -1
+        self._sized = (*self._ints[:3], self._ints[3 + self.files.index(F.TOKENS)],
+                       self._ints[3 + self.files.index(F.DOC_OFFSETS)], mask)
         self._differences: dict = {}
 
     @classmethod
@@ -98,6 +106,21 @@ class Template:
         if values[2] or max(values) > F.INT64_MAX:  # images: parsed as always; V7, V8: below 2^63
             return None
         return values[0], values[1], dict(zip(self.files, values[3:]))
+
+    def sizes(self, raw: bytes, documents: int, tokens: int):
+        """None when ``raw`` does not match (``match``); False when it does, but with other counts than ``documents``
+        and ``tokens`` (C2), images, a file not of the size the counts give it (V11) or one of ``2^63`` bytes or more;
+        else the groups of the match (``stat`` says which is the size of which of ``stated``, V10)."""
+        found = self.pattern.fullmatch(raw)
+        if found is None:
+            return None
+        g = found.groups()
+        d, t, i, tok, off, mask = self._sized
+        if (g[i] != b"0" or int(g[d]) != documents or int(g[t]) != tokens or int(g[tok]) != tokens * self.itemsize
+                or int(g[off]) != (documents + 1) * F.OFFSET_DTYPE.itemsize or (mask >= 0 and int(g[mask]) != tokens)
+                or tokens * self.itemsize > F.INT64_MAX or (documents + 1) * F.OFFSET_DTYPE.itemsize > F.INT64_MAX):
+            return False  # the counts are the collection's (below 2^63, C1); the other sizes are checked by ``stat``
+        return g
 
     def differences(self, shared: dict, unified: dict, name: str, listed: tuple) -> list:
         """``member_differences`` of a member whose manifest matched (C2's shared keys): the template's own, which
