@@ -161,10 +161,14 @@ class _MemberReader:
                     continue
                 if k:  # the last one matched is tried first
                     self.templates.insert(0, self.templates.pop(k))
-                if g is False or not self._shared_agree(t, entry.name):  # C2
+                if g is False or (t not in self.agree and not self._shared_agree(t, entry.name)):  # C2
                     return None
-                if bare and not (t.bare and _only(path, t.listing)):
-                    return None
+                if bare:
+                    if not t.bare:
+                        return None
+                    names = os.listdir(path)  # its manifest and files, nothing else (``_only``)
+                    if len(names) != len(t.listing) or not t.listing.issuperset(names):
+                        return None
                 for group, name in t.stat:  # V10; doc_offsets.bin's size is checked by reading it
                     if os.stat(path + name).st_size != int(g[group]):
                         return None
@@ -174,11 +178,9 @@ class _MemberReader:
             return None
 
     def _shared_agree(self, t: Template, name: str) -> bool:
-        """C2's shared keys of member ``name``, whose manifest matched ``t``: ``t.differences``, found once per
-        template when ``unified`` lists no member."""
+        """C2's shared keys of member ``name``, whose manifest matched ``t``: ``t.differences``; ``t`` is added to
+        ``agree`` (what ``read`` looks in first) when they agree and ``unified`` lists no member."""
         if not self.any_listed:
-            if t in self.agree:
-                return True
             if t.differences(self.cm.shared, self.cm.unified, name, self.listed):
                 return False
             self.agree.add(t)
