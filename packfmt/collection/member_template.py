@@ -28,8 +28,8 @@ __all__ = ["MAX_TEMPLATES", "Template", "listed_in"]
 MAX_TEMPLATES = 8
 
 _INT = rb"(0|[1-9][0-9]{0,18})"
-_OFFSET_SIZE, _MAX = F.OFFSET_DTYPE.itemsize, F.INT64_MAX
 _CHECKSUM = rb'"xxh3_64:([0-9a-f]{16})"'
+_OFFSET_SIZE, _MAX = F.OFFSET_DTYPE.itemsize, F.INT64_MAX
 
 
 class Template:
@@ -46,8 +46,8 @@ class Template:
         """``parts``: the literal bytes before the first cut value, the pattern of each value and the literal bytes
         after it, in turn; ``slots``: what each value is."""
         self.pattern = re.compile(b"".join(re.escape(x) if k % 2 == 0 else x for k, x in enumerate(parts)))
-        #: ``pattern`` without its first and last literal parts, which ``_fullmatch`` compares as bytes (the
-        #: literal text after the files table, most of a manifest, costs a regex step per byte)
+        #: ``pattern`` without its first and last literal parts, which ``_fullmatch`` compares as bytes (the regex
+        #: steps through a literal a byte at a time; the text after the files table is over half a manifest)
         self._prefix, self._suffix = parts[0], parts[-1]
         self._core = re.compile(b"".join(re.escape(x) if k % 2 == 0 else x for k, x in enumerate(parts[1:-1], 1)))
         self.slots = slots
