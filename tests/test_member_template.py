@@ -200,3 +200,30 @@ def test_a_finding_shared_by_matched_members_names_each_of_them():
         listed = tuple(name in names for names in listed_in(unified))
         got = t.differences(shared, unified, name, listed)
         assert got == member_differences(shared, unified, name, sm.raw) and got and repr(name) in got[0][1]
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_sizes_is_match_with_the_counts_and_the_sizes_they_give(mask):
+    """``Template.sizes`` (what ``member_checks`` calls per member) says what ``match``, C2's counts and
+    ``sizes_agree`` (V11) say together (None: not matched, parse it; False: refused), and its groups give ``match``'s
+    size of each file ``stat`` compares."""
+    raw, sm, t, spans = _template(mask)
+    texts = [bytes([c]) for c in b"0123456789a,x"]
+    tried = 0
+    for slot in range(len(spans)):
+        for offset in range(-1, spans[slot][1] - spans[slot][0] + 1):
+            for how in ("replace", "insert", "delete"):
+                for text in texts if how != "delete" else [b""]:
+                    edited = _edited(raw, spans, [(slot, offset, how, text)])
+                    found = t.match(edited)
+                    for documents, tokens in ((sm.num_documents, sm.num_tokens), (sm.num_documents + 1, sm.num_tokens)):
+                        got = t.sizes(edited, documents, tokens)
+                        tried += 1
+                        if found is None:  # not matched (None), or images or a value of 2^63 or more (False)
+                            assert got is (None if t.pattern.fullmatch(edited) is None else False)
+                        elif found[:2] != (documents, tokens) or not t.sizes_agree(*found):
+                            assert got is False
+                        else:
+                            assert {name: int(got[g]) for g, name in t.stat} == {
+                                "/" + name: found[2][name] for name in t.stated}
+    assert tried > 1000

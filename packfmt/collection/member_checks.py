@@ -81,90 +81,122 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
     of the member would warn about), so a member that passes has nothing to report.
     """
     out = np.empty(cm.num_documents, dtype=np.int64)
-    root = os.fspath(root)
-    buf = np.empty(GROUP_OFFSETS, dtype=F.OFFSET_DTYPE)
-    group: list[int] = []  # consecutive members whose offsets are buf[:used], end to end
-    used = 0
-    reader = _MemberReader(root, cm)
+    group: list[int] = []  # consecutive members whose offsets are the bytes ``chunks``, end to end
+    chunks: list[bytes] = []
+    used = 0  # offsets in ``chunks``
+    reader = _MemberReader(os.fspath(root), cm)
 
     def the_long_way(m: int) -> None:
         lengths = slow(m)
         if lengths is not None:
             out[doc_start[m]:doc_start[m + 1]] = lengths
 
+    def flush() -> None:
+        if group:
+            _check_group(cm, doc_start, group, np.frombuffer(b"".join(chunks), dtype=F.OFFSET_DTYPE), out,
+                         the_long_way)
+            group.clear()
+            chunks.clear()
+
     for m, entry in enumerate(cm.members):
         n = entry.documents + 1
-        if used + n > GROUP_OFFSETS or (group and (entry.images or n > GROUP_OFFSETS)):
-            _check_group(cm, doc_start, group, buf[:used], out, the_long_way)
-            group, used = [], 0
-        if not (entry.images or n > GROUP_OFFSETS) and reader.read(m, entry, buf[used:used + n], bare):
-            group.append(m)
-            used += n
-            continue
-        _check_group(cm, doc_start, group, buf[:used], out, the_long_way)  # members before m first, in order
-        group, used = [], 0
+        alone = entry.images or n > GROUP_OFFSETS
+        if used + n > GROUP_OFFSETS or (alone and group):
+            flush()
+            used = 0
+        if not alone:
+            offsets = reader.read(m, entry, bare)
+            if offsets is not None:
+                group.append(m)
+                chunks.append(offsets)
+                used += n
+                continue
+        flush()  # members before m first, in order
+        used = 0
         the_long_way(m)
-    _check_group(cm, doc_start, group, buf[:used], out, the_long_way)
+    flush()
     return out
 
 
+#: The flags of every member file opened here: not blocking, so a FIFO in place of a file reads as empty.
+_READ = os.O_RDONLY | os.O_NONBLOCK
+_MANIFEST = "/" + F.MANIFEST
+_OFFSETS = "/" + F.DOC_OFFSETS
+
+
 class _MemberReader:
-    """``read(m, entry, dest, bare)``: one member's checks of ``member_doc_lengths``, with the templates
+    """``read(m, entry, bare)``: one member's checks of ``member_doc_lengths``, with the templates
     (``member_template``) the members' manifests have given so far: a manifest that matches one costs one pattern
     match, not a parse."""
 
     def __init__(self, root: str, cm: CollectionManifest) -> None:
         self.root, self.cm = root, cm
+        self.prefix = os.path.join(root, "")  # a member's directory: this and its path (os.path.join costs more)
         self.templates: list[Template] = []
         self.tries = TEMPLATE_TRIES  # manifests left to try as templates (members not canonical: tried no more)
         self.listed = listed_in(cm.unified)  # no member listed anywhere: every member's flags are these
         self.any_listed = any(self.listed)
+        self.agree: set = set()  # templates whose shared keys are the collection's, with the flags ``listed``
 
-    def read(self, m: int, entry, dest: np.ndarray, bare: bool) -> bool:
-        """Member ``m`` (``entry``: ``cm.members[m]``, made once: a member table makes one per access) passes C3, C2
-        and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and its ``doc_offsets.bin`` (exactly ``dest.nbytes``
-        bytes by them) is read into ``dest``; False on anything else (the caller takes the long way, which says why)."""
-        path = os.path.join(self.root, entry.path)  # its files' paths then by concatenation (os.path.join costs more)
+    def read(self, m: int, entry, bare: bool) -> bytes | None:
+        """The bytes of member ``m``'s ``doc_offsets.bin`` (``entry``: ``cm.members[m]``, made once: a member table makes
+        one per access) when it passes C3, C2 and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and the file
+        has the size they give it; None on anything else (the caller takes the long way, which says why). A member
+        whose manifest matches a template costs seven system calls and a listing of its directory when ``bare``."""
+        path = self.prefix + entry.path
         try:
-            raw = _read_small(path + "/" + F.MANIFEST)
-            if manifest_checksum(raw) != entry.manifest:
-                return False
+            fd = os.open(path + _MANIFEST, _READ)
+            try:
+                raw = os.read(fd, SMALL_JSON)  # short: the end of a regular file
+            finally:
+                os.close(fd)
+            if len(raw) >= SMALL_JSON:
+                raw = F.read_json_bytes(path + _MANIFEST, file=F.MANIFEST)  # which bounds its size
+            if "xxh3_64:" + xxhash.xxh3_64_hexdigest(raw) != entry.manifest:  # C3
+                return None
+            documents = entry.documents
             for k, t in enumerate(self.templates):
-                found = t.match(raw)
-                if found is not None:
-                    if k:  # the last one matched is tried first
-                        self.templates.insert(0, self.templates.pop(k))
-                    return self._matched(t, found, entry, path, dest, bare)
-            return self._parsed(raw, m, path, dest, bare)
+                g = t.sizes(raw, documents, entry.tokens)  # V1-V9 by the match, C2's counts, V11
+                if g is None:
+                    continue
+                if k:  # the last one matched is tried first
+                    self.templates.insert(0, self.templates.pop(k))
+                if g is False or (t not in self.agree and not self._shared_agree(t, entry.name)):  # C2
+                    return None
+                if bare:
+                    if not t.bare:
+                        return None
+                    names = os.listdir(path)  # its manifest and files, nothing else (``_only``)
+                    if len(names) != len(t.listing) or not t.listing.issuperset(names):
+                        return None
+                for group, name in t.stat:  # V10; doc_offsets.bin's size is checked by reading it
+                    if os.stat(path + name).st_size != int(g[group]):
+                        return None
+                return _read_exact(path + _OFFSETS, (documents + 1) * F.OFFSET_DTYPE.itemsize)
+            return self._parsed(raw, m, path, bare)
         except (PackfmtError, OSError):
-            return False
+            return None
 
-    def _matched(self, t: Template, found: tuple, entry, path: str, dest: np.ndarray, bare: bool) -> bool:
-        """C2, V10, V11 of a member whose manifest matched ``t`` (V1-V9 hold: see ``member_template``)."""
-        documents, tokens, sizes = found
-        if documents != entry.documents or tokens != entry.tokens or entry.images:  # C2 counts
-            return False
-        listed = tuple(entry.name in names for names in self.listed) if self.any_listed else self.listed
-        if t.differences(self.cm.shared, self.cm.unified, entry.name, listed):  # C2 shared keys
-            return False
-        if bare and not (t.bare and _only(path, t.listing)):
-            return False
-        if not t.sizes_agree(documents, tokens, sizes):  # V11
-            return False
-        for name in t.stated:  # V10; doc_offsets.bin's size is checked by reading it
-            if os.stat(path + "/" + name).st_size != sizes[name]:
+    def _shared_agree(self, t: Template, name: str) -> bool:
+        """C2's shared keys of member ``name``, whose manifest matched ``t``: ``t.differences``; ``t`` is added to
+        ``agree`` (what ``read`` looks in first) when they agree and ``unified`` lists no member."""
+        if not self.any_listed:
+            if t.differences(self.cm.shared, self.cm.unified, name, self.listed):
                 return False
-        return _read_exact(path + "/" + F.DOC_OFFSETS, dest)
+            self.agree.add(t)
+            return True
+        listed = tuple(name in names for names in self.listed)
+        return not t.differences(self.cm.shared, self.cm.unified, name, listed)
 
-    def _parsed(self, raw: bytes, m: int, path: str, dest: np.ndarray, bare: bool) -> bool:
+    def _parsed(self, raw: bytes, m: int, path: str, bare: bool) -> bytes | None:
         """``read`` of a manifest no template matches: parsed and checked, then a template if it can be one."""
         cm = self.cm
         obj = F.parse_json(raw, file=F.MANIFEST)
         if is_collection(obj):
-            return False
+            return None
         sm = F.parse_manifest(obj, file=F.MANIFEST)
         if sm.num_images or member_problems(cm, m, manifest_checksum(raw), sm, path):
-            return False
+            return None
         if self.tries and len(self.templates) < MAX_TEMPLATES:
             t = Template.of(raw, sm)
             if t is not None:
@@ -173,9 +205,9 @@ class _MemberReader:
                 self.tries -= 1
         if bare and not (sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
                          and _only(path, {F.MANIFEST, *sm.files})):
-            return False
+            return None
         check_files_table(path, sm.files, F.expected_layout(sm), where="")  # V10, V11: sizes of every file
-        return _read_exact(os.path.join(path, F.DOC_OFFSETS), dest)
+        return _read_exact(path + _OFFSETS, sm.files[F.DOC_OFFSETS].bytes)
 
 
 def _only(path: str, listing) -> bool:
@@ -191,33 +223,21 @@ TEMPLATE_TRIES = 32
 SMALL_JSON = 1 << 14
 
 
-def _read_small(path: str) -> bytes:
-    """The bytes of a member's manifest: one read (short: the end of a regular file) for one smaller than
-    ``SMALL_JSON``, else ``F.read_json_bytes`` (which bounds its size)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        raw = os.read(fd, SMALL_JSON)
-    finally:
-        os.close(fd)
-    return raw if len(raw) < SMALL_JSON else F.read_json_bytes(path, file=F.MANIFEST)
-
-
-def _read_exact(path: str, dest: np.ndarray) -> bool:
-    """Read the file at ``path`` into ``dest`` when it has exactly ``dest.nbytes`` bytes: each read asks for a byte
+def _read_exact(path: str, size: int) -> bytes | None:
+    """The bytes of the file at ``path`` when it has exactly ``size`` bytes, else None: each read asks for a byte
     more, and a read of a regular file short of what it asked for ends at its end (no ``fstat``); not blocking,
     so a FIFO in its place reads as empty."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    fd = os.open(path, _READ)
     try:
-        view, more, got = memoryview(dest).cast("B"), bytearray(1), 0
-        while True:
-            n = os.readv(fd, [view[got:], more])
-            if n == 0 or got + n > dest.nbytes:
-                return False
-            got += n
-            if got == dest.nbytes:
-                return True
+        data = os.read(fd, size + 1)
+        while 0 < len(data) < size:  # a short read before the end (not of a regular file): read on to the end
+            more = os.read(fd, size + 1 - len(data))
+            if not more:
+                break
+            data += more
     finally:
         os.close(fd)
+    return data if len(data) == size else None
 
 
 def _check_group(cm: CollectionManifest, doc_start: np.ndarray, group: list[int], off: np.ndarray,

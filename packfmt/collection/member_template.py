@@ -29,19 +29,28 @@ MAX_TEMPLATES = 8
 
 _INT = rb"(0|[1-9][0-9]{0,18})"
 _CHECKSUM = rb'"xxh3_64:([0-9a-f]{16})"'
+_OFFSET_SIZE, _MAX = F.OFFSET_DTYPE.itemsize, F.INT64_MAX
 
 
 class Template:
     """The byte pattern of one checked canonical store manifest without images (see the module doc).
 
     ``match(raw)``: ``(documents, tokens, {file: bytes})`` of a manifest whose bytes match, or None.
+    ``sizes(raw, documents, tokens)``: ``match`` with C2's counts and V11 in one step (``member_checks``' hot path).
     """
 
-    __slots__ = ("_differences", "_ints", "bare", "files", "has_loss_mask", "itemsize", "listing", "obj", "pattern",
-                 "slots", "stated")
+    __slots__ = ("_core", "_differences", "_ints", "_prefix", "_sized", "_suffix", "bare", "files", "has_loss_mask",
+                 "itemsize", "listing", "obj", "pattern", "slots", "stat", "stated")
 
-    def __init__(self, pattern: re.Pattern, slots: list, sm: F.Manifest) -> None:
-        self.pattern, self.slots = pattern, slots
+    def __init__(self, parts: list, slots: list, sm: F.Manifest) -> None:
+        """``parts``: the literal bytes before the first cut value, the pattern of each value and the literal bytes
+        after it, in turn; ``slots``: what each value is."""
+        self.pattern = re.compile(b"".join(re.escape(x) if k % 2 == 0 else x for k, x in enumerate(parts)))
+        #: ``pattern`` without its first and last literal parts, which ``_fullmatch`` compares as bytes (the regex
+        #: steps through a literal a byte at a time; the text after the files table is over half a manifest)
+        self._prefix, self._suffix = parts[0], parts[-1]
+        self._core = re.compile(b"".join(re.escape(x) if k % 2 == 0 else x for k, x in enumerate(parts[1:-1], 1)))
+        self.slots = slots
         self.files = tuple(sm.files)
         #: the groups holding integers: counts.documents, .tokens, .images, then each file's bytes, in ``files`` order
         self._ints = [slots.index(what) for what in [("count", k) for k in ("documents", "tokens", "images")]
@@ -52,6 +61,13 @@ class Template:
         self.bare = sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
         self.listing = frozenset([F.MANIFEST, *sm.files])  # what the directory of a ``bare`` member holds
         self.stated = tuple(name for name in sm.files if name != F.DOC_OFFSETS)  # sized by ``stat`` (V10)
+        #: ``(group of its bytes, "/" + name)`` of each of ``stated``: what ``sizes`` gives, what ``stat`` compares
+        self.stat = tuple((self._ints[3 + self.files.index(name)], "/" + name) for name in self.stated)
+        #: the groups of counts.documents, .tokens, .images and of the bytes of the files V11 sizes from the counts
+        #: (tokens, doc offsets, and the loss mask when there is one: ``sizes_agree``), -1 for a mask not sized
+        mask = self._ints[3 + self.files.index(F.LOSS_MASK)] if sm.has_loss_mask else -1
+        self._sized = (*self._ints[:3], self._ints[3 + self.files.index(F.TOKENS)],
+                       self._ints[3 + self.files.index(F.DOC_OFFSETS)], mask)
         self._differences: dict = {}
 
     @classmethod
@@ -76,21 +92,29 @@ class Template:
                             for name, entry in obj["files"].items()}
         text = F.canonical_json(cut_obj)
         parts = re.split(rb'"packfmt-slot-(\d+)-' + tag.encode() + rb'"', text)
-        pattern, order = [re.escape(parts[0])], []
+        pattern, order = [parts[0]], []
         for i in range(1, len(parts), 2):
             slot = slots[int(parts[i])]
             order.append(slot)
-            pattern += [_CHECKSUM if slot[1] == "checksum" else _INT, re.escape(parts[i + 1])]
+            pattern += [_CHECKSUM if slot[1] == "checksum" else _INT, parts[i + 1]]
         if len(order) != len(slots):
             return None
-        self = cls(re.compile(b"".join(pattern)), order, sm)
+        self = cls(pattern, order, sm)
         files = {name: e.bytes for name, e in sm.files.items()}
         if self.match(raw) != (sm.num_documents, sm.num_tokens, files):
             return None  # not read back as written: never used
         return self
 
+    def _fullmatch(self, raw: bytes) -> re.Match | None:
+        """``pattern.fullmatch(raw)``, its groups at the same places: the first and last literal parts compared as
+        bytes, the rest matched by ``_core``."""
+        a, b = len(self._prefix), len(raw) - len(self._suffix)
+        if a >= b or not (raw.startswith(self._prefix) and raw.endswith(self._suffix)):
+            return None
+        return self._core.fullmatch(raw, a, b)
+
     def match(self, raw: bytes) -> tuple[int, int, dict] | None:
-        found = self.pattern.fullmatch(raw)
+        found = self._fullmatch(raw)
         if found is None:
             return None
         groups = found.groups()  # a checksum is well formed by the pattern: all that V8 asks of it
@@ -98,6 +122,24 @@ class Template:
         if values[2] or max(values) > F.INT64_MAX:  # images: parsed as always; V7, V8: below 2^63
             return None
         return values[0], values[1], dict(zip(self.files, values[3:]))
+
+    def sizes(self, raw: bytes, documents: int, tokens: int):
+        """None when ``raw`` does not match (``match``); False when it does, but with other counts than ``documents``
+        and ``tokens`` (C2), images, a file not of the size the counts give it (V11) or one of ``2^63`` bytes or more;
+        else the groups of the match (``stat`` says which is the size of which of ``stated``, V10)."""
+        a, b = len(self._prefix), len(raw) - len(self._suffix)  # ``_fullmatch``, inlined: one call per member
+        if a >= b or not (raw.startswith(self._prefix) and raw.endswith(self._suffix)):
+            return None
+        found = self._core.fullmatch(raw, a, b)
+        if found is None:
+            return None
+        g = found.groups()
+        d, t, i, tok, off, mask = self._sized
+        size, offsets = tokens * self.itemsize, (documents + 1) * _OFFSET_SIZE
+        if (g[i] != b"0" or int(g[d]) != documents or int(g[t]) != tokens or int(g[tok]) != size
+                or int(g[off]) != offsets or (mask >= 0 and int(g[mask]) != tokens) or size > _MAX or offsets > _MAX):
+            return False  # the counts are the collection's (below 2^63, C1); the other sizes are checked by ``stat``
+        return g
 
     def differences(self, shared: dict, unified: dict, name: str, listed: tuple) -> list:
         """``member_differences`` of a member whose manifest matched (C2's shared keys): the template's own, which
