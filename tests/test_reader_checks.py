@@ -163,3 +163,31 @@ def test_pad_to_capacity_refuses_a_capacity_no_batch_can_hold(store):
     assert ds[0]["input_ids"].shape[0] <= 16
     with pytest.raises(FormatError, match=r"pad_to_capacity.*--capacity"):
         PackedDataset(store, "huge", pad_to_capacity=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=8), st.integers(0, 2**32), st.integers(1, 6))
+def test_v27_by_member_bound_equals_v27_by_documents_as_long_as_their_member(documents, seed, per_pack):
+    """``checks.segments`` with one bound per member (a streamed collection's open: ``doc_start``, each member's
+    tokens) finds what the per-document form finds when every document is as long as its member, in runs of packs
+    too: the same first bad segment and counts, the same pack lengths (members of no document included)."""
+    from packfmt import checks
+
+    rng = np.random.default_rng(seed)
+    documents = np.array(documents, dtype=np.int64)
+    tokens = rng.integers(1, 20, documents.shape[0]) * (documents > 0)
+    doc_start = np.concatenate([[0], np.cumsum(documents)])
+    n = int(doc_start[-1])
+    per_doc = np.repeat(tokens, documents)
+    offsets = np.concatenate([[0], np.cumsum(per_doc)])
+    k = int(rng.integers(1, 30))
+    doc = rng.integers(-1, n + 2, k)
+    begin = rng.integers(-1, 10, k)
+    end = begin + rng.integers(-1, 25, k)
+    segs = np.stack([doc, begin, end], axis=1).astype(np.int64)
+    po = np.unique(np.concatenate([[0, k], np.arange(0, k, per_pack)])).astype(np.int64)
+    a, la = checks.segments(segs, tokens, po, file="s", doc_start=doc_start)
+    b, lb = checks.segments(segs, offsets, po, file="s")
+    assert [(f.rule, f.field) for f in a] == [(f.rule, f.field) for f in b]
+    assert [f.found for f in a] == [f.found for f in b]
+    assert (la is None) == (lb is None) and (la is None or la.tolist() == lb.tolist())
