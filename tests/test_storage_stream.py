@@ -192,7 +192,8 @@ def test_streamed_open_bounds_segments_by_member_then_by_document(s3_server, cac
 
 def test_streamed_open_fetches_only_the_index_it_opens(s3_server, cache, tmp_path):
     """A streamed collection lists its pack indexes at open and fetches (and verifies) one only when it is opened:
-    training from one of several indexes downloads no byte of the others before its first batch."""
+    training from one of several indexes downloads no byte of the others before its first batch; a materialized
+    index (its packs' tokens, a second copy of the data) is refused before any of it is fetched."""
     paths = []
     for m in range(3):
         with packfmt.DatasetWriter(tmp_path / "t" / "s" / f"m{m}", vocab_size=50,
@@ -201,9 +202,9 @@ def test_streamed_open_fetches_only_the_index_it_opens(s3_server, cache, tmp_pat
                 w.add_document(np.arange(n) + 1)
         paths.append(tmp_path / "t" / "s" / f"m{m}")
     coll = write_collection(tmp_path / "t" / "c", [(None, p) for p in paths])
-    for name, capacity in (("a", 8), ("b", 16)):
+    for name, capacity in (("a", 8), ("b", 16), ("m", 8)):
         segs, po = next_fit_segments(coll.doc_lengths, capacity)
-        write_pack_index(coll, segs, po, capacity=capacity, name=name)
+        write_pack_index(coll, segs, po, capacity=capacity, name=name, materialize=name == "m")
     upload_tree(tmp_path / "t", f"s3://{BUCKET}/lazy-index")
     url = f"s3://{BUCKET}/lazy-index/c"
 
@@ -213,9 +214,13 @@ def test_streamed_open_fetches_only_the_index_it_opens(s3_server, cache, tmp_pat
         return [line for line in lines if f"/packs/{name}/" in line]
 
     opened = packfmt.open(url, stream=True, cache_dir=cache)
-    assert opened.pack_index_names() == ["a", "b"] and not fetched("a") and not fetched("b")
-    with pytest.raises(packfmt.PackfmtError, match=r"2 pack indexes \['a', 'b'\]"):
+    assert opened.pack_index_names() == ["a", "b", "m"] and not fetched("a") and not fetched("b")
+    with pytest.raises(packfmt.PackfmtError, match=r"3 pack indexes \['a', 'b', 'm'\]"):
         opened.pack_index()
+    with pytest.raises(packfmt.PackfmtError, match=r"packs/m/index.json: materialized: expected false for a streamed "
+                                                   r"read, found true.*open it without stream=True"):
+        PackedDataset(url, "m", stream=True, cache_dir=cache)  # its packs' tokens: a second copy, fetched whole
+    assert not fetched("m")
     ds = PackedDataset(url, "a", stream=True, cache_dir=cache)
     assert int(ds.__getitems__([0])[0]["pack_id"]) == 0
     assert fetched("a") and not fetched("b")

@@ -39,7 +39,7 @@ from .. import format as F
 from ..storage import uri
 from ..storage import verify as V
 from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
-from ..storage.pack_mirror import drop_gone, mirror_pack, remote_pack_manifests
+from ..storage.pack_mirror import drop_gone, mirror_pack, refuse_materialized, remote_pack_manifests
 from ..storage.errors import StorageError, storage_errors
 from .manifest import is_collection
 from .reader import Collection
@@ -157,6 +157,7 @@ class StreamedMembers:
             if name in self.mirrored:
                 return
             f = self.fetcher
+            refuse_materialized(self.url, name, self.packs[name])
             with storage_errors(self.url, f.so, f.root):
                 fs, rpath = uri.filesystem(self.url, f.so)
                 mirror_pack(f, fs, rpath, self.url, self.coll.path, name, self.packs[name])

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from .. import format as F
 from .. import index_format as IF
+from ..errors import FormatError
 from . import verify as V
 
-__all__ = ["remote_pack_manifests", "mirror_pack", "drop_gone"]
+__all__ = ["remote_pack_manifests", "mirror_pack", "drop_gone", "refuse_materialized"]
 
 
 def remote_pack_manifests(fs, rpath: str) -> dict[str, bytes]:
@@ -64,3 +65,17 @@ def drop_gone(root: Path, local: Path, present: set[str]) -> None:
             if p.is_dir() and not p.name.startswith(".") and p.name not in present:
                 shutil.rmtree(V.state_dir(root, p), ignore_errors=True)
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def refuse_materialized(url: str, name: str, raw: bytes) -> None:
+    """A materialized index holds its packs' tokens, one more copy of the collection's: a streamed read would fetch
+    them whole (uncounted by ``cache_limit``) before its first batch, and read no member. Refused, naming the way on."""
+    label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"
+    idx = IF.parse_pack_index_manifest(json.loads(raw), file=label)
+    if idx.materialized:
+        copy = sum(e.bytes for n, e in idx.files.items() if n not in (F.PACK_OFFSETS, F.SEGMENTS))
+        raise FormatError(f"{label}: materialized: expected false for a streamed read, found true: the index holds its "
+                          f"packs' tokens ({copy:,} bytes, a second copy of the data), which stream=True would fetch "
+                          "whole before the first batch; open it without stream=True (fetched whole, read from the "
+                          f"copy), or pack an index without --materialize (`packfmt pack {url} --capacity N`) and "
+                          "stream that", file=label, field="materialized", expected="false (stream=True)", found=True)
