@@ -73,7 +73,10 @@ def _dead_worker_error(lost, batches: dict[int, list], workers: int, batch_size:
     batch = next((batches[seq] for seq in lost.tasks if batches.get(seq)), None)
     who = f"worker {lost.index} of {workers} (pid {lost.pid}) {lost.how}"
     before = "; ".join(lost.deaths[:-1])
-    if batch:
+    if lost.unreplaced is not None:
+        where = ((f"while tokenizing records {_records_of(batch)}, and " if batch else "and ")
+                 + f"no process could be started in its place ({lost.unreplaced})")
+    elif batch:
         where = (f"while tokenizing the batch that starts at {batch[0][0]}:{batch[0][1]} (records "
                  f"{_records_of(batch)}), its second try (the first: {before}; retried in a fresh worker)")
     else:

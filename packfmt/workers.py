@@ -45,14 +45,17 @@ START = 0
 
 
 class WorkerLost(Exception):
-    """Worker ``index`` (1-based) died ``TRIES`` times on task ``tasks[0]``: ``how`` says how it died the last
-    time, ``deaths`` every time (``"worker K (pid P) was killed by SIGKILL"``, oldest first)."""
+    """Worker ``index`` (1-based) died ``TRIES`` times on task ``tasks[0]`` (or once, when no process could be started
+    in its place: ``unreplaced`` says why): ``how`` says how it died the last time, ``deaths`` every time
+    (``"worker K (pid P) was killed by SIGKILL"``, oldest first)."""
 
     def __init__(self, index: int, pid: int | None, how: str, tasks: list[int],
-                 deaths: list[str] | None = None) -> None:
+                 deaths: list[str] | None = None, unreplaced: str | None = None) -> None:
         super().__init__(f"worker {index} (pid {pid}) {how}")
         self.index, self.pid, self.how, self.tasks = index, pid, how, tasks
         self.deaths = deaths or [str(self)]
+        #: Why no fresh worker could be started in its place (its first death, then), else None.
+        self.unreplaced = unreplaced
 
 
 class WorkerStartFailed(Exception):
@@ -161,7 +164,12 @@ class EncodePool:
         parent_ends = [c for c in (*self._tasks, *self._results, *self._retired) if c is not None] + [task_w, res_r]
         proc = ctx.Process(target=_worker, args=(self._factory, task_r, res_w, parent_ends, first_generation),
                            daemon=True, name=f"packfmt-encode-{k + 1}")
-        proc.start()
+        try:
+            proc.start()
+        except OSError:
+            for conn in (task_r, task_w, res_r, res_w):
+                conn.close()
+            raise
         task_r.close()  # the worker is then the only reader of its tasks, and the only writer of its results
         res_w.close()
         self.procs[k], self._tasks[k], self._results[k] = proc, task_w, res_r
@@ -243,7 +251,12 @@ class EncodePool:
         conn.close()
         self._retired.append(self._tasks[k])
         self._dead.append(proc)
-        self._start(k, first_generation=False)
+        try:
+            self._start(k, first_generation=False)
+        except OSError as exc:  # no process to replace it (fork refused: out of memory or processes)
+            deaths = self._deaths.get(next(iter(held)), []) if held else [f"worker {k + 1} (pid {proc.pid}) {how}"]
+            raise WorkerLost(k + 1, proc.pid, how, list(held), deaths,
+                             unreplaced=exc.strerror or type(exc).__name__) from None
         if self._on_lost is not None:
             self._on_lost(k + 1, proc.pid, how, list(held))
         for seq, payload in held.items():

@@ -309,3 +309,39 @@ def test_cli_exit_codes_and_messages(tmp_path, capsys):
     assert cli.main(["build", "text", str(src), "-o", str(tmp_path / "x"), "--tokenizer", str(tmp_path / "no-tok")]) == 1
     assert "tokenizer not found" in capsys.readouterr().err
     assert cli.main(["build", "text", str(src), "-o", str(tmp_path / "x"), "--tokenizer", str(SAMPLE_TOK), "--workers", "0"]) == 2
+
+
+def test_worker_that_cannot_be_replaced_fails_in_one_line(tmp_path, monkeypatch):
+    """A worker dies and the system refuses a process to replace it (fork: ENOMEM): one line naming the worker, the
+    records it held and why no fresh worker started, and nothing written (no raw OSError, no hang)."""
+    import errno
+
+    from packfmt import pipeline
+
+    real = pipeline._pool_context()
+
+    class NoMoreProcesses:  # the real context; the third process it is asked for cannot be forked
+        started = 0
+
+        def Pipe(self, *args, **kwargs):
+            return real.Pipe(*args, **kwargs)
+
+        def Process(self, *args, **kwargs):
+            proc = real.Process(*args, **kwargs)
+            NoMoreProcesses.started += 1
+            if NoMoreProcesses.started > 2:
+                def refused():
+                    raise OSError(errno.ENOMEM, "Cannot allocate memory")
+                proc.start = refused
+            return proc
+
+    monkeypatch.setattr(pipeline, "_pool_context", NoMoreProcesses)
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": f"{GOOD} {k}"}) for k in range(20)])
+    monkeypatch.setenv(KILL_AT_BATCH_ENV, "1:once")  # read by each worker as it starts (forked from this process)
+    with time_limit(120, "a build whose worker could not be replaced (a hang?)"), pytest.raises(PackfmtError) as info:
+        build_text([src], tmp_path / "ds", SAMPLE_TOK, workers=2, batch_size=3)
+    msg = str(info.value)
+    assert NoMoreProcesses.started == 3 and "\n" not in msg
+    assert "was killed by SIGKILL while tokenizing records" in msg and f"{src}:1-3" in msg
+    assert "no process could be started in its place (Cannot allocate memory)" in msg and "nothing was written" in msg
+    assert [p.name for p in tmp_path.iterdir()] == ["in.jsonl"]
