@@ -55,7 +55,6 @@ def narrow_lengths(doc_offsets: np.ndarray, cap: int | None = None) -> np.ndarra
     return out
 
 
-
 def narrow(lengths: np.ndarray) -> np.ndarray:
     """``lengths`` (a dataset's own, e.g. a collection's ``doc_lengths.bin``) as int32 when every one fits, else
     as they are; copied in chunks, the source's pages released after each (as ``narrow_lengths``), each chunk's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import NoReturn
 
 import numpy as np
 import xxhash
@@ -87,7 +88,7 @@ def read_lengths(root: str | os.PathLike, cm) -> np.ndarray | None:
     entry = cm.files.get(LENGTHS_FILE)
     if entry is None:
         return None
-    try:  # mapped, not read: hashed and checked in place, no private copy (10^7 documents: 0.06 s less)
+    try:  # mapped, not read: hashed and checked in place, no private copy of 8 bytes a document
         raw = map_bytes(os.path.join(os.fspath(root), LENGTHS_FILE))
     except FileNotFoundError:
         return None
@@ -135,7 +136,8 @@ def check_lengths(lengths: np.ndarray, cm) -> None:
                           file=LENGTHS_FILE, field=f"[{doc_start}:{end}]", expected=entry.tokens, found=int(sums[m]))
 
 
-def _short(lengths: np.ndarray, d: int):
+def _short(lengths: np.ndarray, d: int) -> NoReturn:
+    """The error of document ``d``: a length below 1, or where the running sum passed ``2^63``."""
     raise FormatError(f"{LENGTHS_FILE}: [{d}]: expected a length >= 1 (every document has a token; the running "
                       f"sum stays below 2^63), found {int(lengths[d])}", file=LENGTHS_FILE, field=f"[{d}]",
                       expected=">= 1", found=int(lengths[d]))
