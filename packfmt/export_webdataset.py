@@ -22,7 +22,6 @@ folder is published atomically (nothing appears at ``OUT`` on failure).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import struct

@@ -26,7 +26,6 @@ import logging
 import multiprocessing as mp
 import os
 import time
-from collections import deque
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
