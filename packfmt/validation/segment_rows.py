@@ -86,15 +86,9 @@ PACK_CHUNK_ROWS = CHUNK_ELEMS // 4
 
 
 def pack_chunks(po: np.ndarray, rows: int | None = None):
-    """``(p0, p1)``: runs of whole packs of about ``rows`` (default ``PACK_CHUNK_ROWS``) segments."""
-    rows = PACK_CHUNK_ROWS if rows is None else rows
-    n = po.shape[0] - 1
-    p = 0
-    while p < n:
-        q = int(np.searchsorted(po, int(po[p]) + rows, side="right")) - 1
-        q = min(max(q, p + 1), n)
-        yield p, q
-        p = q
+    """``(p0, p1)``: runs of whole packs of about ``rows`` (default ``PACK_CHUNK_ROWS``) segments: ``checks.pack_runs``,
+    which the index open's V27 scan walks too."""
+    return checks.pack_runs(po, PACK_CHUNK_ROWS if rows is None else rows)
 
 
 def segments_in_chunks(segs, off, po, file: str):
