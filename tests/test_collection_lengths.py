@@ -18,7 +18,7 @@ from old_collections import without_lengths_record
 
 from packfmt import format as F
 from packfmt.collection import Collection, write_collection
-from packfmt.collection.lengths import LENGTHS_FILE, _member_sums, _member_sums_checked
+from packfmt.collection.lengths import LENGTHS_FILE, _c7_scan
 from packfmt.collection.shards import write_shards
 from packfmt.errors import ChecksumError, FormatError
 from packfmt.packindex import build_pack_index
@@ -205,13 +205,36 @@ def test_without_the_file_the_members_give_the_lengths(tmp_path):
     assert validate(root).ok
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 4), min_size=1, max_size=12), st.integers(0, 2**32))
-def test_member_sums_taken_directly_equal_the_running_sums(documents, seed):
-    """C7's fast path (``reduceat`` over the members holding documents) and the running sum agree, members of no
-    document included (first, last, in a row)."""
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=12), st.integers(0, 2**32),
+       st.sampled_from(["ok", "short", "sum", "both", "overflow"]))
+def test_c7_scan_finds_what_the_rule_finds(documents, seed, damage):
+    """C7's one-pass kernel against the rule written out (per-member slices, a Python running sum), members of no
+    document included (first, last, in a row): the same first short or overflowing document, the same first member
+    whose lengths do not sum to its tokens (before that document), and that sum."""
     documents = np.array(documents, dtype=np.int64)
-    lengths = np.random.default_rng(seed).integers(1, 1000, int(documents.sum()))
-    direct = _member_sums(lengths, documents)
-    assert direct.tolist() == _member_sums_checked(lengths, documents).tolist()
-    assert direct.tolist() == [int(lengths[a:a + d].sum()) for a, d in zip(np.cumsum(documents) - documents, documents)]
+    rng = np.random.default_rng(seed)
+    n = int(documents.sum())
+    lengths = rng.integers(1, 1000, n).astype(np.int64)
+    starts = np.cumsum(documents) - documents
+    tokens = np.array([int(lengths[a:a + k].sum()) for a, k in zip(starts, documents)], dtype=np.int64)
+    if n and damage in ("short", "both"):
+        lengths[int(rng.integers(0, n))] = int(rng.integers(-3, 1))
+    if n and damage == "overflow":
+        lengths[int(rng.integers(0, n))] = 2**63 - 1 - int(rng.integers(0, 3))
+    if damage in ("sum", "both"):
+        tokens[int(rng.integers(0, len(documents)))] += 1
+    want_d, total = -1, 0
+    for d, x in enumerate(lengths.tolist()):
+        if x < 1 or total + x > 2**63 - 1:
+            want_d = d
+            break
+        total += x
+    sums = [sum(lengths[a:a + k].tolist()) for a, k in zip(starts, documents)]
+    bad = [m for m in range(len(documents))
+           if sums[m] != tokens[m] and (want_d < 0 or starts[m] + documents[m] <= want_d)]
+    d, m, found = _c7_scan(lengths, documents, tokens)
+    assert int(d) == want_d
+    assert int(m) == (bad[0] if bad else -1)
+    if bad:
+        assert int(found) == sums[bad[0]]

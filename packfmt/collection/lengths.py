@@ -3,7 +3,7 @@
 Floor 0 like ``collection.manifest``: the file's bytes and the checks on them, nothing opened but the
 file. ``doc_lengths.bin`` holds one little-endian ``i8`` per collection document, in collection order,
 listed with its size and checksum in the manifest's ``files`` table; packing, describing and opening a
-collection read it once (checksum verified, C7 checked in one vectorised pass) instead of every
+collection read it once (checksum verified, C7 checked in one pass) instead of every
 member's manifest and ``doc_offsets.bin``. It is only a record: a member's own offsets are the truth,
 and ``member_lengths_problem`` (run when a member is first opened, and by ``validate``) refuses a
 member whose lengths differ from its slice of the file, before any offset of it is used.
@@ -17,6 +17,7 @@ from typing import NoReturn
 
 import numpy as np
 import xxhash
+from numba import njit
 
 from .. import format as F
 from ..errors import FormatError
@@ -107,33 +108,26 @@ def check_record(raw, cm) -> np.ndarray:
 
 
 def check_lengths(lengths: np.ndarray, cm) -> None:
-    """C7 of the record's contents: ``counts.documents`` lengths, each ``>= 1``, summing per member to its ``tokens``.
-
-    Every length ``>= 1`` makes the running sum increase, so it stays below ``2^63`` exactly when the total
-    does; when ``max x n`` is below ``2^63`` no sum can overflow and the member sums are taken directly
-    (``reduceat``: no running-sum array of ``8 n`` bytes; with fewer than 4 documents a member the running sum is
-    as small and faster); else the running sum is built and checked."""
+    """C7 of the record's contents: ``counts.documents`` lengths, each ``>= 1``, with a running sum below ``2^63``,
+    summing per member to its ``tokens``: one pass (``_c7_scan``), nothing allocated a document or a member."""
     n = cm.num_documents
     if lengths.shape != (n,):
         raise FormatError(file=LENGTHS_FILE, field="length", expected=f"{n} lengths (counts.documents)",
                           found=lengths.shape[0])
-    if n == 0:
-        sums = np.zeros(len(cm.members), dtype=np.int64)
-    elif int(lengths.min()) < 1:
-        _short(lengths, int(np.flatnonzero(lengths < 1)[0]))
-    elif int(lengths.max()) * n < 2 ** 63 and n >= 4 * len(cm.members):  # many documents a member: no 8 n bytes
-        sums = _member_sums(lengths, cm.members.documents)
-    else:
-        sums = _member_sums_checked(lengths, cm.members.documents)
-    bad = np.flatnonzero(sums != cm.members.tokens)
-    if bad.size:
-        m = int(bad[0])
-        entry = cm.members[m]
-        doc_start = int(np.sum(cm.members.documents[:m], dtype=np.int64))
+    members = cm.members
+    d, m, found = _c7_scan(lengths, members.documents, members.tokens)
+    d, m, found = int(d), int(m), int(found)
+    if d == _SHORT_COUNTS:  # C1 makes the members' documents sum to counts.documents: a caller's bug, not a file's
+        raise ValueError(f"{LENGTHS_FILE}: the members' documents do not sum to counts.documents {n}")
+    if d >= 0:  # a length below 1, or where the running sum passed 2^63 (reported before any member's sum)
+        _short(lengths, d)
+    if m >= 0:
+        entry = members[m]
+        doc_start = int(np.sum(members.documents[:m], dtype=np.int64))
         end = doc_start + int(entry.documents)
         raise FormatError(f"{LENGTHS_FILE}: [{doc_start}:{end}] (members[{m}] {entry.name}): expected "
-                          f"lengths summing to {entry.tokens} (its tokens in {F.MANIFEST}), found {int(sums[m])}",
-                          file=LENGTHS_FILE, field=f"[{doc_start}:{end}]", expected=entry.tokens, found=int(sums[m]))
+                          f"lengths summing to {entry.tokens} (its tokens in {F.MANIFEST}), found {found}",
+                          file=LENGTHS_FILE, field=f"[{doc_start}:{end}]", expected=entry.tokens, found=found)
 
 
 def _short(lengths: np.ndarray, d: int) -> NoReturn:
@@ -143,27 +137,39 @@ def _short(lengths: np.ndarray, d: int) -> NoReturn:
                       expected=">= 1", found=int(lengths[d]))
 
 
-def _member_sums(lengths: np.ndarray, documents: np.ndarray) -> np.ndarray:
-    """Per member, the sum of its documents' lengths (0 for a member of none); no sum may overflow."""
-    sums = np.zeros(documents.shape[0], dtype=np.int64)
-    held = np.flatnonzero(documents > 0)
-    if held.size:  # the starts of the members holding documents strictly increase: reduceat sums each run
-        starts = np.zeros(documents.shape[0] + 1, dtype=np.int64)
-        np.cumsum(documents, out=starts[1:])
-        sums[held] = np.add.reduceat(lengths, starts[held])
-    return sums
+#: ``_c7_scan``'s first value when the members hold more documents than ``lengths`` has (never, after C1).
+_SHORT_COUNTS = -2
+_INT64_MAX = np.int64(2**63 - 1)
 
 
-def _member_sums_checked(lengths: np.ndarray, documents: np.ndarray) -> np.ndarray:
-    """``_member_sums`` where a sum may pass ``2^63``: the running sum, which must strictly increase."""
-    run = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=run[1:])
-    short = np.flatnonzero(run[1:] <= run[:-1])
-    if short.size:
-        _short(lengths, int(short[0]))
-    starts = np.zeros(documents.shape[0] + 1, dtype=np.int64)
-    np.cumsum(documents, out=starts[1:])
-    return np.diff(run[starts])
+@njit(cache=True, nogil=True)
+def _c7_scan(lengths, documents, tokens):
+    """C7 in one pass over the lengths, member by member: ``(d, m, s)`` with ``d`` the first document whose length
+    is below 1 or whose length takes the running sum past ``2^63 - 1`` (-1: none; ``_SHORT_COUNTS``: the members
+    hold more documents than there are lengths), ``m`` the first member whose lengths sum to other than its
+    ``tokens`` (-1: none) and ``s`` that sum. No array is made: at 10^5 members of 2 documents, the running-sum
+    array this replaced (and its ``8 n`` bytes of fresh pages) was most of the check."""
+    n = lengths.shape[0]
+    total = np.int64(0)
+    d = 0
+    bad_m = -1
+    bad_sum = np.int64(0)
+    for m in range(documents.shape[0]):
+        k = documents[m]
+        if k > n - d:
+            return _SHORT_COUNTS, bad_m, bad_sum
+        s = np.int64(0)
+        for _ in range(k):
+            x = lengths[d]
+            if x < 1 or x > _INT64_MAX - total:
+                return d, bad_m, bad_sum
+            total += x
+            s += x
+            d += 1
+        if bad_m < 0 and s != tokens[m]:
+            bad_m = m
+            bad_sum = s
+    return -1, bad_m, bad_sum
 
 
 def member_lengths_problem(cm, m: int, doc_start: int, own: np.ndarray, lengths: np.ndarray,
