@@ -41,17 +41,16 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import xxhash
-
 from .. import format as F
 from .. import index_format as IF
-from .._io import CHUNK_BYTES, fsync_dir
-from ..errors import ChecksumError, FormatError
+from .._io import fsync_dir
+from ..errors import FormatError
 from . import uri
 from . import verify as V
+from .download import download
 from .errors import require_bucket, storage_errors
 
-__all__ = ["cache_root", "parse_limit", "fetch_dataset", "Fetched", "Pin", "mark_verified", "evict"]
+__all__ = ["Fetched", "Pin", "cache_root", "evict", "fetch_dataset", "mark_verified", "parse_limit"]
 
 LOG = "downloads.log"
 
@@ -102,66 +101,6 @@ class Fetched:
     root: Path | None = None  # the cache folder
 
 
-def _download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntry, label: str) -> os.stat_result:
-    """Stream ``rpath`` into ``local`` through ``tmp``, refusing any byte count or checksum but the manifest's;
-    return the stat of the file it renamed into place (what its marker records).
-
-    Read as ranged GETs of at most ``CHUNK_BYTES`` (``fs.cat_file(start, end)``), the last one reaching one byte
-    past the listed size, so an object longer than listed is seen without reading the rest of it and no request
-    asks for the object's size first (one request per chunk: a small file is one round trip)."""
-    h, n = xxhash.xxh3_64(), 0
-    try:
-        with open(tmp, "wb") as dst:
-            for chunk in _chunks(fs, rpath, url, entry, label):
-                h.update(chunk)
-                n += len(chunk)
-                dst.write(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-            if n != entry.bytes:
-                raise FormatError(f"{url}: size: expected {entry.bytes} bytes ({label}), found "
-                                  f"{f'more than {entry.bytes}' if n > entry.bytes else n}; refused by the cache (nothing served). "
-                                  "The object is not the one the manifest lists: write the dataset again", file=url,
-                                  field="size", expected=entry.bytes,
-                                  found=f"> {entry.bytes}" if n > entry.bytes else n)
-            found = "xxh3_64:" + h.hexdigest()
-            if found != entry.checksum:
-                raise ChecksumError(f"{url}: checksum: expected {entry.checksum} ({label}), found {found}; refused by "
-                                    "the cache (nothing served). The object is not the one the manifest lists: write "
-                                    "the dataset again", file=url, field="checksum", expected=entry.checksum, found=found)
-            os.replace(tmp, local)
-            return os.fstat(dst.fileno())  # after the rename (which sets ctime): what the marker records
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _chunks(fs, rpath: str, url: str, entry: F.FileEntry, label: str):
-    """The object's bytes in chunks, up to one byte past ``entry.bytes`` (a longer object stops there)."""
-    def missing() -> FormatError:
-        return FormatError(f"{url}: missing (listed in {label} with {entry.bytes} bytes); the upload is incomplete: "
-                           "write the dataset again", file=url, expected=f"{entry.bytes} bytes", found="missing")
-
-    if entry.bytes == 0:  # (a range of an empty object is not satisfiable: read it as a stream, one chunk at most)
-        try:
-            src = fs.open(rpath, "rb", block_size=CHUNK_BYTES)
-        except FileNotFoundError:
-            raise missing() from None
-        with src:
-            yield src.read(CHUNK_BYTES)
-        return
-    n = 0
-    while n <= entry.bytes:
-        end = min(n + CHUNK_BYTES, entry.bytes + 1)
-        try:
-            chunk = fs.cat_file(rpath, start=n, end=end)
-        except FileNotFoundError:
-            raise missing() from None
-        yield chunk
-        if len(chunk) < end - n:  # the object ended
-            return
-        n = end
-
-
 class _Fetcher:
     def __init__(self, storage_options, cache_dir, cache_limit, verify=None) -> None:
         self.so = storage_options
@@ -188,7 +127,7 @@ class _Fetcher:
                     return
                 why = "changed in the cache"
             V.forget(self.root, local)  # a file without a current marker is never served, even if the download fails
-            st = _download(fs, rpath, url, local, V.temp_path(self.root, local, "part"), entry, label)
+            st = download(fs, rpath, url, local, V.temp_path(self.root, local, "part"), entry, label)
             V.write_marker(self.root, local, entry, st)
         self.result.downloaded += 1
         with open(self.root / LOG, "a") as log:
