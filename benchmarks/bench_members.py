@@ -6,7 +6,9 @@ of a member), and 10^3 members of 1,000 documents (10^6 documents: the issue's "
 <= 1.2x one store"); ``--full`` adds 10^5 tiny members. Each case runs in this process (warm page cache,
 imports and numba compiled before any timing): ``packfmt.open`` + ``doc_lengths`` (what every command
 needs of a dataset), ``build_pack_index`` (ffd, capacity 256) and ``packfmt.validate`` (structural).
-Best of ``--repeat``; ratios are to the one store. Members are written by
+Best of ``--repeat``; ratios are to the one store. For a member table, ``coll_table_check_s`` is reading
+and checking the table alone (the part of the open a store has no counterpart of) and ``table_check_ratio``
+that over the store's whole open. Members are written by
 ``packfmt.torch.testing.write_split_stores``. ``--forms array,table``: the same members listed as the manifest's
 JSON array (collection format 1.3) and as a member table (1.4, spec/COLLECTION.md §2.5), side by side.
 
@@ -17,6 +19,7 @@ JSON array (collection format 1.3) and as a member table (1.4, spec/COLLECTION.m
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -29,7 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, best_of, machine_info, print_table, write_json  # noqa: E402
 
 import packfmt  # noqa: E402
+from packfmt import format as F  # noqa: E402
 from packfmt.collection import write_collection  # noqa: E402
+from packfmt.collection.manifest import collection_reader  # noqa: E402
+from packfmt.collection.member_table import read_table  # noqa: E402
 from packfmt.packindex import build_pack_index  # noqa: E402
 from packfmt.torch.testing import write_flat_dataset, write_split_stores  # noqa: E402
 from packfmt.validate import validate  # noqa: E402
@@ -66,6 +72,16 @@ def measure(path: Path, repeat: int) -> dict:
         assert report.ok, report.problems[:3]
 
     return {"open_s": best_of(open_, repeat), "pack_s": best_of(pack, repeat), "validate_s": best_of(check, repeat)}
+
+
+def measure_table(path: Path, repeat: int) -> float | None:
+    """Reading and checking the member table alone (``read_table``: both files hashed, C1 of every entry), the floor
+    of a 1.4 collection's open: what it costs beyond the store's; None for a collection whose members are an array."""
+    obj = json.loads((path / F.MANIFEST).read_bytes())
+    if obj.get("members") != "table":
+        return None
+    files, read, count = F.parse_files_table(obj, file=F.MANIFEST), collection_reader(path), obj["counts"]["members"]
+    return best_of(lambda: read_table(read, files, count), repeat)
 
 
 #: ``--process``: each command run as a whole process (interpreter start, imports, numba cache loads included).
@@ -117,6 +133,10 @@ def main() -> None:
                     row[f"coll_{key}"] = round(many[key], 4)
                     row[f"{key[:-2]}_ratio"] = round(many[key] / one[key], 2)
                     row[f"{key[:-2]}_us_per_member"] = round(1e6 * (many[key] - one[key]) / members, 1)
+                table = measure_table(coll, args.repeat)
+                if table is not None:  # the member table's check alone, against the store's whole open
+                    row["coll_table_check_s"] = round(table, 4)
+                    row["table_check_ratio"] = round(table / one["open_s"], 2)
                 if args.process:
                     one_p, many_p = measure_processes(single, args.repeat), measure_processes(coll, args.repeat)
                     for key in one_p:
@@ -129,7 +149,8 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
     print_table(rows, ["members", "documents", "form", "store_open_s", "coll_open_s", "open_ratio", "store_pack_s",
                        "coll_pack_s", "pack_ratio", "store_validate_s", "coll_validate_s", "validate_ratio",
-                       "open_us_per_member", "pack_us_per_member", "validate_us_per_member"])
+                       "open_us_per_member", "pack_us_per_member", "validate_us_per_member", "coll_table_check_s",
+                       "table_check_ratio"])
     if args.process:
         print_table(rows, ["members", "documents", "form", *(f"{side}_process_{c}_s" for c in COMMANDS
                                                            for side in ("store", "coll")),
