@@ -123,10 +123,10 @@ def test_corrupted_bucket_object_refused_on_every_open_path(s3_server, data, cac
 @pytest.mark.parametrize("chunk", [1 << 23, 1000])
 @pytest.mark.parametrize("damage", ["longer", "shorter", "missing"])
 def test_object_of_another_size_is_refused_whatever_the_chunking(s3_server, data, cache, monkeypatch, chunk, damage):
-    """Downloads are ranged reads of ``CHUNK_BYTES`` (the last one past the listed size): an object one byte longer
+    """Downloads are ranged reads of ``CHUNK_BYTES``, several in flight (the last one past the listed size): an object one byte longer
     or shorter than listed, or gone, is refused, with chunks the size of the file or many per file; the good object
     reads back byte for byte through the same chunking."""
-    import packfmt.storage.cache as C
+    import packfmt.storage.download as C
 
     monkeypatch.setattr(C, "CHUNK_BYTES", chunk)
     key = _key(f"{STORE}/tokens.bin")

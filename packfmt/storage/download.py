@@ -5,6 +5,8 @@ xxh3_64 are the ones its manifest lists. Nothing here decides what to fetch or w
 from __future__ import annotations
 
 import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import xxhash
@@ -13,7 +15,13 @@ from .. import format as F
 from .._io import CHUNK_BYTES
 from ..errors import ChecksumError, FormatError
 
-__all__ = ["download"]
+__all__ = ["RANGES_ENV", "RANGES_IN_FLIGHT", "download", "ranges_in_flight"]
+
+#: Ranged GETs of one file in flight at once. One stream from an object store runs at tens to a few hundred
+#: MB/s and every request first waits out a round trip; a few at once fill the link (``benchmarks/bench_fetch.py``).
+#: Memory: this many chunks of ``CHUNK_BYTES`` (8 MiB) per file being downloaded.
+RANGES_IN_FLIGHT = 4
+RANGES_ENV = "PACKFMT_FETCH_RANGES"
 
 
 def download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntry, label: str) -> os.stat_result:
@@ -22,7 +30,8 @@ def download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntr
 
     Read as ranged GETs of at most ``CHUNK_BYTES`` (``fs.cat_file(start, end)``), the last one reaching one byte
     past the listed size, so an object longer than listed is seen without reading the rest of it and no request
-    asks for the object's size first (one request per chunk: a small file is one round trip)."""
+    asks for the object's size first (one request per chunk: a small file is one round trip). Up to
+    ``ranges_in_flight()`` of them are in flight at once; their bytes are hashed, counted and written in order."""
     h, n = xxhash.xxh3_64(), 0
     try:
         with open(tmp, "wb") as dst:
@@ -49,8 +58,24 @@ def download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntr
         tmp.unlink(missing_ok=True)
 
 
+def ranges_in_flight() -> int:
+    """Ranged GETs kept in flight per downloaded file: ``$PACKFMT_FETCH_RANGES``, else ``RANGES_IN_FLIGHT``."""
+    raw = os.environ.get(RANGES_ENV, "")
+    if not raw.strip():
+        return RANGES_IN_FLIGHT
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 64:
+        raise ValueError(f"${RANGES_ENV}: expected an integer in [1, 64] (ranged GETs in flight per file; 1 fetches "
+                         f"one chunk after another), found {raw!r}; unset it for the default {RANGES_IN_FLIGHT}")
+    return value
+
+
 def _chunks(fs, rpath: str, url: str, entry: F.FileEntry, label: str):
-    """The object's bytes in chunks, up to one byte past ``entry.bytes`` (a longer object stops there)."""
+    """The object's bytes in order, in chunks of ``CHUNK_BYTES``, up to one byte past ``entry.bytes`` (a longer
+    object stops there): the same ranges as one after another, ``ranges_in_flight()`` of them requested at once."""
     def missing() -> FormatError:
         return FormatError(f"{url}: missing (listed in {label} with {entry.bytes} bytes); the upload is incomplete: "
                            "write the dataset again", file=url, expected=f"{entry.bytes} bytes", found="missing")
@@ -63,14 +88,59 @@ def _chunks(fs, rpath: str, url: str, entry: F.FileEntry, label: str):
         with src:
             yield src.read(CHUNK_BYTES)
         return
-    n = 0
-    while n <= entry.bytes:
-        end = min(n + CHUNK_BYTES, entry.bytes + 1)
+    ranges = [(n, min(n + CHUNK_BYTES, entry.bytes + 1)) for n in range(0, entry.bytes + 1, CHUNK_BYTES)]
+    # several at once only through an async back end (s3fs, gcsfs, adlfs, http: one event loop, safe from threads);
+    # a sync one (a local or in-memory file system, sftp) is read one range after another, as before
+    k = min(ranges_in_flight(), len(ranges)) if getattr(fs, "async_impl", False) else 1
+
+    def get(r: tuple[int, int]) -> bytes:
         try:
-            chunk = fs.cat_file(rpath, start=n, end=end)
+            return fs.cat_file(rpath, start=r[0], end=r[1])
         except FileNotFoundError:
-            raise missing() from None
-        yield chunk
-        if len(chunk) < end - n:  # the object ended
-            return
-        n = end
+            raise
+        except Exception:  # S3 refuses a range that starts at the object's end (416, "not satisfiable") where a
+            if _size(fs, rpath) == r[0]:  # file would answer nothing: an object ending exactly there holds no byte
+                return b""  # of it (the range one byte past a listed size that is a multiple of CHUNK_BYTES)
+            raise
+
+    if k == 1:  # one chunk (a small file: one round trip), or one at a time asked for: no thread
+        results = map(get, ranges)
+        pool = None
+    else:  # a sliding window: the next range is asked for as soon as the oldest arrives
+        pool = ThreadPoolExecutor(k, thread_name_prefix="packfmt-fetch")
+        window = deque(pool.submit(get, r) for r in ranges[:k])
+        rest = iter(ranges[k:])
+
+        def in_order():
+            while window:
+                chunk = window.popleft().result()
+                r = next(rest, None)
+                if r is not None:
+                    window.append(pool.submit(get, r))
+                yield chunk
+
+        results = in_order()
+    try:
+        for (begin, end), chunk in zip(ranges, _missing_as(results, missing)):
+            yield chunk
+            if len(chunk) < end - begin:  # the object ended (ranges asked past it are dropped unread)
+                return
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _missing_as(results, missing):
+    """``results``, with a ``FileNotFoundError`` (the object is gone) raised as ``missing()``."""
+    try:
+        yield from results
+    except FileNotFoundError:
+        raise missing() from None
+
+
+def _size(fs, rpath: str) -> int | None:
+    """The object's size as the store reports it now (one HEAD), or None when it cannot be had."""
+    try:
+        return int(fs.info(rpath)["size"])
+    except Exception:
+        return None
