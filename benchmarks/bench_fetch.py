@@ -1,0 +1,131 @@
+"""Cold fetch of a remote store through the cache with 1, 2, 4, 8 ranged GETs in flight per file, behind a link
+that caps each connection (an object store's per-stream throughput) and all of them together.
+
+A store of ``--mib`` MiB of uint16 tokens (random ids, 1,000 documents) is written locally and uploaded to moto
+(the S3 protocol, 127.0.0.1); reads go through a TCP proxy that forwards at most ``--conn-mbps`` MB/s on each
+connection and ``--mbps`` MB/s over all of them (token buckets; the stand-in for a real bucket, where one stream runs
+at tens to a few hundred MB/s and the node's link is wider). Each row is ``packfmt.open(url)`` from an empty cache
+(every file fetched, hashed and checked before it is mapped) with ``$PACKFMT_FETCH_RANGES`` set to the row's value:
+``fetch_s`` best of ``--repeat``, ``MB_per_s`` the store's bytes over that, ``speedup`` against one range at a time
+(the fetch before ranges were kept in flight).
+
+    python benchmarks/bench_fetch.py [--mib 64] [--conn-mbps 8] [--mbps 64] [--in-flight 1,2,4,8] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_remote import start_server  # noqa: E402
+from bench_stream import Throttle  # noqa: E402
+from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
+
+import packfmt  # noqa: E402
+from packfmt.storage.download import RANGES_ENV  # noqa: E402
+from packfmt.storage.upload import upload_tree  # noqa: E402
+from packfmt.torch.testing import write_flat_dataset  # noqa: E402
+
+
+class Bucket:
+    """A token bucket of ``rate`` bytes/s (``Throttle``'s, one per connection or one for all)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.lock, self.allowance, self.t = rate, threading.Lock(), 0.0, time.monotonic()
+
+    def take(self, n: int) -> None:
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                self.allowance = min(self.rate * 0.1, self.allowance + (now - self.t) * self.rate)
+                self.t = now
+                if self.allowance >= n or self.allowance >= self.rate * 0.05:
+                    self.allowance -= n
+                    return
+                wait = (min(n, self.rate * 0.05) - self.allowance) / self.rate
+            time.sleep(wait)
+
+
+class ConnectionThrottle(Throttle):
+    """``Throttle`` with a cap on each connection as well as on all of them."""
+
+    def __init__(self, target: tuple[str, int], rate: float, per_connection: float) -> None:
+        self.total, self.per_connection = Bucket(rate), per_connection
+        super().__init__(target, rate)
+
+    def _pipe(self, a, b) -> None:
+        own = Bucket(self.per_connection)
+        try:
+            while chunk := a.recv(65536):
+                own.take(len(chunk))
+                self.total.take(len(chunk))
+                b.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=64, help="MiB of tokens in the store")
+    ap.add_argument("--conn-mbps", type=float, default=8.0, help="MB/s on each connection")
+    ap.add_argument("--mbps", type=float, default=64.0, help="MB/s over all connections")
+    ap.add_argument("--in-flight", default="1,2,4,8", help="values of $PACKFMT_FETCH_RANGES, one row each")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--out", default="bench_fetch.json", help="file name under benchmarks/results/")
+    args = ap.parse_args()
+    import s3fs
+
+    root = Path(tempfile.mkdtemp(prefix="bench_fetch_"))
+    proc, endpoint = start_server()
+    try:
+        n_tokens = args.mib * (1 << 20) // 2
+        tokens = np.random.default_rng(0).integers(0, 50_000, n_tokens, dtype=np.uint16)
+        offsets = np.linspace(0, n_tokens, 1001).astype(np.int64)
+        write_flat_dataset(root / "ds", tokens, offsets, vocab_size=50_000)
+        store_bytes = sum(f.stat().st_size for f in (root / "ds").iterdir())
+        s3fs.S3FileSystem().mkdir("bench")
+        upload_tree(root / "ds", "s3://bench/ds")
+        host, port = endpoint.rsplit(":", 1)
+        proxy = ConnectionThrottle((host.split("//")[1], int(port)), args.mbps * 1e6, args.conn_mbps * 1e6)
+        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+        rows, base = [], None
+        for k in [int(x) for x in args.in_flight.split(",")]:
+            os.environ[RANGES_ENV] = str(k)
+            best = float("inf")
+            for _ in range(args.repeat):
+                s3fs.S3FileSystem.clear_instance_cache()
+                cache = root / f"cache-{k}"
+                shutil.rmtree(cache, ignore_errors=True)
+                t0 = time.perf_counter()
+                ds = packfmt.open("s3://bench/ds", cache_dir=cache)
+                best = min(best, time.perf_counter() - t0)
+                assert ds.num_tokens == n_tokens
+                del ds
+            base = base or best
+            rows.append({"in_flight": k, "store_MiB": round(store_bytes / (1 << 20), 1), "fetch_s": round(best, 2),
+                         "MB_per_s": round(store_bytes / best / 1e6, 1), "speedup": round(base / best, 2)})
+            print(rows[-1], flush=True)
+    finally:
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+    print_table(rows, ["in_flight", "store_MiB", "fetch_s", "MB_per_s", "speedup"])
+    write_json(RESULTS_DIR / args.out, {"machine": machine_info(), "args": vars(args), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
