@@ -175,8 +175,8 @@ def run_stage(mode: str, stage: str, root: Path, work: Path, limit: int, batch: 
     for r in range(-1, repeat):  # run -1: untimed warm-up (lazy imports, numba caches), then the peak is reset
         if r == 0:
             times.clear()
-            gc.collect()
-            if rss:
+            if rss:  # (a collection takes ~0.2 s once torch is imported: children only, where RSS is measured)
+                gc.collect()
                 Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the peak from here on
                 base = _status("VmRSS")
         cache = work / f"cache-{mode}-{stage}-{r}".replace(" ", "_")
@@ -199,7 +199,8 @@ def run_stage(mode: str, stage: str, root: Path, work: Path, limit: int, batch: 
         fetched.append(sum(json.loads(line)["bytes"] for line in log.read_text().splitlines()) if log.exists() else 0)
         reads.append((counter.requests, counter.bytes) if counter is not None else (0, 0))
         del out, fn
-        gc.collect()
+        if rss:
+            gc.collect()
         shutil.rmtree(cache, ignore_errors=True)
     row = {"mode": mode, "stage": stage, "seconds": min(times), "base_rss_mb": base / 2**20, "times": times, "fetched_mb": fetched[-1] / 2**20,
            "requests": reads[-1][0], "read_mb": reads[-1][1] / 2**20}

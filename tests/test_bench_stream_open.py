@@ -16,7 +16,7 @@ def test_stream_open_bench_runs_tiny(tmp_path, monkeypatch):
 
     out = tmp_path / "r.json"
     try:
-        assert bench_stream_open.main(["--docs", "2000", "--members", "4", "--repeat", "1", "--capacity", "64",
+        assert bench_stream_open.main(["--docs", "400", "--members", "4", "--repeat", "1", "--capacity", "64",
                                        "--in-process", "--out", str(out)]) == 0
     finally:
         sys.modules.pop("bench_stream_open", None)
@@ -24,7 +24,7 @@ def test_stream_open_bench_runs_tiny(tmp_path, monkeypatch):
     rows = {(r["mode"], r["stage"]): r for r in rec["rows"]}
     assert set(rows) == {(m, s) for m in bench_stream_open.MODES for s in bench_stream_open.STAGES}
     coll = rec["collections"][0]
-    assert coll["documents"] == 2000 and coll["pack0_members"] < 4
+    assert coll["documents"] == 400 and coll["pack0_members"] < 4
     assert all(rows[("local", s)]["fetched_mb"] == 0 for s in bench_stream_open.STAGES)
     b = coll["bytes"]
     fetched = {k: round(r["fetched_mb"] * 2**20) for k, r in rows.items()}
