@@ -34,7 +34,7 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
     from .storage import is_remote, local_file
 
     if is_remote(path) and stream:
-        from .collection.stream import open_streamed
+        from .collection.streamed import open_streamed
 
         streamed = open_streamed(path, storage_options, cache_dir, cache_limit, cache_verify)
         if streamed is not None:

@@ -31,7 +31,7 @@ FLOORS: list[tuple[str, ...]] = [
     # 3. many stores read as one (a store is a collection of one)
     ("collection.reader", "collection.member_checks", "collection.arrays", "collection.vmap"),
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
-    ("opening", "collection.stream"),
+    ("opening", "collection.stream", "collection.streamed"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
     ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
      "megatron", "sources", "workers", "pipeline", "engines", "build"),

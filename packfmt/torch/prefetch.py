@@ -173,7 +173,7 @@ def open_share(url, storage_options, cache_dir, cache_limit):
     """The streamed collection at ``url`` for this process: in a DataLoader worker with ``cache_limit / num_workers``."""
     from torch.utils.data import get_worker_info
 
-    from ..collection.stream import open_streamed
+    from ..collection.streamed import open_streamed
     from ..storage.cache import parse_limit
 
     info, limit = get_worker_info(), parse_limit(cache_limit)

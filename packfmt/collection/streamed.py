@@ -1,0 +1,95 @@
+"""A remote collection opened with ``stream=True`` (README "Remote data"): ``open_streamed`` fetches the collection's
+manifest and member table, lists its pack indexes, and returns a ``StreamedCollection``: the ``Collection`` over the
+mirror whose members (``collection.stream.StreamedMembers``, attached as ``coll._stream``), pack indexes and
+``doc_lengths.bin`` are fetched, verified, only when something first reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .. import format as F
+from ..storage import uri
+from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
+from ..storage.errors import storage_errors
+from ..storage.pack_mirror import drop_gone, remote_pack_manifests
+from .manifest import is_collection
+from .reader import Collection
+from .stream import StreamedMembers
+
+__all__ = ["open_streamed", "StreamedCollection"]
+
+
+def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
+    """The collection at ``url`` with lazy members (see the module doc); None when ``url`` holds a store."""
+    url = url.rstrip("/")
+    f = _Fetcher(storage_options, cache_dir, None, verify)  # no LRU pass: this object evicts its own members
+    f.result = Fetched(path=Path(), root=f.root)
+    try:
+        with storage_errors(url, storage_options, f.root):
+            fs, rpath = uri.filesystem(url, storage_options)
+            local = f.mirror(url)
+            raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
+            if not is_collection(json.loads(raw)):  # a store: the door fetches it whole (opening.open_url)
+                for pin in f.result.pins:
+                    pin.close()
+                return None
+            f.result.pins.append(Pin(f.root, local))
+            f.collection_manifest(fs, rpath, url, local, json.loads(raw))  # its own files (a member table) mirrored
+            packs = remote_pack_manifests(fs, rpath)  # listed; each mirrored when pack_index first opens it
+            drop_gone(f.root, local, set(packs))
+            f.write_atomic(local / F.MANIFEST, raw)
+    except BaseException:
+        for pin in f.result.pins:
+            pin.close()
+        raise
+    coll = StreamedCollection(local)
+    limit = parse_limit(cache_limit)
+    coll._stream = StreamedMembers(coll, url, f, limit)
+    coll._stream.packs = packs
+    coll._storage_pins = f.result.pins
+    coll._storage_cache = f.root
+    coll.url = url
+    return coll
+
+
+class StreamedCollection(Collection):
+    """A ``Collection`` whose members are fetched as reads need them (``_stream``)."""
+
+    @property
+    def doc_offsets(self) -> np.ndarray:
+        """int64 ``(num_documents + 1,)`` BOUNDS for opening a pack index (V27) without fetching every member: each
+        document counts as long as its whole member. The reader checks each segment against the real length when its
+        member arrives (``StreamedMembers.hold``), before any token of it is read."""
+        m = self.members
+        per_doc = np.repeat(m.tokens, m.documents)  # the columns: no Member object per member (10^5 members)
+        out = np.zeros(self.num_documents + 1, dtype=np.int64)
+        np.cumsum(per_doc, out=out[1:])
+        return out
+
+    def segment_bounds(self) -> tuple[np.ndarray, bool, np.ndarray]:
+        """One bound per member, its tokens (each document at most as long as its member), not the real lengths
+        (members not fetched), and nothing of 8 bytes a document (10^9 documents: 16 GB of ``doc_offsets``
+        above, in every process that opens the index)."""
+        return np.asarray(self.members.tokens, dtype=np.int64), False, np.asarray(self.doc_start, dtype=np.int64)
+
+    def pack_index_names(self) -> list[str]:
+        """The pack indexes in the bucket (listed at open; none fetched yet but those opened)."""
+        return sorted(self._stream.packs)
+
+    def pack_index(self, name: str | None = None):
+        """Open pack index ``name`` (default: the only one), its files fetched and verified first if this process has
+        not yet: only the index trained from is fetched before the first batch, not every index of the collection."""
+        from ..index import open_pack_index
+
+        names = self.pack_index_names()
+        want = name if name is not None else (names[0] if len(names) == 1 else None)
+        if want in self._stream.packs:
+            self._stream.mirror_pack(want)
+        return open_pack_index(self, name, names=names)
+
+    def __getstate__(self) -> dict:
+        raise TypeError(f"{self.path}: a streamed collection is not pickled; PackedDataset(url, stream=True) "
+                        "re-opens it in each DataLoader worker")
