@@ -193,7 +193,8 @@ def test_streamed_open_bounds_segments_by_member_then_by_document(s3_server, cac
 def test_streamed_open_fetches_only_the_index_it_opens(s3_server, cache, tmp_path):
     """A streamed collection lists its pack indexes at open and fetches (and verifies) one only when it is opened:
     training from one of several indexes downloads no byte of the others before its first batch; a materialized
-    index (its packs' tokens, a second copy of the data) is refused before any of it is fetched."""
+    index (its packs' tokens, a second copy of the data) is refused before any of it is fetched; the collection's
+    doc_lengths.bin only when its lengths are asked for."""
     paths = []
     for m in range(3):
         with packfmt.DatasetWriter(tmp_path / "t" / "s" / f"m{m}", vocab_size=50,
@@ -226,3 +227,10 @@ def test_streamed_open_fetches_only_the_index_it_opens(s3_server, cache, tmp_pat
     assert fetched("a") and not fetched("b")
     assert len(PackedDataset(url, "b", stream=True, cache_dir=cache)) == len(opened.pack_index("b"))
     assert fetched("b")
+    # doc_lengths.bin (8 bytes a document) is not read by a streamed read: left in the bucket until asked for, then
+    # fetched and verified (a stale copy in the mirror is not this manifest's: fetched again, never read)
+    log = (cache / "downloads.log").read_text()
+    assert "doc_lengths.bin" not in log
+    (opened.path / "doc_lengths.bin").write_bytes(b"\0" * 8 * opened.num_documents)
+    np.testing.assert_array_equal(opened.doc_lengths, coll.doc_lengths)
+    assert "doc_lengths.bin" in (cache / "downloads.log").read_text()

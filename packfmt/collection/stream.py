@@ -75,6 +75,19 @@ class StreamedMembers:
         self.mirrored: set[str] = set()  # those fetched and verified by this process
         self.pack_lock = threading.Lock()  # not ``cond``: batches go on while an index is fetched
 
+    def fetch_own(self, name: str) -> None:
+        """The collection's own file ``name`` (listed in its ``files``) fetched into the mirror and verified, as the
+        open fetches the member table (``cache._Fetcher.collection_files``: a ``doc_lengths.bin`` missing from the
+        bucket is left out, and the lengths then come from the members)."""
+        entry = self.coll.manifest.files.get(name)
+        if entry is None:
+            return
+        with self.pack_lock:
+            f = self.fetcher
+            with storage_errors(self.url, f.so, f.root):
+                fs, rpath = uri.filesystem(self.url, f.so)
+                f.collection_files(fs, rpath, self.url, self.coll.path, {name: entry})
+
     def mirror_pack(self, name: str) -> None:
         """Pack index ``name`` fetched into the mirror and verified (once per process; the cache's markers make a
         second process's pass a stat per file)."""

@@ -15,6 +15,7 @@ from ..storage import uri
 from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
 from ..storage.errors import storage_errors
 from ..storage.pack_mirror import drop_gone, remote_pack_manifests
+from .lengths import LENGTHS_FILE
 from .manifest import is_collection
 from .reader import Collection
 from .stream import StreamedMembers
@@ -37,7 +38,9 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
                     pin.close()
                 return None
             f.result.pins.append(Pin(f.root, local))
-            f.collection_manifest(fs, rpath, url, local, json.loads(raw))  # its own files (a member table) mirrored
+            # its own files (a member table) mirrored; not doc_lengths.bin (8 bytes a document: 8 GB at 10^9), which
+            # a streamed read never reads (StreamedCollection.doc_lengths fetches it if something asks)
+            f.collection_manifest(fs, rpath, url, local, json.loads(raw), leave=(LENGTHS_FILE,))
             packs = remote_pack_manifests(fs, rpath)  # listed; each mirrored when pack_index first opens it
             drop_gone(f.root, local, set(packs))
             f.write_atomic(local / F.MANIFEST, raw)
@@ -68,6 +71,15 @@ class StreamedCollection(Collection):
         out = np.zeros(self.num_documents + 1, dtype=np.int64)
         np.cumsum(per_doc, out=out[1:])
         return out
+
+    @property
+    def doc_lengths(self) -> np.ndarray:
+        """``Collection.doc_lengths``, with ``doc_lengths.bin`` fetched and verified first (the open leaves it in the
+        bucket: a streamed read bounds segments by member and checks each member's own lengths when it arrives, so
+        only ``inspect``-like uses of every length need it)."""
+        if self._lengths is None:
+            self._stream.fetch_own(LENGTHS_FILE)
+        return Collection.doc_lengths.fget(self)
 
     def segment_bounds(self) -> tuple[np.ndarray, bool, np.ndarray]:
         """One bound per member, its tokens (each document at most as long as its member), not the real lengths

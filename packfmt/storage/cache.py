@@ -167,9 +167,10 @@ class _Fetcher:
         self.write_atomic(local / F.MANIFEST, raw)
         return local
 
-    def collection_manifest(self, fs, rpath: str, url: str, local: Path, obj: dict):
+    def collection_manifest(self, fs, rpath: str, url: str, local: Path, obj: dict, leave: tuple[str, ...] = ()):
         """The parsed manifest ``obj`` of the collection at ``url``, with the files it lists of its own mirrored and
-        verified first (``collection_files``): a member table (§2.5) is read from the mirror."""
+        verified first (``collection_files``): a member table (§2.5) is read from the mirror. ``leave``: names of
+        those files left in the bucket for now (a streamed open, which reads no ``doc_lengths.bin``)."""
         from ..collection.lengths import parse_collection_files
         from ..collection.manifest import collection_reader, parse_collection_manifest
 
@@ -180,7 +181,7 @@ class _Fetcher:
                                            table=obj.get("members") == "table")
         except (FormatError, KeyError, TypeError, ValueError):
             files = {}  # malformed: parse_collection_manifest names the field
-        self.collection_files(fs, rpath, url, local, files)
+        self.collection_files(fs, rpath, url, local, {k: v for k, v in files.items() if k not in leave})
         return parse_collection_manifest(obj, file=label, read=collection_reader(local))
 
     def collection_files(self, fs, rpath: str, url: str, local: Path, files: dict) -> None:
