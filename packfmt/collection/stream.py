@@ -24,10 +24,8 @@ alone exceed the limit is an error naming the limit to raise.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
-import mmap
 import os
 import threading
 from contextlib import contextmanager
@@ -49,18 +47,12 @@ class StreamedMembers:
     """Which members of a collection are local and mapped; fetches, pins and evicts them (thread-safe)."""
 
     def __init__(self, coll, url: str, fetcher: _Fetcher, limit: int | None) -> None:
-        from .vmap import map_end_to_end
+        from .vmap import Reserved
 
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
         self.pid = os.getpid()  # a forked DataLoader worker opens its own (``PackedDataset._views``)
-        m = coll.members  # its columns: no Member object per member (10^5 members)
-        self.member_mask = (coll.has_loss_mask & ~np.asarray(coll.all_trained, dtype=bool)).astype(np.uint8)
-        tokens = [(None, n) for n in m.tokens.tolist()]
-        self.tokens, self.token_base = map_end_to_end(tokens, coll.np_token_dtype)
-        self.loss_mask = None
-        if coll.has_loss_mask:
-            self.loss_mask, _ = map_end_to_end(tokens, F.MASK_DTYPE)
-        self.doc_offsets, self.doc_base = map_end_to_end([(None, n + 1) for n in m.documents.tolist()], F.OFFSET_DTYPE)
+        self.spans = Reserved(coll)  # every member's spans, nothing mapped
+        self.doc_offsets, self.doc_base = self.spans.doc_offsets, self.spans.doc_base
         self.cond = threading.Condition()
         self.resident: dict[int, tuple[int, list, object]] = {}  # member -> (bytes, files, pin)
         self.stores: dict[int, object] = {}  # resident member with images -> its Store (image files mapped)
@@ -103,10 +95,7 @@ class StreamedMembers:
 
     # -- what the kernels read
     def source(self):
-        from .vmap import Concatenated
-
-        return Concatenated(self.tokens, self.loss_mask, (self.doc_offsets, np.asarray(self.coll.doc_start, np.int64),
-                                                          self.doc_base, self.token_base, self.member_mask))
+        return self.spans.source(self)
 
     # -- in-flight batches
     @contextmanager
@@ -114,10 +103,9 @@ class StreamedMembers:
         """The members packs ``packs`` (valid ids) touch local, mapped and not evicted while the block runs, and
         their segments checked against the real document lengths (V27; at open only their members' sizes bound
         them: ``StreamedCollection.segment_bounds``)."""
-        lo, hi = pack_offsets[packs], pack_offsets[packs + 1]
-        n = hi - lo
-        rows = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
-        seg = np.asarray(segments[rows], dtype=np.int64).reshape(-1, 3)
+        from .vmap import batch_segments
+
+        rows, seg = batch_segments(packs, pack_offsets, segments)
         member = self.coll.member_of(seg[:, 0])
         members = [int(m) for m in np.unique(member)]
         self._pin(members)
@@ -249,18 +237,10 @@ class StreamedMembers:
         return local, f.result.pins[0], store  # the member's own pin: other processes' eviction skips it while held
 
     def _map(self, m: int, local: Path) -> None:
-        x = self.coll.members[m]
-        _map_into(self.tokens, int(self.token_base[m]), local / F.TOKENS, x.tokens)
-        if self.loss_mask is not None and self.member_mask[m]:
-            _map_into(self.loss_mask, int(self.token_base[m]), local / F.LOSS_MASK, x.tokens)
-        _map_into(self.doc_offsets, int(self.doc_base[m]), local / F.DOC_OFFSETS, x.documents + 1)
+        self.spans.map_member(m, local)
 
     def _unmap(self, m: int) -> None:
-        x = self.coll.members[m]
-        _unmap(self.tokens, int(self.token_base[m]), x.tokens)
-        if self.loss_mask is not None and self.member_mask[m]:
-            _unmap(self.loss_mask, int(self.token_base[m]), x.tokens)
-        _unmap(self.doc_offsets, int(self.doc_base[m]), x.documents + 1)
+        self.spans.unmap_member(m)
 
     # -- eviction (caller holds self.cond)
     def _make_room(self, size: int, before: int | None) -> bool:
@@ -310,29 +290,3 @@ def _forget_unless_held(root: Path, local: Path, files: list) -> None:
             V.forget(root, path)
     finally:
         os.close(fd)  # (closing releases the lock)
-
-
-def _map_into(arr: np.ndarray, base: int, path: Path, n: int) -> None:
-    if n:
-        _region(arr).map_file(path, base * arr.itemsize, n * arr.itemsize)
-
-
-def _unmap(arr: np.ndarray, base: int, n: int) -> None:
-    """Put ``PROT_NONE`` back over a member's span (its file's pages are released)."""
-    if not n:
-        return
-    from .vmap import _MAP_FAILED, _MAP_FIXED, _PROT_NONE, _c
-
-    region = _region(arr)
-    addr = region.addr + base * arr.itemsize
-    got = _c().mmap(addr, n * arr.itemsize, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
-    if got in (None, _MAP_FAILED) or got != addr:
-        raise OSError(ctypes.get_errno(), "cannot unmap an evicted member")
-
-
-def _region(arr: np.ndarray):
-    """The ``vmap._Region`` behind an array ``map_end_to_end`` returned."""
-    obj = arr
-    while obj is not None and not hasattr(obj, "_region"):
-        obj = getattr(obj, "base", None)
-    return obj._region

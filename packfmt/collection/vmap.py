@@ -9,7 +9,8 @@ shared by every DataLoader worker as with a single store. The gap after each mem
 page boundary) is never indexed: every offset is checked against its member first.
 
 POSIX only (Linux, macOS); each member file is one kernel mapping (``vm.max_map_count``, 65,530 by
-default on Linux, bounds a process to about 20,000 members with masks).
+default on Linux): past ``lazy_members.MAP_BUDGET`` mappings a collection's members are mapped as batches need
+them (``Reserved`` spans, ``lazy_members.LocalMembers``), as a streamed collection's are.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["map_end_to_end", "Concatenated", "concatenate_members", "PAGE"]
+__all__ = ["map_end_to_end", "Concatenated", "concatenate_members", "Reserved", "batch_segments", "PAGE"]
 
 PAGE = mmap.PAGESIZE
 _MAP_FIXED = 0x10  # same value on Linux and macOS; not exposed by Python's mmap module
@@ -100,11 +101,85 @@ class Concatenated:
     """What the torch kernels read: ``tokens``, ``loss_mask`` (or None) and ``docs`` (see ``_kernels.doc_span``).
 
     ``docs[4]`` is uint8 per member: 1 when the member's own mask is mapped into ``loss_mask``, 0 when
-    its tokens are all trained (no mask, or none mapped: a member without one in a mixed collection)."""
+    its tokens are all trained (no mask, or none mapped: a member without one in a mixed collection).
+    ``members``: None when every member is mapped; else what maps the members a batch touches while it is read
+    (``hold(packs, pack_offsets, segments, label)``, a context: ``stream.StreamedMembers``,
+    ``lazy_members.LocalMembers``)."""
 
     tokens: np.ndarray
     loss_mask: np.ndarray | None
     docs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    members: object = None
+
+
+class Reserved:
+    """Every member's span of ``tokens``, ``loss_mask`` and ``doc_offsets`` reserved end to end as
+    ``concatenate_members`` lays them out, nothing mapped: ``map_member`` / ``unmap_member`` map one member's
+    files into its spans and put ``PROT_NONE`` back (its pages released)."""
+
+    def __init__(self, coll) -> None:
+        from .. import format as F
+
+        self.coll = coll
+        m = coll.members  # its columns: no Member object per member (10^5 members)
+        self.member_mask = (coll.has_loss_mask & ~np.asarray(coll.all_trained, dtype=bool)).astype(np.uint8)
+        spans = [(None, n) for n in m.tokens.tolist()]
+        self.tokens, self.token_base = map_end_to_end(spans, coll.np_token_dtype)
+        self.loss_mask = map_end_to_end(spans, F.MASK_DTYPE)[0] if coll.has_loss_mask else None
+        self.doc_offsets, self.doc_base = map_end_to_end([(None, n + 1) for n in m.documents.tolist()], F.OFFSET_DTYPE)
+
+    def source(self, members) -> Concatenated:
+        return Concatenated(self.tokens, self.loss_mask, (self.doc_offsets, np.asarray(self.coll.doc_start, np.int64),
+                                                          self.doc_base, self.token_base, self.member_mask), members)
+
+    def map_member(self, m: int, local: Path) -> None:
+        from .. import format as F
+
+        tokens, documents = int(self.coll.members.tokens[m]), int(self.coll.members.documents[m])
+        _map_into(self.tokens, int(self.token_base[m]), local / F.TOKENS, tokens)
+        if self.loss_mask is not None and self.member_mask[m]:
+            _map_into(self.loss_mask, int(self.token_base[m]), local / F.LOSS_MASK, tokens)
+        _map_into(self.doc_offsets, int(self.doc_base[m]), local / F.DOC_OFFSETS, documents + 1)
+
+    def unmap_member(self, m: int) -> None:
+        tokens, documents = int(self.coll.members.tokens[m]), int(self.coll.members.documents[m])
+        _unmap(self.tokens, int(self.token_base[m]), tokens)
+        if self.loss_mask is not None and self.member_mask[m]:
+            _unmap(self.loss_mask, int(self.token_base[m]), tokens)
+        _unmap(self.doc_offsets, int(self.doc_base[m]), documents + 1)
+
+
+def batch_segments(packs: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, seg)``: the rows of ``segments`` that packs ``packs`` (valid ids) hold, and those segments (int64
+    ``(k, 3)``): what a batch reads, so the members it touches."""
+    lo, hi = pack_offsets[packs], pack_offsets[packs + 1]
+    n = hi - lo
+    rows = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
+    return rows, np.asarray(segments[rows], dtype=np.int64).reshape(-1, 3)
+
+
+def _map_into(arr: np.ndarray, base: int, path: Path, n: int) -> None:
+    if n:
+        _region(arr).map_file(path, base * arr.itemsize, n * arr.itemsize)
+
+
+def _unmap(arr: np.ndarray, base: int, n: int) -> None:
+    """Put ``PROT_NONE`` back over a member's span (its file's pages are released)."""
+    if not n:
+        return
+    region = _region(arr)
+    addr = region.addr + base * arr.itemsize
+    got = _c().mmap(addr, n * arr.itemsize, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+    if got in (None, _MAP_FAILED) or got != addr:
+        raise OSError(ctypes.get_errno(), "cannot unmap a member")
+
+
+def _region(arr: np.ndarray) -> _Region:
+    """The ``_Region`` behind an array ``map_end_to_end`` returned."""
+    obj = arr
+    while obj is not None and not hasattr(obj, "_region"):
+        obj = getattr(obj, "base", None)
+    return obj._region
 
 
 def concatenate_members(coll) -> Concatenated:
