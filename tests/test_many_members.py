@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import packfmt
 from packfmt.collection import Collection, write_collection
 from packfmt.packindex import build_pack_index
+from packfmt.torch import PackedDataset
 from packfmt.torch.testing import write_flat_dataset, write_split_stores
 from packfmt.validate import validate
 
@@ -37,6 +39,14 @@ def _same_as_one_store(tmp_path, members: int, seconds: int) -> None:
         b = build_pack_index(coll, capacity=256, algorithm="ffd", name="p")
         np.testing.assert_array_equal(b.segments, a.segments)
         np.testing.assert_array_equal(b.pack_offsets, a.pack_offsets)
+        # read through PackedDataset as the one store reads: past MAP_BUDGET mappings (10^5 members: 3 x 10^5, past
+        # vm.max_map_count) the members are mapped as batches need them (collection/lazy_members.py)
+        ds_one, ds_many = PackedDataset(single, "p"), PackedDataset(coll, "p")
+        for packs in np.array_split(rng.permutation(len(ds_one))[:400], 40):
+            for x, y in zip(ds_one.__getitems__(packs), ds_many.__getitems__(packs)):
+                for key in ("input_ids", "labels", "position_ids", "document_ids"):
+                    assert torch.equal(x[key], y[key]), key
+        del ds_one, ds_many
         report = validate(coll)
         assert report.ok and not report.problems, report.problems[:3]
         assert report.checked["members"] == members and report.checked["documents"] == n_docs

@@ -250,7 +250,7 @@ class PackedDataset(Dataset):
                 "pack_token_offsets": v(idx.pack_token_offsets), "packed_tokens": v(idx.packed_tokens),
                 "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
                 "images": _ImageIndex(store) if store.num_images else None,
-                "stream": getattr(store, "_stream", None),
+                "stream": src.members,  # None, or what maps the members a batch touches while it is read
             }
             a = self._arrays
             a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
@@ -393,8 +393,9 @@ class PackedDataset(Dataset):
         return batch
 
     def _hold(self, packs: np.ndarray):
-        """A streamed collection (``stream=True``): the members ``packs`` touch, local and pinned while the block
-        runs (``collection.stream``); otherwise nothing to do."""
+        """A streamed collection (``stream=True``), or a local one too large to map whole: the members ``packs``
+        touch, local, mapped and pinned while the block runs (``collection.stream``, ``collection.lazy_members``);
+        otherwise nothing to do."""
         a = self._arrays
         if a["stream"] is None:
             return nullcontext()

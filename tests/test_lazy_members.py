@@ -1,0 +1,108 @@
+"""A local collection with more members than one process may map at once (packfmt/collection/lazy_members.py):
+read through PackedDataset exactly as when every member is mapped, in any order and in DataLoader workers, with
+at most ``max_mapped`` members mapped at once (counted in /proc/self/maps), and each member opened and checked
+only when a batch first touches it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import packfmt
+from packfmt.collection import lazy_members as L
+from packfmt.collection import Collection, write_collection
+from packfmt.errors import FormatError
+from packfmt.torch import PackedDataset, collate_varlen
+from packfmt.torch.testing import next_fit_segments, write_pack_index
+
+MEMBERS, BUDGET = 60, 30  # 60 members x 3 mappings > 30: mapped as batches need them, at most 10 at once
+OPEN = 4  # member stores a collection keeps open (each maps its own files)
+KEYS = ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens", "document_ids")
+
+
+def _collection(root: Path) -> Path:
+    rng = np.random.default_rng(0)
+    paths = []
+    for m in range(MEMBERS):
+        with packfmt.DatasetWriter(root / "members" / f"m{m:03d}", vocab_size=1000, loss_mask=True,
+                                   tokenizer={"name": "t", "hash": None}) as w:
+            for n in rng.integers(1, 40, 5):
+                w.add_document(rng.integers(0, 1000, int(n)), rng.integers(0, 2, int(n)))
+        paths.append(root / "members" / f"m{m:03d}")
+    coll = write_collection(root / "c", [(None, p) for p in paths])
+    segs, po = next_fit_segments(coll.doc_lengths, 48)  # packs across member boundaries
+    write_pack_index(coll, segs, po, capacity=48, name="p")
+    return coll.path
+
+
+@pytest.fixture(scope="module")
+def coll(tmp_path_factory) -> Path:
+    return _collection(tmp_path_factory.mktemp("lazy"))
+
+
+def _member_maps(root: Path) -> int:
+    """This process's kernel mappings of files under ``root`` (the members' tokens, masks, offsets)."""
+    text = Path("/proc/self/maps").read_text()
+    return sum(1 for line in text.splitlines() if str(root.parent) in line and "/members/" in line)
+
+
+def test_lazily_mapped_members_read_exactly_as_all_mapped(coll, monkeypatch):
+    reference = PackedDataset(coll, "p")
+    want = {int(x["pack_id"]): x for x in reference.__getitems__(np.arange(len(reference)))}
+    assert reference._views()["stream"] is None  # 180 mappings fit the default budget: all mapped at once
+    del reference
+    monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)
+    ds = PackedDataset(Collection(coll, max_open_members=OPEN), "p")
+    members = ds._views()["stream"]
+    assert isinstance(members, L.LocalMembers) and members.max_mapped == BUDGET // 3
+    assert not members.mapped and _member_maps(coll) == 0  # nothing opened or mapped before a batch
+    order = np.random.default_rng(1).permutation(len(ds))
+    for j in range(0, len(order), 4):
+        for got in ds.__getitems__(order[j:j + 4]):
+            for key in KEYS:
+                assert torch.equal(got[key], want[int(got["pack_id"])][key]), key
+        assert len(members.mapped) <= members.max_mapped
+        # the kernel's count, not ours: the spans mapped, and the member stores the collection keeps open (checked)
+        assert _member_maps(coll) <= 3 * (members.max_mapped + OPEN) < 3 * MEMBERS
+    assert len(members.mapped) == members.max_mapped  # the shuffled epoch touched more than fit: some were unmapped
+
+
+def test_lazily_mapped_members_in_dataloader_workers(coll, monkeypatch):
+    reference = PackedDataset(coll, "p")
+    order = np.random.default_rng(2).permutation(len(reference)).tolist()
+    want = [collate_varlen(reference.__getitems__(np.array(order[j:j + 4]))) for j in range(0, len(order), 4)]
+    del reference
+    monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)  # forked workers inherit it: each maps its own members lazily
+    ds = PackedDataset(coll, "p")
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_varlen, sampler=order,
+                        multiprocessing_context="fork")
+    got = list(loader)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g["pack_ids"].tolist() == w["pack_ids"].tolist()
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            assert torch.equal(g[key], w[key]), key
+
+
+def test_a_bad_member_is_refused_when_a_batch_first_touches_it(tmp_path, monkeypatch):
+    root = _collection(tmp_path)
+    manifest = root.parent / "members" / "m007" / "manifest.json"
+    obj = json.loads(manifest.read_text())
+    obj["tokenizer"]["name"] = "other"  # C3: not the manifest the collection recorded
+    manifest.write_text(json.dumps(obj))
+    monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)
+    ds = PackedDataset(root, "p")  # opens: the member is not read yet
+    coll = packfmt.open(root)
+    touches = [p for p in range(len(ds)) if 7 in coll.member_of(ds.index.segments[ds.index.pack_offsets[p]:
+                                                                                   ds.index.pack_offsets[p + 1], 0])]
+    clean = [p for p in range(len(ds)) if p not in touches]
+    assert len(ds.__getitems__(np.array(clean[:3]))) == 3
+    with pytest.raises(FormatError, match="m007") as exc:
+        ds.__getitems__(np.array(touches[:1]))
+    assert "manifest" in str(exc.value)
+    assert 7 not in ds._views()["stream"].mapped
