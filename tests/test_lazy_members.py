@@ -57,6 +57,7 @@ def test_lazily_mapped_members_read_exactly_as_all_mapped(coll, monkeypatch):
     assert reference._views()["stream"] is None  # 180 mappings fit the default budget: all mapped at once
     del reference
     monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)
+    monkeypatch.setattr(L, "MAX_MAPPED", BUDGET // 3)
     ds = PackedDataset(Collection(coll, max_open_members=OPEN), "p")
     members = ds._views()["stream"]
     assert isinstance(members, L.LocalMembers) and members.max_mapped == BUDGET // 3
@@ -77,7 +78,8 @@ def test_lazily_mapped_members_in_dataloader_workers(coll, monkeypatch):
     order = np.random.default_rng(2).permutation(len(reference)).tolist()
     want = [collate_varlen(reference.__getitems__(np.array(order[j:j + 4]))) for j in range(0, len(order), 4)]
     del reference
-    monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)  # forked workers inherit it: each maps its own members lazily
+    monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)
+    monkeypatch.setattr(L, "MAX_MAPPED", BUDGET // 3)  # forked workers inherit it: each maps its own members lazily
     ds = PackedDataset(coll, "p")
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_varlen, sampler=order,
                         multiprocessing_context="fork")
@@ -96,6 +98,7 @@ def test_a_bad_member_is_refused_when_a_batch_first_touches_it(tmp_path, monkeyp
     obj["tokenizer"]["name"] = "other"  # C3: not the manifest the collection recorded
     manifest.write_text(json.dumps(obj))
     monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)
+    monkeypatch.setattr(L, "MAX_MAPPED", BUDGET // 3)
     ds = PackedDataset(root, "p")  # opens: the member is not read yet
     coll = packfmt.open(root)
     touches = [p for p in range(len(ds)) if 7 in coll.member_of(ds.index.segments[ds.index.pack_offsets[p]:

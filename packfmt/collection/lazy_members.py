@@ -22,15 +22,17 @@ import numpy as np
 
 from .vmap import Reserved, batch_segments
 
-__all__ = ["LocalMembers", "MAP_BUDGET", "MAPS_PER_MEMBER", "maps_needed"]
+__all__ = ["LocalMembers", "MAP_BUDGET", "MAPS_PER_MEMBER", "MAX_MAPPED", "maps_needed"]
 
 #: Kernel mappings one member takes when mapped: tokens, loss mask, doc offsets.
 MAPS_PER_MEMBER = 3
+#: Members mapped at once when they are mapped as batches need them: ``MAPS_PER_MEMBER`` times this is about half of
+#: Linux's default ``vm.max_map_count`` (65,530); torch, numpy, shared libraries, DataLoader workers' shared memory,
+#: pack indexes and the member stores a collection keeps open take the rest.
+MAX_MAPPED = 10_000
 #: Mappings a collection's members may take in one process: every member is mapped at once up to this (the usual
-#: case, nothing to do per batch); past it, members are mapped as batches need them, at most this many mappings.
-#: About half of Linux's default ``vm.max_map_count`` (65,530): torch, numpy, shared libraries, DataLoader workers'
-#: shared memory and pack indexes take the rest.
-MAP_BUDGET = 30_000
+#: case, nothing to do per batch); past it, members are mapped as batches need them, ``MAX_MAPPED`` at most.
+MAP_BUDGET = MAPS_PER_MEMBER * MAX_MAPPED
 
 
 def maps_needed(coll) -> int:
@@ -46,7 +48,7 @@ class LocalMembers:
         self.coll = coll
         self.pid = os.getpid()
         self.spans = Reserved(coll)
-        self.max_mapped = max(1, int(max_mapped if max_mapped is not None else MAP_BUDGET // MAPS_PER_MEMBER))
+        self.max_mapped = max(1, int(max_mapped if max_mapped is not None else MAX_MAPPED))
         self.cond = threading.Condition()
         self.mapped: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self.pinned: dict[int, int] = {}
