@@ -111,6 +111,20 @@ def test_stream_without_plan_and_limit_too_small(remote, cache):
         tiny.__getitems__([0])
 
 
+def test_stream_maps_at_most_max_mapped_members(remote, cache, monkeypatch):
+    """Without cache_limit every member fetched could stay: each is 3 kernel mappings (vm.max_map_count), so at
+    most lazy_members.MAX_MAPPED stay mapped, the least recently used evicted past it; items exactly the same."""
+    from packfmt.collection import lazy_members
+
+    local, url, total = remote
+    monkeypatch.setattr(lazy_members, "MAX_MAPPED", 6)
+    reference = PackedDataset(local, "p")
+    ds = PackedDataset(url, "p", stream=True, cache_dir=cache)
+    members = ds._views()["stream"]
+    _epoch(ds, np.arange(len(ds)), reference, cache, total)
+    assert 0 < len(members.resident) <= 6
+
+
 def test_stream_dataloader_workers(remote, cache):
     """Two DataLoader workers re-open the stream (each with half the limit) and plan their own batches."""
     from torch.utils.data import DataLoader

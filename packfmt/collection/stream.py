@@ -39,6 +39,7 @@ from ..storage import verify as V
 from ..storage.cache import Fetched, _Fetcher
 from ..storage.pack_mirror import mirror_pack, refuse_materialized
 from ..storage.errors import StorageError, storage_errors
+from . import lazy_members
 
 __all__ = ["StreamedMembers"]
 
@@ -189,6 +190,9 @@ class StreamedMembers:
             if not self._make_room(size, before):
                 if before is not None:
                     return False
+                if len(self.resident) + len(self.fetching) >= lazy_members.MAX_MAPPED:
+                    raise StorageError(f"{self.url}: a batch touches more than {lazy_members.MAX_MAPPED:,} members, "
+                                       "the most one process maps at once: read smaller batches")
                 raise StorageError(f"{self.url}: cache_limit={self.limit:,} bytes cannot hold the members one batch "
                                    f"needs (member {m} of {size:,} bytes, {self.used:,} bytes held by the batches in "
                                    "flight): raise cache_limit= / $PACKFMT_CACHE_LIMIT, or use smaller batches")
@@ -244,9 +248,11 @@ class StreamedMembers:
 
     # -- eviction (caller holds self.cond)
     def _make_room(self, size: int, before: int | None) -> bool:
-        if self.limit is None:
-            return True
-        while self.used + size > self.limit:
+        """Evict until ``size`` more bytes fit ``cache_limit`` and one more member fits ``lazy_members.MAX_MAPPED``
+        (each resident member is 3 kernel mappings: without a count bound, 10^5 tiny members under a large limit
+        would pass ``vm.max_map_count``)."""
+        while ((self.limit is not None and self.used + size > self.limit)
+               or len(self.resident) + len(self.fetching) >= lazy_members.MAX_MAPPED):
             victims = [m for m in self.resident if m not in self.pinned]
             if not victims:
                 return False
