@@ -25,11 +25,13 @@ from typing import Callable
 
 import numpy as np
 import xxhash
+from xxhash import xxh3_64_intdigest
 
 from .. import format as F
 from ..errors import FormatError, PackfmtError
 from ..mapped import check_files_table
 from .manifest import CollectionManifest, is_collection
+from .member_columns import member_columns
 from .member_template import MAX_TEMPLATES, Template, listed_in
 from .unify import member_differences
 
@@ -84,7 +86,8 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
     group: list[int] = []  # consecutive members whose offsets are the bytes ``chunks``, end to end
     chunks: list[bytes] = []
     used = 0  # offsets in ``chunks``
-    reader = _MemberReader(os.fspath(root), cm)
+    reader = _MemberReader(os.fspath(root), cm, bare)
+    read, documents, images = reader.read, reader.documents, cm.members.images.tolist()
 
     def the_long_way(m: int) -> None:
         lengths = slow(m)
@@ -98,14 +101,14 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
             group.clear()
             chunks.clear()
 
-    for m, entry in enumerate(cm.members):
-        n = entry.documents + 1
-        alone = entry.images or n > GROUP_OFFSETS
+    for m in range(len(documents)):
+        n = documents[m] + 1
+        alone = images[m] or n > GROUP_OFFSETS
         if used + n > GROUP_OFFSETS or (alone and group):
             flush()
             used = 0
         if not alone:
-            offsets = reader.read(m, entry, bare)
+            offsets = read(m)
             if offsets is not None:
                 group.append(m)
                 chunks.append(offsets)
@@ -122,28 +125,32 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
 _READ = os.O_RDONLY | os.O_NONBLOCK
 _MANIFEST = "/" + F.MANIFEST
 _OFFSETS = "/" + F.DOC_OFFSETS
+_OFFSET_SIZE = F.OFFSET_DTYPE.itemsize
 
 
 class _MemberReader:
-    """``read(m, entry, bare)``: one member's checks of ``member_doc_lengths``, with the templates
+    """``read(m)``: member ``m``'s checks of ``member_doc_lengths`` (``bare``: see there), with the templates
     (``member_template``) the members' manifests have given so far: a manifest that matches one costs one pattern
-    match, not a parse."""
+    match, not a parse. The entries are read as columns (``member_columns``), not as a ``Member`` each."""
 
-    def __init__(self, root: str, cm: CollectionManifest) -> None:
-        self.root, self.cm = root, cm
+    def __init__(self, root: str, cm: CollectionManifest, bare: bool) -> None:
+        self.cm, self.bare = cm, bare
         self.prefix = os.path.join(root, "")  # a member's directory: this and its path (os.path.join costs more)
+        self.paths, self.digests = member_columns(root, cm)
+        self.documents, self.tokens = cm.members.documents.tolist(), cm.members.tokens.tolist()
+        self.names: list[str] | None = None  # the members' names, made when a template's shared keys are compared
         self.templates: list[Template] = []
         self.tries = TEMPLATE_TRIES  # manifests left to try as templates (members not canonical: tried no more)
         self.listed = listed_in(cm.unified)  # no member listed anywhere: every member's flags are these
         self.any_listed = any(self.listed)
         self.agree: set = set()  # templates whose shared keys are the collection's, with the flags ``listed``
 
-    def read(self, m: int, entry, bare: bool) -> bytes | None:
-        """The bytes of member ``m``'s ``doc_offsets.bin`` (``entry``: ``cm.members[m]``, made once: a member table makes
-        one per access) when it passes C3, C2 and V1-V11 (and is ``bare``, see ``member_doc_lengths``) and the file
-        has the size they give it; None on anything else (the caller takes the long way, which says why). A member
-        whose manifest matches a template costs seven system calls and a listing of its directory when ``bare``."""
-        path = self.prefix + entry.path
+    def read(self, m: int) -> bytes | None:
+        """The bytes of member ``m``'s ``doc_offsets.bin`` when it passes C3, C2 and V1-V11 (and is ``bare``, see
+        ``member_doc_lengths``) and the file has the size they give it; None on anything else (the caller takes the
+        long way, which says why). A member whose manifest matches a template costs seven system calls and a
+        listing of its directory when ``bare``."""
+        path = self.prefix + self.paths[m]
         try:
             fd = os.open(path + _MANIFEST, _READ)
             try:
@@ -152,34 +159,46 @@ class _MemberReader:
                 os.close(fd)
             if len(raw) >= SMALL_JSON:
                 raw = F.read_json_bytes(path + _MANIFEST, file=F.MANIFEST)  # which bounds its size
-            if "xxh3_64:" + xxhash.xxh3_64_hexdigest(raw) != entry.manifest:  # C3
+            if xxh3_64_intdigest(raw) != self.digests[m]:  # C3
                 return None
-            documents = entry.documents
-            for k, t in enumerate(self.templates):
-                g = t.sizes(raw, documents, entry.tokens)  # V1-V9 by the match, C2's counts, V11
+            documents = self.documents[m]
+            templates = self.templates
+            for k, t in enumerate(templates):
+                g = t.sizes(raw, documents, self.tokens[m])  # V1-V9 by the match, C2's counts, V11
                 if g is None:
                     continue
                 if k:  # the last one matched is tried first
-                    self.templates.insert(0, self.templates.pop(k))
-                if g is False or (t not in self.agree and not self._shared_agree(t, entry.name)):  # C2
+                    templates.insert(0, templates.pop(k))
+                if g is False or (t not in self.agree and not self._shared_agree(t, m)):  # C2
                     return None
-                if bare:
+                if self.bare:
                     if not t.bare:
                         return None
                     names = os.listdir(path)  # its manifest and files, nothing else (``_only``)
-                    if len(names) != len(t.listing) or not t.listing.issuperset(names):
+                    if len(names) != t.entries or not t.listing.issuperset(names):
                         return None
                 for group, name in t.stat:  # V10; doc_offsets.bin's size is checked by reading it
                     if os.stat(path + name).st_size != int(g[group]):
                         return None
-                return _read_exact(path + _OFFSETS, (documents + 1) * F.OFFSET_DTYPE.itemsize)
-            return self._parsed(raw, m, path, bare)
+                size = (documents + 1) * _OFFSET_SIZE  # ``_read_exact``, inlined: one call fewer per member
+                fd = os.open(path + _OFFSETS, _READ)
+                try:
+                    data = os.read(fd, size + 1)
+                    if 0 < len(data) < size:  # a short read before the end (not of a regular file)
+                        data = _read_on(fd, data, size)
+                finally:
+                    os.close(fd)
+                return data if len(data) == size else None
+            return self._parsed(raw, m, path, self.bare)
         except (PackfmtError, OSError):
             return None
 
-    def _shared_agree(self, t: Template, name: str) -> bool:
-        """C2's shared keys of member ``name``, whose manifest matched ``t``: ``t.differences``; ``t`` is added to
+    def _shared_agree(self, t: Template, m: int) -> bool:
+        """C2's shared keys of member ``m``, whose manifest matched ``t``: ``t.differences``; ``t`` is added to
         ``agree`` (what ``read`` looks in first) when they agree and ``unified`` lists no member."""
+        if self.names is None:
+            self.names = self.cm.members.names
+        name = self.names[m]
         if not self.any_listed:
             if t.differences(self.cm.shared, self.cm.unified, name, self.listed):
                 return False
@@ -230,14 +249,22 @@ def _read_exact(path: str, size: int) -> bytes | None:
     fd = os.open(path, _READ)
     try:
         data = os.read(fd, size + 1)
-        while 0 < len(data) < size:  # a short read before the end (not of a regular file): read on to the end
-            more = os.read(fd, size + 1 - len(data))
-            if not more:
-                break
-            data += more
+        if 0 < len(data) < size:
+            data = _read_on(fd, data, size)
     finally:
         os.close(fd)
     return data if len(data) == size else None
+
+
+def _read_on(fd: int, data: bytes, size: int) -> bytes:
+    """``data``, a read of ``fd`` short of ``size`` bytes before its end (not a regular file), read on to the end or to
+    a byte more than ``size``."""
+    while 0 < len(data) < size:
+        more = os.read(fd, size + 1 - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def _check_group(cm: CollectionManifest, doc_start: np.ndarray, group: list[int], off: np.ndarray,
