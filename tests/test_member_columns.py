@@ -53,6 +53,24 @@ def odd(tmp_path_factory):
     return table, array, stores, np.diff(offsets)
 
 
+@pytest.mark.parametrize("form", ["table", "array"])
+def test_a_member_manifest_changed_is_reported_with_both_checksums(odd, tmp_path, form):
+    root = tmp_path / "copy"
+    shutil.copytree(odd[0].parent, root, symlinks=True)
+    coll = root / form
+    cm = _parsed(coll)
+    m = next(k for k, x in enumerate(cm.members) if x.path.endswith("/plain"))
+    where = coll / cm.members[m].path / F.MANIFEST
+    obj = json.loads(where.read_bytes())
+    obj["producer"]["version"] = "other"  # valid, and no longer the bytes the collection recorded (C3)
+    where.write_bytes(F.canonical_json(obj))
+    found = "xxh3_64:" + xxhash.xxh3_64_hexdigest(where.read_bytes())
+    report = validate(coll)
+    assert [(p.file, p.field, p.expected, p.found) for p in report.errors] == [
+        (F.MANIFEST, f"members[{m}].manifest", cm.members[m].manifest, found)]
+    assert "changed after the collection was written" in report.errors[0].message
+
+
 def test_the_columns_are_the_entries_own_for_a_table_and_an_array(odd):
     table, array, stores, lengths = odd
     for root, kind in ((table, MemberTable), (array, None)):
