@@ -22,7 +22,7 @@ FLOORS: list[tuple[str, ...]] = [
     # 0. foundation: errors, bytes and schemas, every invariant, pure algorithms; nothing here reads a dataset
     ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize",
      "chat", "skips", "energon", "packing", "collection.manifest", "collection.unify",
-     "collection.layout", "collection.lengths", "collection.member_table", "collection.versions",
+     "collection.layout", "collection.lengths", "collection.member_table", "collection.member_entry", "collection.versions",
      "collection.member_template"),
     # 1. where bytes live: local paths or object storage (never opens a dataset)
     ("storage",),

@@ -16,17 +16,8 @@ from ..errors import FormatError, UnsupportedVersionError
 from .layout import parse_layout
 from .versions import COLLECTION_VERSION, OLDEST_COLLECTION_VERSION
 from .lengths import parse_collection_files
-from .member_table import (
-    NAME_RE,
-    TABLE_FILES,
-    TABLE_VALUE,
-    Member,
-    MemberList,
-    MemberTable,
-    check_member_name,
-    check_member_path,
-    read_table,
-)
+from .member_entry import NAME_RE, Member, check_member_name, check_member_path
+from .member_table import TABLE_FILES, TABLE_VALUE, MemberList, MemberTable, read_table
 from .unify import SHARED_KEYS, parse_unified
 from .versions import TABLE_VERSION
 

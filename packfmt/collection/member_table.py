@@ -13,9 +13,7 @@ readers use one code path for both forms.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -24,11 +22,11 @@ from numba import njit
 
 from .. import format as F
 from ..errors import FormatError
+from .member_entry import Member, check_member_name, check_member_path
 from .versions import TABLE_VERSION
 
 __all__ = ["TABLE_FILE", "NAMES_FILE", "TABLE_FILES", "RECORD", "TABLE_VALUE", "TABLE_VERSION", "DEFAULT_TABLE_MIN",
-           "MemberTable", "MemberList", "table_record", "table_paths", "read_table", "parse_table", "Member", "NAME_RE",
-           "check_member_name", "check_member_path"]
+           "MemberTable", "MemberList", "table_record", "table_paths", "read_table", "parse_table"]
 
 TABLE_FILE = "members.bin"
 NAMES_FILE = "member_names.txt"
@@ -41,43 +39,6 @@ TABLE_VALUE = "table"
 DEFAULT_TABLE_MIN = 256
 #: One record of ``members.bin``: 32 bytes, little-endian.
 RECORD = np.dtype([("documents", "<i8"), ("tokens", "<i8"), ("images", "<i8"), ("manifest", "<u8")])
-
-
-@dataclass(frozen=True)
-class Member:
-    """One entry of ``members`` (spec/COLLECTION.md §2.1): ``path`` as written (relative to the collection directory)."""
-
-    name: str
-    path: str
-    documents: int
-    tokens: int
-    images: int
-    manifest: str  # "xxh3_64:<hex>" of the member's manifest.json bytes
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "path": self.path, "documents": self.documents, "tokens": self.tokens,
-                "images": self.images, "manifest": self.manifest}
-
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-def check_member_name(name, *, file: str = F.MANIFEST, field: str = "name") -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise FormatError(file=file, field=field, expected="1-128 chars of [A-Za-z0-9_.-], starting with a letter or "
-                          "digit", found=repr(name))
-    return name
-
-
-def check_member_path(path, *, file: str = F.MANIFEST, field: str = "path") -> str:
-    """A relative POSIX path: no empty or '.' component, no backslash, not absolute ('..' allowed)."""
-    ok = isinstance(path, str) and path and not path.startswith("/") and "\\" not in path and "\0" not in path
-    if ok:
-        ok = all(part not in ("", ".") for part in path.split("/"))
-    if not ok:
-        raise FormatError(file=file, field=field, expected="a relative POSIX path (no empty or '.' component, "
-                          "no backslash, not starting with '/')", found=repr(path))
-    return path
 
 
 class _Members(Sequence):
