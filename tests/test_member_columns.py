@@ -1,7 +1,6 @@
-"""Every member's path and recorded checksum as columns (packfmt.collection.member_columns): the same as the
-entries' own, for a member table (read from its files) and a JSON array, whatever the paths hold; a table whose
-files changed after it was read gives the entries' own; a checksum not of the recorded form is never equal to one
-a manifest has."""
+"""Every member's path and recorded checksum as columns (``members.paths``, ``members.digests``): the same as the
+entries' own, for a member table and a JSON array, whatever the paths hold; a checksum not of the recorded form is
+never equal to one a manifest has (``member_entry.digest_int``)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ import xxhash
 from packfmt import format as F
 from packfmt.collection import write_collection
 from packfmt.collection.manifest import collection_reader, parse_collection_manifest
-from packfmt.collection.member_columns import digest_int, member_columns
-from packfmt.collection.member_table import NAMES_FILE, MemberTable
+from packfmt.collection.member_entry import digest_int
+from packfmt.collection.member_table import MemberTable
 from packfmt.collection.reader import Collection
 from packfmt.reader import Store
 from packfmt.torch.testing import write_split_stores
@@ -76,7 +75,7 @@ def test_the_columns_are_the_entries_own_for_a_table_and_an_array(odd):
     for root, kind in ((table, MemberTable), (array, None)):
         cm = _parsed(root)
         assert kind is None or isinstance(cm.members, kind)
-        paths, digests = member_columns(root, cm)
+        paths, digests = cm.members.paths, cm.members.digests
         assert (paths, digests) == _entries(cm)
         assert sorted(p.rsplit("/", 1)[1] for p in paths) == sorted(ODD)
         report = validate(root)  # the members read at these paths (a wrong one is a missing member)
@@ -85,17 +84,6 @@ def test_the_columns_are_the_entries_own_for_a_table_and_an_array(odd):
         for path, digest, store in zip(paths, digests, stores):
             assert (root / path).resolve() == Store(store).path.resolve()
             assert digest == xxhash.xxh3_64_intdigest((root / path / F.MANIFEST).read_bytes())
-
-
-def test_a_table_whose_files_changed_after_it_was_read_gives_the_entries_own(odd, tmp_path):
-    root = tmp_path / "table"
-    shutil.copytree(odd[0], root)
-    cm = _parsed(root)
-    names = (root / NAMES_FILE).read_bytes()
-    (root / NAMES_FILE).write_bytes(names.replace(b"plain", b"other"))  # same size, other bytes
-    assert member_columns(root, cm) == _entries(cm)
-    (root / NAMES_FILE).unlink()
-    assert member_columns(root, cm) == _entries(cm)
 
 
 @pytest.mark.parametrize("text", ["xxh3_64:0123456789ABCDEF", "xxh3_64:0123456789abcdef\n", "xxh3_64:0123456789abcde",

@@ -31,7 +31,6 @@ from .. import format as F
 from ..errors import FormatError, PackfmtError
 from ..mapped import check_files_table
 from .manifest import CollectionManifest, is_collection
-from .member_columns import member_columns
 from .member_template import MAX_TEMPLATES, Template, listed_in
 from .unify import member_differences
 
@@ -131,12 +130,12 @@ _OFFSET_SIZE = F.OFFSET_DTYPE.itemsize
 class _MemberReader:
     """``read(m)``: member ``m``'s checks of ``member_doc_lengths`` (``bare``: see there), with the templates
     (``member_template``) the members' manifests have given so far: a manifest that matches one costs one pattern
-    match, not a parse. The entries are read as columns (``member_columns``), not as a ``Member`` each."""
+    match, not a parse. The entries are read as columns (``cm.members.paths``, ``.digests``), not as a ``Member`` each."""
 
     def __init__(self, root: str, cm: CollectionManifest, bare: bool) -> None:
         self.cm, self.bare = cm, bare
         self.prefix = os.path.join(root, "")  # a member's directory: this and its path (os.path.join costs more)
-        self.paths, self.digests = member_columns(root, cm)
+        self.paths, self.digests = cm.members.paths, cm.members.digests
         self.documents, self.tokens = cm.members.documents.tolist(), cm.members.tokens.tolist()
         self.names: list[str] | None = None  # the members' names, made when a template's shared keys are compared
         self.templates: list[Template] = []

@@ -22,7 +22,7 @@ from numba import njit
 
 from .. import format as F
 from ..errors import FormatError
-from .member_entry import Member, check_member_name, check_member_path
+from .member_entry import Member, check_member_name, check_member_path, digest_int
 from .versions import TABLE_VERSION
 
 __all__ = ["TABLE_FILE", "NAMES_FILE", "TABLE_FILES", "RECORD", "TABLE_VALUE", "TABLE_VERSION", "DEFAULT_TABLE_MIN",
@@ -60,6 +60,17 @@ class _Members(Sequence):
     def names(self) -> list[str]:
         raise NotImplementedError
 
+    @property
+    def paths(self) -> list[str]:
+        """Every member's ``path`` as written, in order (a list: no ``Member`` made per member)."""
+        raise NotImplementedError
+
+    @property
+    def digests(self) -> list[int]:
+        """Every member's recorded ``manifest`` checksum as the integer ``xxh3_64_intdigest`` gives (C3 compares
+        integers; -1, which no manifest's equals, for a string not of the recorded form)."""
+        raise NotImplementedError
+
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
             return NotImplemented
@@ -91,6 +102,14 @@ class MemberList(_Members):
     def names(self) -> list[str]:
         return [x.name for x in self._members]
 
+    @property
+    def paths(self) -> list[str]:
+        return [x.path for x in self._members]
+
+    @property
+    def digests(self) -> list[int]:
+        return [digest_int(x.manifest) for x in self._members]
+
 
 class MemberTable(_Members):
     """The member table read from its two files and checked (``parse_table``); entries made on demand."""
@@ -116,18 +135,30 @@ class MemberTable(_Members):
     def __iter__(self):
         """Every entry in order, from one split of the names file (not one slice and decode per member)."""
         n = len(self)
-        parts = self._text.decode("utf-8").replace("\n", "\t").split("\t")
+        parts = self._parts()
         docs, toks, imgs = self.documents.tolist(), self.tokens.tolist(), self.images.tolist()
         digests = self._records["manifest"].tolist()
         for i in range(n):
             yield Member(parts[2 * i], parts[2 * i + 1], docs[i], toks[i], imgs[i], f"xxh3_64:{digests[i]:016x}")
 
+    def _parts(self) -> list[str]:
+        """``[name, path, name, path, ..., ""]`` from one split of the names file (a path may hold a form feed or
+        U+2028, which ``splitlines`` would cut: split on TAB and LF only)."""
+        return self._text.decode("utf-8").replace("\n", "\t").split("\t")
+
     @property
     def names(self) -> list[str]:
         if self._names is None:
-            n = len(self)
-            self._names = self._text.decode("utf-8").replace("\n", "\t").split("\t")[0:2 * n:2]
+            self._names = self._parts()[0:2 * len(self):2]
         return self._names
+
+    @property
+    def paths(self) -> list[str]:
+        return self._parts()[1:2 * len(self):2]
+
+    @property
+    def digests(self) -> list[int]:
+        return self._records["manifest"].tolist()
 
 
 def table_paths(text: bytes) -> list[str]:
