@@ -64,7 +64,7 @@ UINT16_VOCAB_LIMIT = 65536  # vocab_size <= this -> uint16 (ids 0..65535)
 MAX_VOCAB_SIZE = 2**32
 
 CHECKSUM_ALGORITHM = "xxh3_64"
-CHECKSUM_RE = re.compile(r"^xxh3_64:[0-9a-f]{16}$")
+CHECKSUM_RE = re.compile(r"^xxh3_64:[0-9a-f]{16}\Z")  # \Z: "$" would also match before a final "\n"
 
 # Image codecs (uint32 in image_meta.bin column 2).
 CODECS = {1: "png", 2: "jpeg", 3: "webp", 4: "bmp", 5: "gif", 6: "tiff", 16: "rgb8", 17: "rgb8+zstd"}

@@ -37,7 +37,7 @@ __all__ = ["ALGORITHM_NAMES", "OVERSIZE_POLICIES", "PackIndexManifest", "check_i
 
 ALGORITHM_NAMES = ("ffd", "bfd", "first_fit_shuffle", "shuffle_and_pack", "greedy", "balanced", "pad")
 OVERSIZE_POLICIES = ("split", "truncate", "drop")
-_INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z, not "$" (a final "\n")
 
 
 def check_index_name(name: str) -> str:

@@ -29,7 +29,7 @@ class Member:
                 "images": self.images, "manifest": self.manifest}
 
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" would also match before a final "\n"
 
 
 def check_member_name(name, *, file: str = F.MANIFEST, field: str = "name") -> str:

@@ -31,7 +31,7 @@ __all__ = ["STATE", "PIN", "OK", "CHANGED", "ABSENT", "state_dir", "marker", "st
            "forget", "temp_path", "lock_path", "verify_mode", "check_mirror", "drop_legacy"]
 
 STATE, PIN = ".packfmt-state", ".packfmt-pin"
-_KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}$")  # uri.root_key
+_KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}\Z")  # uri.root_key
 OK, CHANGED, ABSENT = "ok", "changed", "absent"
 MODES = ("stat", "full")
 FETCHED = "fetched"  # internal: the mirror open that follows a fetch (its files were just checked)
