@@ -164,7 +164,8 @@ class MemberTable(_Members):
 def table_paths(text: bytes) -> list[str]:
     """The paths of ``member_names.txt`` read leniently (a cycle check or a sweep of what a collection lists: the
     table itself is checked by ``read_table`` wherever it is used as the member list)."""
-    return [line.split("\t", 1)[1] for line in text.decode("utf-8", "replace").splitlines() if "\t" in line]
+    # lines end in LF only: splitlines would also cut at a form feed or U+2028, which a path may hold
+    return [line.split("\t", 1)[1] for line in text.decode("utf-8", "replace").split("\n") if "\t" in line]
 
 
 def table_record(members: Sequence[Member]) -> dict[str, bytes]:
