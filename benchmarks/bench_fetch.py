@@ -19,7 +19,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_remote import start_server  # noqa: E402
-from bench_stream import Throttle  # noqa: E402
+from bench_stream import Bucket, Throttle  # noqa: E402
 from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
 
 import packfmt  # noqa: E402
@@ -36,30 +35,11 @@ from packfmt.storage.upload import upload_tree  # noqa: E402
 from packfmt.torch.testing import write_flat_dataset  # noqa: E402
 
 
-class Bucket:
-    """A token bucket of ``rate`` bytes/s (``Throttle``'s, one per connection or one for all)."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate, self.lock, self.allowance, self.t = rate, threading.Lock(), 0.0, time.monotonic()
-
-    def take(self, n: int) -> None:
-        while True:
-            with self.lock:
-                now = time.monotonic()
-                self.allowance = min(self.rate * 0.1, self.allowance + (now - self.t) * self.rate)
-                self.t = now
-                if self.allowance >= n or self.allowance >= self.rate * 0.05:
-                    self.allowance -= n
-                    return
-                wait = (min(n, self.rate * 0.05) - self.allowance) / self.rate
-            time.sleep(wait)
-
-
 class ConnectionThrottle(Throttle):
     """``Throttle`` with a cap on each connection as well as on all of them."""
 
     def __init__(self, target: tuple[str, int], rate: float, per_connection: float) -> None:
-        self.total, self.per_connection = Bucket(rate), per_connection
+        self.per_connection = per_connection
         super().__init__(target, rate)
 
     def _pipe(self, a, b) -> None:
@@ -67,7 +47,7 @@ class ConnectionThrottle(Throttle):
         try:
             while chunk := a.recv(65536):
                 own.take(len(chunk))
-                self.total.take(len(chunk))
+                self._take(len(chunk))
                 b.sendall(chunk)
         except OSError:
             pass

@@ -68,16 +68,13 @@ from packfmt.torch.testing import (  # noqa: E402
 CAPACITY, BATCH = 4096, 8
 
 
-class Throttle:
-    """A TCP proxy to ``target`` forwarding at most ``rate`` bytes/s in total (both directions)."""
+class Bucket:
+    """A token bucket of ``rate`` bytes/s: ``take(n)`` waits until ``n`` bytes may pass."""
 
-    def __init__(self, target: tuple[str, int], rate: float) -> None:
-        self.target, self.rate, self.lock, self.allowance, self.t = target, rate, threading.Lock(), 0.0, time.monotonic()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+    def __init__(self, rate: float) -> None:
+        self.rate, self.lock, self.allowance, self.t = rate, threading.Lock(), 0.0, time.monotonic()
 
-    def _take(self, n: int) -> None:
+    def take(self, n: int) -> None:
         while True:
             with self.lock:
                 now = time.monotonic()
@@ -88,6 +85,19 @@ class Throttle:
                     return
                 wait = (min(n, self.rate * 0.05) - self.allowance) / self.rate
             time.sleep(wait)
+
+
+class Throttle:
+    """A TCP proxy to ``target`` forwarding at most ``rate`` bytes/s in total (both directions)."""
+
+    def __init__(self, target: tuple[str, int], rate: float) -> None:
+        self.target, self.rate, self.bucket = target, rate, Bucket(rate)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _take(self, n: int) -> None:
+        self.bucket.take(n)
 
     def _pipe(self, a: socket.socket, b: socket.socket) -> None:
         try:
