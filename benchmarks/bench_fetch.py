@@ -26,37 +26,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_remote import start_server  # noqa: E402
-from bench_stream import Bucket, Throttle  # noqa: E402
+from bench_stream import Throttle  # noqa: E402
 from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
 
 import packfmt  # noqa: E402
 from packfmt.storage.download import RANGES_ENV  # noqa: E402
 from packfmt.storage.upload import upload_tree  # noqa: E402
 from packfmt.torch.testing import write_flat_dataset  # noqa: E402
-
-
-class ConnectionThrottle(Throttle):
-    """``Throttle`` with a cap on each connection as well as on all of them."""
-
-    def __init__(self, target: tuple[str, int], rate: float, per_connection: float) -> None:
-        self.per_connection = per_connection
-        super().__init__(target, rate)
-
-    def _pipe(self, a, b) -> None:
-        own = Bucket(self.per_connection)
-        try:
-            while chunk := a.recv(65536):
-                own.take(len(chunk))
-                self._take(len(chunk))
-                b.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(2)
-                except OSError:
-                    pass
 
 
 def main() -> None:
@@ -81,7 +57,7 @@ def main() -> None:
         s3fs.S3FileSystem().mkdir("bench")
         upload_tree(root / "ds", "s3://bench/ds")
         host, port = endpoint.rsplit(":", 1)
-        proxy = ConnectionThrottle((host.split("//")[1], int(port)), args.mbps * 1e6, args.conn_mbps * 1e6)
+        proxy = Throttle((host.split("//")[1], int(port)), args.mbps * 1e6, per_connection=args.conn_mbps * 1e6)
         os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
         rows, base = [], None
         for k in [int(x) for x in args.in_flight.split(",")]:

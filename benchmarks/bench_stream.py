@@ -88,10 +88,11 @@ class Bucket:
 
 
 class Throttle:
-    """A TCP proxy to ``target`` forwarding at most ``rate`` bytes/s in total (both directions)."""
+    """A TCP proxy to ``target`` forwarding at most ``rate`` bytes/s in total (both directions), and at most
+    ``per_connection`` bytes/s on each connection when given (an object store's per-stream rate)."""
 
-    def __init__(self, target: tuple[str, int], rate: float) -> None:
-        self.target, self.rate, self.bucket = target, rate, Bucket(rate)
+    def __init__(self, target: tuple[str, int], rate: float, per_connection: float | None = None) -> None:
+        self.target, self.rate, self.bucket, self.per_connection = target, rate, Bucket(rate), per_connection
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -100,8 +101,11 @@ class Throttle:
         self.bucket.take(n)
 
     def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+        own = Bucket(self.per_connection) if self.per_connection else None
         try:
             while chunk := a.recv(65536):
+                if own is not None:
+                    own.take(len(chunk))
                 self._take(len(chunk))
                 b.sendall(chunk)
         except OSError:
