@@ -154,7 +154,8 @@ def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = D
     packed = int(totals.sum())
     n_packs = int(po.shape[0] - 1)
     cap = index.capacity
-    docs_per_pack = documents_per_pack(index.segments, po, len(doc_lengths))
+    # the index's own dataset's documents: with a mixture, doc_lengths are its copies', not its documents
+    docs_per_pack = documents_per_pack(index.segments, po, int(index.store.num_documents))
     stats = index.stats
     out = {
         "algorithm": index.algorithm,

@@ -107,3 +107,27 @@ def test_layout_lengths_only_for_segments_in_document_order():
     assert got.tolist() == [3, 4, 2]
     assert segment_lengths_if_in_order(segs[[1, 0, 2]], po, 3) is None
     assert segment_lengths_if_in_order(segs, po, 4) is None
+
+
+def test_documents_per_pack_of_a_mixture_counts_the_collection_documents(tmp_path):
+    """A weighted index packs fewer copies than the collection has documents (a weight below 1): its documents per
+    pack are counted over the collection's document ids, not over the copies' lengths that its padding baselines
+    use (an array of one byte per copy was indexed by document id: written past its end, then a crash at exit)."""
+    from packfmt.collection import Collection
+    from packfmt.collection.stats import distinct_documents
+    from packfmt.packindex import build_pack_index
+    from packfmt.inspect import summarize
+    from packfmt.torch.testing import write_random_collection
+
+    root, _, _ = write_random_collection(tmp_path, [40, 300])
+    coll = Collection(root)
+    names = [m.name for m in coll.members]
+    index = build_pack_index(root, capacity=64, algorithm="ffd", name="w",
+                             weights={names[0]: 1.0, names[1]: 0.1})
+    segs, po = np.asarray(index.segments), np.asarray(index.pack_offsets)
+    assert segs.shape[0] < coll.num_documents and int(segs[:, 0].max()) >= segs.shape[0]  # ids past the copies
+    want = [len(set(segs[po[p]:po[p + 1], 0].tolist())) for p in range(po.shape[0] - 1)]
+    got = summarize(root)["pack_indexes"]["w"]["documents_per_pack"]
+    assert got == {"mean": float(np.mean(want)), "max": max(want)}
+    with pytest.raises(ValueError, match="outside"):  # the kernel checks what it indexes with
+        distinct_documents(segs, po, segs.shape[0])

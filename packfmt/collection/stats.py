@@ -68,7 +68,11 @@ def distinct_documents(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndar
     counts = np.zeros(n_docs, dtype=np.uint8)
     several = 0
     for p0, p1 in pack_runs(po):
-        several += _count_segments(np.asarray(segs[int(po[p0]):int(po[p1]), 0]), counts)
+        got = _count_segments(np.asarray(segs[int(po[p0]):int(po[p1]), 0]), counts)
+        if got < 0:  # the caller's n_docs is not the index's dataset's (the open's V27 bounds every id by that)
+            raise ValueError(f"distinct_documents: a segment's document is outside [0, {n_docs}): pass the number "
+                             "of documents of the dataset the index packs")
+        several += got
         release(segs)
     if several:  # a pack can hold a document twice only through a document with several segments
         for p0, p1 in pack_runs(po):
@@ -80,9 +84,13 @@ def distinct_documents(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndar
 
 @njit(cache=True, nogil=True)
 def _count_segments(doc, counts):
-    """``counts[d]`` += 1 for each ``d`` in ``doc``, saturating at 2; return how many documents reached 2."""
+    """``counts[d]`` += 1 for each ``d`` in ``doc``, saturating at 2; return how many documents reached 2, or -1
+    (nothing written past it) at a ``d`` outside ``counts``: the kernel checks what it indexes with."""
     several = 0
+    n = counts.shape[0]
     for i in range(doc.shape[0]):
+        if doc[i] < 0 or doc[i] >= n:
+            return -1
         c = counts[doc[i]]
         if c < 2:
             counts[doc[i]] = c + 1
