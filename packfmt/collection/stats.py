@@ -128,6 +128,10 @@ def sort_within(lengths: np.ndarray, doc_start: np.ndarray) -> tuple[np.ndarray,
     """
     lengths = np.asarray(lengths)
     doc_start = np.asarray(doc_start, dtype=np.int64)
+    if doc_start.shape[0] and (int(doc_start[0]) != 0 or int(doc_start[-1]) != lengths.shape[0]
+                               or bool((np.diff(doc_start) < 0).any())):
+        raise ValueError(f"sort_within: doc_start must rise from 0 to the {lengths.shape[0]} lengths, found "
+                         f"{int(doc_start[0])} .. {int(doc_start[-1])}")  # the kernel indexes with them unchecked
     out = np.empty_like(lengths)
     widest = int(np.diff(doc_start).max()) if doc_start.shape[0] > 1 else 0
     scratch = np.empty(widest if widest >= _RADIX_MIN else 0, dtype=lengths.dtype)  # one member's, not every one's
