@@ -9,7 +9,12 @@ at tens to a few hundred MB/s and the node's link is wider). Each row is ``packf
 ``fetch_s`` best of ``--repeat``, ``MB_per_s`` the store's bytes over that, ``speedup`` against one range at a time
 (the fetch before ranges were kept in flight).
 
+``--members N``: instead, a collection of N small members (``--member-kib`` KiB of tokens each) behind a proxy that
+delays every request by ``--latency-ms`` (a far bucket's round trip), opened whole with ``$PACKFMT_FETCH_MEMBERS``
+set to each of ``--members-in-flight``: ``fetch_s``, ``members_per_s`` and ``speedup`` against one member at a time.
+
     python benchmarks/bench_fetch.py [--mib 64] [--conn-mbps 8] [--mbps 64] [--in-flight 1,2,4,8] [--repeat 2]
+    python benchmarks/bench_fetch.py --members 200 [--member-kib 4] [--latency-ms 20] [--members-in-flight 1,4,8,16]
 """
 
 from __future__ import annotations
@@ -42,8 +47,16 @@ def main() -> None:
     ap.add_argument("--mbps", type=float, default=64.0, help="MB/s over all connections")
     ap.add_argument("--in-flight", default="1,2,4,8", help="values of $PACKFMT_FETCH_RANGES, one row each")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--out", default="bench_fetch.json", help="file name under benchmarks/results/")
+    ap.add_argument("--out", default=None, help="file name under benchmarks/results/ (default bench_fetch.json, "
+                    "bench_fetch_members.json with --members)")
+    ap.add_argument("--members", type=int, default=0, help="time a collection of this many members instead")
+    ap.add_argument("--member-kib", type=int, default=4)
+    ap.add_argument("--latency-ms", type=float, default=20.0, help="with --members: delay of every request")
+    ap.add_argument("--members-in-flight", default="1,4,8,16", help="values of $PACKFMT_FETCH_MEMBERS, one row each")
     args = ap.parse_args()
+    if args.members:
+        return members(args)
+    args.out = args.out or "bench_fetch.json"
     import s3fs
 
     root = Path(tempfile.mkdtemp(prefix="bench_fetch_"))
@@ -80,6 +93,54 @@ def main() -> None:
         proc.terminate()
         shutil.rmtree(root, ignore_errors=True)
     print_table(rows, ["in_flight", "store_MiB", "fetch_s", "MB_per_s", "speedup"])
+    write_json(RESULTS_DIR / args.out, {"machine": machine_info(), "args": vars(args), "rows": rows})
+
+
+def members(args) -> None:
+    """``--members``: one collection of small members, opened whole from an empty cache per row."""
+    import s3fs
+
+    from packfmt.collection import write_collection
+    from packfmt.storage.in_flight import MEMBERS_ENV
+    from packfmt.torch.testing import write_split_stores
+
+    args.out = args.out or "bench_fetch_members.json"
+    root = Path(tempfile.mkdtemp(prefix="bench_fetch_members_"))
+    proc, endpoint = start_server()
+    try:
+        per = args.member_kib * 512  # uint16 tokens of a member
+        tokens = np.random.default_rng(0).integers(0, 50_000, per * args.members, dtype=np.uint16)
+        offsets = np.linspace(0, tokens.shape[0], 4 * args.members + 1).astype(np.int64)  # 4 documents a member
+        paths = write_split_stores(root / "src" / "members", tokens, offsets, np.arange(0, 4 * args.members + 1, 4),
+                                   vocab_size=50_000)
+        write_collection(root / "src" / "coll", [(None, p) for p in paths])
+        s3fs.S3FileSystem().mkdir("bench")
+        upload_tree(root / "src", "s3://bench/m")
+        host, port = endpoint.rsplit(":", 1)
+        proxy = Throttle((host.split("//")[1], int(port)), 1e12, latency=args.latency_ms / 1000)
+        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+        rows, base = [], None
+        for k in [int(x) for x in args.members_in_flight.split(",")]:
+            os.environ[MEMBERS_ENV] = str(k)
+            best = float("inf")
+            for _ in range(args.repeat):
+                s3fs.S3FileSystem.clear_instance_cache()
+                cache = root / f"cache-{k}"
+                shutil.rmtree(cache, ignore_errors=True)
+                t0 = time.perf_counter()
+                ds = packfmt.open("s3://bench/m/coll", cache_dir=cache)
+                best = min(best, time.perf_counter() - t0)
+                assert len(ds.members) == args.members and ds.num_tokens == tokens.shape[0]
+                del ds
+            base = base or best
+            rows.append({"members": args.members, "latency_ms": args.latency_ms, "members_in_flight": k,
+                         "fetch_s": round(best, 2), "members_per_s": round(args.members / best, 1),
+                         "speedup": round(base / best, 2)})
+            print(rows[-1], flush=True)
+    finally:
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+    print_table(rows, ["members", "latency_ms", "members_in_flight", "fetch_s", "members_per_s", "speedup"])
     write_json(RESULTS_DIR / args.out, {"machine": machine_info(), "args": vars(args), "rows": rows})
 
 

@@ -89,10 +89,13 @@ class Bucket:
 
 class Throttle:
     """A TCP proxy to ``target`` forwarding at most ``rate`` bytes/s in total (both directions), and at most
-    ``per_connection`` bytes/s on each connection when given (an object store's per-stream rate)."""
+    ``per_connection`` bytes/s on each connection when given (an object store's per-stream rate). ``latency``:
+    seconds each chunk the client sends (a request) waits before it is forwarded: a round trip to a far bucket."""
 
-    def __init__(self, target: tuple[str, int], rate: float, per_connection: float | None = None) -> None:
+    def __init__(self, target: tuple[str, int], rate: float, per_connection: float | None = None,
+                 latency: float = 0.0) -> None:
         self.target, self.rate, self.bucket, self.per_connection = target, rate, Bucket(rate), per_connection
+        self.latency = latency
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -100,10 +103,12 @@ class Throttle:
     def _take(self, n: int) -> None:
         self.bucket.take(n)
 
-    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+    def _pipe(self, a: socket.socket, b: socket.socket, delay: float = 0.0) -> None:
         own = Bucket(self.per_connection) if self.per_connection else None
         try:
             while chunk := a.recv(65536):
+                if delay:
+                    time.sleep(delay)
                 if own is not None:
                     own.take(len(chunk))
                 self._take(len(chunk))
@@ -121,7 +126,7 @@ class Throttle:
         while True:
             c, _ = self.sock.accept()
             u = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(c, u), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(c, u, self.latency), daemon=True).start()
             threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +42,7 @@ from ..storage.pack_mirror import mirror_pack, refuse_materialized
 from ..storage.errors import StorageError, storage_errors
 from . import lazy_members
 
-__all__ = ["StreamedMembers"]
+__all__ = ["StreamedMembers", "resident_bound"]
 
 
 class StreamedMembers:
@@ -52,6 +53,7 @@ class StreamedMembers:
 
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
         self.pid = os.getpid()  # a forked DataLoader worker opens its own (``PackedDataset._views``)
+        self.most = resident_bound()
         self.spans = Reserved(coll)  # every member's spans, nothing mapped
         self.doc_offsets, self.doc_base = self.spans.doc_offsets, self.spans.doc_base
         self.cond = threading.Condition()
@@ -190,9 +192,11 @@ class StreamedMembers:
             if not self._make_room(size, before):
                 if before is not None:
                     return False
-                if len(self.resident) + len(self.fetching) >= lazy_members.MAX_MAPPED:
-                    raise StorageError(f"{self.url}: a batch touches more than {lazy_members.MAX_MAPPED:,} members, "
-                                       "the most one process maps at once: read smaller batches")
+                if len(self.resident) + len(self.fetching) >= self.most:
+                    raise StorageError(f"{self.url}: a batch touches more than {self.most:,} members, the most one "
+                                       "process holds at once (lazy_members.MAX_MAPPED, and a quarter of its limit on "
+                                       "open files, `ulimit -n`: each resident member holds its pin open): read "
+                                       "smaller batches, or raise `ulimit -n`")
                 raise StorageError(f"{self.url}: cache_limit={self.limit:,} bytes cannot hold the members one batch "
                                    f"needs (member {m} of {size:,} bytes, {self.used:,} bytes held by the batches in "
                                    "flight): raise cache_limit= / $PACKFMT_CACHE_LIMIT, or use smaller batches")
@@ -248,11 +252,11 @@ class StreamedMembers:
 
     # -- eviction (caller holds self.cond)
     def _make_room(self, size: int, before: int | None) -> bool:
-        """Evict until ``size`` more bytes fit ``cache_limit`` and one more member fits ``lazy_members.MAX_MAPPED``
-        (each resident member is 3 kernel mappings: without a count bound, 10^5 tiny members under a large limit
-        would pass ``vm.max_map_count``)."""
+        """Evict until ``size`` more bytes fit ``cache_limit`` and one more member fits ``self.most``: each resident
+        member is 3 kernel mappings and an open pin, so without a count bound 10^5 tiny members under a large limit
+        would pass ``vm.max_map_count``, and a few thousand the usual limit on open files (1,024)."""
         while ((self.limit is not None and self.used + size > self.limit)
-               or len(self.resident) + len(self.fetching) >= lazy_members.MAX_MAPPED):
+               or len(self.resident) + len(self.fetching) >= self.most):
             victims = [m for m in self.resident if m not in self.pinned]
             if not victims:
                 return False
@@ -280,6 +284,15 @@ class StreamedMembers:
     def resident_bytes(self) -> int:
         with self.cond:
             return sum(v[0] for v in self.resident.values())
+
+
+def resident_bound() -> int:
+    """Members one process keeps resident at most: ``lazy_members.MAX_MAPPED``, and a quarter of its soft limit on
+    open files (each resident member holds its pin, a descriptor, so that other processes leave its files alone;
+    the rest is left to sockets, pipes and the caller's own files)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    most = lazy_members.MAX_MAPPED
+    return most if soft == resource.RLIM_INFINITY else max(2, min(most, soft // 4))
 
 
 def _forget_unless_held(root: Path, local: Path, files: list) -> None:

@@ -24,8 +24,10 @@ Rules (docs: README "Remote data"; spec/SECURITY.md A16):
 * Bounded. ``cache_limit=`` bytes (or ``$PACKFMT_CACHE_LIMIT``, e.g. ``200G``): after a download,
   verified files are evicted least recently used first (use = the marker's mtime, touched on every
   open) until the cache fits. Safe rule: every process that opened a dataset holds a shared
-  ``flock`` on the dataset's pin for as long as the opened object lives; eviction takes that lock
-  exclusively without waiting and skips any dataset it cannot lock. So no file is evicted while any
+  ``flock`` on the dataset's pin for as long as the opened object lives; a pin covers its folder's tree
+  (a collection opened whole pins the folder holding it and its members: one descriptor, not one a
+  member). Eviction removes a file only while it holds every pin over it exclusively (taken without
+  waiting, let go after the file), and skips any file it cannot lock so. So no file is evicted while any
   process on the node has its dataset open (and on Linux an unlinked file that is still
   memory-mapped would stay valid anyway). When everything over the limit is pinned, a warning says
   so and the cache stays over the limit.
@@ -37,6 +39,7 @@ import fcntl
 import json
 import os
 import posixpath
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +52,7 @@ from . import uri
 from . import verify as V
 from .download import download
 from .errors import require_bucket, storage_errors
+from .in_flight import in_order, members_in_flight
 
 __all__ = ["Fetched", "Pin", "cache_root", "evict", "fetch_dataset", "mark_verified", "parse_limit"]
 
@@ -108,6 +112,7 @@ class _Fetcher:
         self.limit = parse_limit(cache_limit if cache_limit is not None else os.environ.get("PACKFMT_CACHE_LIMIT"))
         self.mode = V.verify_mode(verify)
         self.result: Fetched | None = None
+        self.count_lock = threading.Lock()
 
     def mirror(self, url: str) -> Path:
         _, path = uri.filesystem(url, self.so)
@@ -129,7 +134,8 @@ class _Fetcher:
             V.forget(self.root, local)  # a file without a current marker is never served, even if the download fails
             st = download(fs, rpath, url, local, V.temp_path(self.root, local, "part"), entry, label)
             V.write_marker(self.root, local, entry, st)
-        self.result.downloaded += 1
+        with self.count_lock:  # members are fetched in threads (``in_flight``)
+            self.result.downloaded += 1
         with open(self.root / LOG, "a") as log:
             log.write(json.dumps({"url": url, "bytes": entry.bytes, "pid": os.getpid(), "why": why}) + "\n")
         if self.limit is not None:
@@ -144,21 +150,31 @@ class _Fetcher:
                               "or write one with packfmt build / merge", file=url, expected="a manifest",
                               found="missing") from None
 
-    def dataset(self, url: str, *, packs: bool = True, raw: bytes | None = None) -> Path:
+    def dataset(self, url: str, *, packs: bool = True, raw: bytes | None = None, pin: bool = True) -> Path:
         """Mirror the dataset at ``url``; ``raw``: its ``manifest.json`` as the caller just read it from the bucket
-        (None: read here)."""
+        (None: read here). ``pin``: hold a pin on its mirror folder (a collection's members are covered by the one
+        pin on the folder that holds them all: one descriptor, not one a member, which at 10^5 members would pass
+        the process's limit on open files)."""
         fs, rpath = uri.filesystem(url, self.so)
         local = self.mirror(url)
         if raw is None:
             raw = self.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
-        self.result.pins.append(Pin(self.root, local))
+        if pin:
+            self.result.pins.append(Pin(self.root, local))
+        else:
+            local.mkdir(parents=True, exist_ok=True)
         V.drop_legacy(local)
         obj = json.loads(raw)
         if obj.get("format") == "packfmt-collection":
             label = f"{url}/{F.MANIFEST}"
             cm = self.collection_manifest(fs, rpath, url, local, obj)  # its own files first: a member table lists the members
-            for i, member in enumerate(cm.members):
-                self.dataset(uri.member_url(url, member.path, file=label, field=f"members[{i}].path"), packs=False)  # a collection reads its own indexes only
+            urls = [uri.member_url(url, p, file=label, field=f"members[{i}].path") for i, p in enumerate(cm.members.paths)]
+            if pin and urls:  # before any member is fetched: another process's eviction skips them from now on
+                common = Path(os.path.commonpath([local, *{self.mirror(u).parent for u in urls}]))
+                if common != local:
+                    self.result.pins.append(Pin(self.root, common))
+            # a collection reads its own indexes only (packs=False)
+            in_order(lambda i: self.dataset(urls[i], packs=False, pin=False), len(urls), members_in_flight())
         else:
             for name, entry in F.parse_manifest(obj, file=f"{url}/{F.MANIFEST}").files.items():
                 self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
@@ -264,17 +280,51 @@ def mark_verified(local: Path, cache_dir=None) -> int:
     return n
 
 
-def _pin_dir(marker: Path, state: Path) -> Path | None:
-    for d in marker.parents:
-        if (d / V.PIN).exists():
-            return d
+def _pins_over(folder: Path, state: Path, known: dict) -> list[Path]:
+    """The pins that cover files of ``folder`` (a state folder): its own and every enclosing folder's up to ``state``
+    (a pin covers its folder's tree: a collection's one pin covers its members). ``known``: existence, per folder."""
+    out = []
+    for d in (folder, *folder.parents):
         if d == state:
+            break
+        if d not in known:
+            known[d] = (d / V.PIN).exists()
+        if known[d]:
+            out.append(d)
+    return out
+
+
+def _lock_all(pins: list[Path]) -> list[int] | None:
+    """Exclusive locks on every pin of ``pins``, not waiting (their descriptors), or None when some process holds one."""
+    fds: list[int] = []
+    for d in pins:
+        fd = os.open(d / V.PIN, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            for f in fds:
+                os.close(f)
             return None
-    return None
+        fds.append(fd)
+    return fds
+
+
+def _held(d: Path) -> bool:
+    """Whether some process holds pin ``d`` (shared or exclusive) now."""
+    fds = _lock_all([d])
+    if fds is None:
+        return True
+    os.close(fds[0])
+    return False
 
 
 def evict(root: Path, limit: int) -> int:
-    """Evict least recently used verified files of unpinned datasets until the cache holds <= ``limit`` bytes."""
+    """Evict least recently used verified files of unpinned datasets until the cache holds <= ``limit`` bytes.
+
+    A file is removed only while this pass holds an exclusive lock on every pin over it (``_pins_over``): none is
+    held by a process that has its dataset open. The locks are taken per file and let go after it (a few descriptors
+    at a time, whatever the number of datasets): a process that pins the dataset afterwards fetches the file again."""
     from filelock import FileLock
 
     freed = 0
@@ -290,30 +340,26 @@ def evict(root: Path, limit: int) -> int:
         total = sum(f[1] for f in files)
         if total <= limit:
             return 0
-        locks: dict[Path, int | None] = {}
-        try:
-            for _, size, data, rec in sorted(files, key=lambda f: f[0]):
-                if total <= limit:
-                    break
-                d = _pin_dir(rec, state)
-                if d is not None and d not in locks:
-                    fd = os.open(d / V.PIN, os.O_RDWR)
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        locks[d] = fd
-                    except BlockingIOError:
-                        os.close(fd)
-                        locks[d] = None
-                if d is not None and locks[d] is None:
-                    continue  # some process has this dataset open
+        known: dict[Path, bool] = {}  # folder -> has a pin file
+        busy: set[Path] = set()  # pins some process held during this pass
+        for _, size, data, rec in sorted(files, key=lambda f: f[0]):
+            if total <= limit:
+                break
+            pins = _pins_over(rec.parent, state, known)
+            if busy.intersection(pins):
+                continue
+            fds = _lock_all(pins)
+            if fds is None:
+                busy.update(d for d in pins if _held(d))  # which one: remembered for this pass
+                continue
+            try:
                 rec.unlink(missing_ok=True)
                 data.unlink(missing_ok=True)
-                total -= size
-                freed += size
-        finally:
-            for fd in locks.values():
-                if fd is not None:
+            finally:
+                for fd in fds:
                     os.close(fd)
+            total -= size
+            freed += size
         if total > limit:
             warnings.warn(f"{root}: the cache holds {total:,} bytes, over its limit of {limit:,}: the rest belongs to "
                           "datasets open in some process on this node (raise cache_limit= / $PACKFMT_CACHE_LIMIT)",
