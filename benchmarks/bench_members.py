@@ -84,6 +84,26 @@ def measure_table(path: Path, repeat: int) -> float | None:
     return best_of(lambda: read_table(read, files, count), repeat)
 
 
+def measure_manifest_floor(path: Path, repeat: int) -> float:
+    """Reading every member's ``manifest.json`` (open, read, close: three system calls), the least any check of
+    every member does (C3 hashes each one): the floor of a collection's structural validate, which a store of the
+    same documents does not pay."""
+    import os
+
+    coll = packfmt.open(path)
+    names = [os.path.join(str(path), p, F.MANIFEST) for p in coll.members.paths]
+
+    def read_all():
+        for name in names:
+            fd = os.open(name, os.O_RDONLY)
+            try:
+                os.read(fd, 1 << 16)
+            finally:
+                os.close(fd)
+
+    return best_of(read_all, repeat)
+
+
 #: ``--process``: each command run as a whole process (interpreter start, imports, numba cache loads included).
 COMMANDS = {"pack": ["pack", "{p}", "--capacity", str(CAPACITY), "--name", "bp", "--overwrite"],
             "validate": ["validate", "{p}"], "inspect": ["inspect", "{p}"]}
@@ -114,15 +134,24 @@ def main() -> None:
     ap.add_argument("--process", action="store_true", help="also time `packfmt pack/validate/inspect` as whole "
                     "processes, store against collection")
     ap.add_argument("--out", default="bench_members.json", help="file name under benchmarks/results/")
+    ap.add_argument("--reuse", default=None, help="build each case under DIR/MEMBERSxDOCS and keep it; a case "
+                    "already built there is measured again without building (10^5 members take minutes to write)")
     args = ap.parse_args()
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")] + ([(100_000, 2)] if args.full else [])
     rows = []
     for members, per_member in cases:
-        root = Path(tempfile.mkdtemp(prefix="bench_members_"))
+        root = (Path(args.reuse) / f"{members}x{per_member}" if args.reuse
+                else Path(tempfile.mkdtemp(prefix="bench_members_")))
         try:
             t0 = time.perf_counter()
-            single, colls = make(root, members, per_member, args.forms.split(","))
-            built = time.perf_counter() - t0
+            forms = args.forms.split(",")
+            if args.reuse and (root / "single").is_dir() and all((root / f"coll-{f}").is_dir() for f in forms):
+                single, colls, built = root / "single", {f: root / f"coll-{f}" for f in forms}, float("nan")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+                root.mkdir(parents=True)
+                single, colls = make(root, members, per_member, forms)
+                built = time.perf_counter() - t0
             if not rows:
                 measure(single, 1)  # imports, numba compilation
             for form, coll in colls.items():  # the store measured again beside each form: ratios from one moment
@@ -133,6 +162,9 @@ def main() -> None:
                     row[f"coll_{key}"] = round(many[key], 4)
                     row[f"{key[:-2]}_ratio"] = round(many[key] / one[key], 2)
                     row[f"{key[:-2]}_us_per_member"] = round(1e6 * (many[key] - one[key]) / members, 1)
+                floor = measure_manifest_floor(coll, args.repeat)
+                row["coll_manifests_read_s"] = round(floor, 4)  # the validate floor, and how far validate is above it
+                row["validate_vs_manifests_read"] = round(many["validate_s"] / floor, 2)
                 table = measure_table(coll, args.repeat)
                 if table is not None:  # the member table's check alone, against the store's whole open
                     row["coll_table_check_s"] = round(table, 4)
@@ -146,11 +178,12 @@ def main() -> None:
                 rows.append(row)
                 print(row, flush=True)
         finally:
-            shutil.rmtree(root, ignore_errors=True)
+            if not args.reuse:
+                shutil.rmtree(root, ignore_errors=True)
     print_table(rows, ["members", "documents", "form", "store_open_s", "coll_open_s", "open_ratio", "store_pack_s",
                        "coll_pack_s", "pack_ratio", "store_validate_s", "coll_validate_s", "validate_ratio",
                        "open_us_per_member", "pack_us_per_member", "validate_us_per_member", "coll_table_check_s",
-                       "table_check_ratio"])
+                       "table_check_ratio", "coll_manifests_read_s", "validate_vs_manifests_read"])
     if args.process:
         print_table(rows, ["members", "documents", "form", *(f"{side}_process_{c}_s" for c in COMMANDS
                                                            for side in ("store", "coll")),
