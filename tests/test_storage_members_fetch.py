@@ -168,3 +168,22 @@ def test_streamed_residency_bounded_by_open_files():
         assert resident_bound() == min(lazy_members.MAX_MAPPED, low // 4)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_member_changed_in_a_mirrored_table_collection_is_refused(tmp_path):
+    """A local open of a mirror (a DataLoader worker re-opening what its parent fetched) hashes again every member file
+    whose stat moved. For a collection whose members are in a member table (format 1.4, from 256 members) the members
+    were not looked at, and a changed byte was served."""
+    _collection(tmp_path / "src", 300)
+    url = _to_memory(tmp_path / "src", "mirrortable")
+    ds = packfmt.open(url, cache_dir=tmp_path / "cache")
+    assert (Path(ds.path) / "members.bin").is_file()  # the table form
+    tokens = Path(os.path.normpath(ds.member_path(150))) / "tokens.bin"
+    good = tokens.read_bytes()
+    tokens.write_bytes(bytes([good[0] ^ 1]) + good[1:])
+    with pytest.raises(ChecksumError, match="changed in the cache") as exc:
+        packfmt.open(ds.path)
+    assert exc.value.file == str(tokens)
+    assert not tokens.exists()  # removed: the next open of the URL fetches it again
+    again = packfmt.open(url, cache_dir=tmp_path / "cache")
+    assert tokens.read_bytes() == good and again.num_documents == 600
