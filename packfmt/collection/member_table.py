@@ -26,7 +26,7 @@ from .member_entry import Member, check_member_name, check_member_path, digest_i
 from .versions import TABLE_VERSION
 
 __all__ = ["TABLE_FILE", "NAMES_FILE", "TABLE_FILES", "RECORD", "TABLE_VALUE", "TABLE_VERSION", "DEFAULT_TABLE_MIN",
-           "MemberTable", "MemberList", "table_record", "table_paths", "read_table", "parse_table"]
+           "MemberTable", "MemberList", "listed_paths", "table_record", "table_paths", "read_table", "parse_table"]
 
 TABLE_FILE = "members.bin"
 NAMES_FILE = "member_names.txt"
@@ -166,6 +166,19 @@ def table_paths(text: bytes) -> list[str]:
     table itself is checked by ``read_table`` wherever it is used as the member list)."""
     # lines end in LF only: splitlines would also cut at a form feed or U+2028, which a path may hold
     return [line.split("\t", 1)[1] for line in text.decode("utf-8", "replace").split("\n") if "\t" in line]
+
+
+def listed_paths(members, names: Callable[[], bytes | None]) -> list[str]:
+    """The member paths a collection manifest's ``members`` value lists, read leniently (whose files to look at, a
+    cycle to name, what a sweep keeps; the member list itself is checked wherever it is used as one): the array's
+    ``path`` strings, or for ``"table"`` those of ``member_names.txt``, whose bytes ``names()`` gives (None when
+    it is missing); anything else lists none."""
+    if members == TABLE_VALUE:
+        text = names()
+        return [] if text is None else table_paths(text)
+    if isinstance(members, list):
+        return [m["path"] for m in members if isinstance(m, dict) and isinstance(m.get("path"), str)]
+    return []
 
 
 def table_record(members: Sequence[Member]) -> dict[str, bytes]:

@@ -33,7 +33,7 @@ from .manifest import (
     member_list_checksum,
     parse_collection_manifest,
 )
-from .member_table import NAMES_FILE, TABLE_VALUE, table_paths
+from .member_table import NAMES_FILE, listed_paths
 from .member_checks import manifest_checksum, member_doc_lengths, member_problems
 from .unify import ones_needed
 
@@ -224,14 +224,14 @@ def nested_collection_error(root: Path, m: int, entry: Member) -> FormatError | 
         return None
     if not is_collection(obj):
         return None
-    listed = obj.get("members") if isinstance(obj.get("members"), list) else []
-    listed = [x["path"] for x in listed if isinstance(x, dict) and isinstance(x.get("path"), str)]
-    if obj.get("members") == TABLE_VALUE:  # §2.5: its paths are in member_names.txt
+    def names() -> bytes | None:  # §2.5: a table's paths are in member_names.txt
         try:
             with open(path / NAMES_FILE, "rb") as fh:
-                listed = table_paths(fh.read(64 << 20))  # a bound, as for a manifest: naming a cycle needs no more
+                return fh.read(64 << 20)  # a bound, as for a manifest: naming a cycle needs no more
         except OSError:
-            listed = []
+            return None
+
+    listed = listed_paths(obj.get("members"), names)
     try:
         here = root.resolve()
         cycle = (" (this collection itself: a cycle)" if path.resolve() == here else

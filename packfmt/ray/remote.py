@@ -40,16 +40,15 @@ def _listed_members(fs, rpath: str) -> set[str]:
         return set()
     except ValueError:
         return set()
-    members = obj.get("members") if isinstance(obj, dict) else None
-    if members == "table":  # spec/COLLECTION.md §2.5: one "name TAB path" line per member
-        from ..collection.member_table import NAMES_FILE, table_paths
+    from ..collection.member_table import NAMES_FILE, listed_paths
 
+    def names() -> bytes | None:
         try:
-            return set(table_paths(fs.cat_file(f"{rpath}/{NAMES_FILE}")))
+            return fs.cat_file(f"{rpath}/{NAMES_FILE}")
         except FileNotFoundError:
-            return set()
-    return {m["path"] for m in members if isinstance(m, dict) and isinstance(m.get("path"), str)} \
-        if isinstance(members, list) else set()
+            return None
+
+    return set(listed_paths(obj.get("members"), names)) if isinstance(obj, dict) else set()
 
 
 def _sweep(fs, rpath: str, keep: set[str], under: str = "") -> None:

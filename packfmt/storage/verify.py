@@ -146,18 +146,16 @@ def check_mirror(path: Path, mode: str | None = None) -> None:
 
 
 def _member_paths(top: Path, members) -> list[str]:
-    """The member paths a collection's manifest lists, or its member table (spec/COLLECTION.md §2.5) lists, read
-    leniently: the reader checks both afterwards; here they only say whose files to look at."""
-    if isinstance(members, list):
-        return [m["path"] for m in members if isinstance(m, dict) and isinstance(m.get("path"), str)]
-    if members == "table":
-        from ..collection.member_table import NAMES_FILE, table_paths
+    """The member paths of a collection's manifest or member table (read leniently: the reader checks both next)."""
+    from ..collection.member_table import NAMES_FILE, listed_paths
 
+    def names() -> bytes | None:
         try:
-            return table_paths((top / NAMES_FILE).read_bytes())
+            return (top / NAMES_FILE).read_bytes()
         except OSError:
-            return []  # the reader names the missing table
-    return []
+            return None  # the reader names the missing table
+
+    return listed_paths(members, names)
 
 
 def _check_member(root: Path, d: str, mode: str) -> None:
