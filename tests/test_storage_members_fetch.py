@@ -88,7 +88,7 @@ def test_a_pin_over_the_members_keeps_them_from_eviction(tmp_path):
     assert np.array_equal(again.document(10), first)
 
 
-def test_in_flight_fetch_equals_one_at_a_time(s3_server, tmp_path, monkeypatch):
+def test_in_flight_fetch_equals_one_at_a_time(s3_server, tmp_path, monkeypatch):  # noqa: F811
     _collection(tmp_path / "src", 16)
     upload_tree(tmp_path / "src", f"s3://{BUCKET}/inflight")
     url = f"s3://{BUCKET}/inflight/coll"
@@ -106,7 +106,7 @@ def test_in_flight_fetch_equals_one_at_a_time(s3_server, tmp_path, monkeypatch):
     assert np.array_equal(got["1"][2], got["8"][2])
 
 
-def test_in_flight_error_is_the_first_member_in_order(s3_server, tmp_path, monkeypatch):
+def test_in_flight_error_is_the_first_member_in_order(s3_server, tmp_path, monkeypatch):  # noqa: F811
     """Members 3 and 11 damaged: the error names member 3 whether members are fetched one at a time or 8 at once,
     and nothing of a damaged file is served."""
     _collection(tmp_path / "src", 16)
