@@ -109,6 +109,30 @@ def _require(batch: Sequence[dict[str, Any]], keys: Sequence[str], who: str) -> 
                          f"TrainingArguments(remove_unused_columns=False)")
 
 
+def _check_segments(batch: Sequence[dict[str, Any]], seq_t: list, seq_all: np.ndarray, who: str) -> None:
+    """What ``finish_varlen`` indexes with, which it does not check (numba): each item's ``seq_lens`` ``>= 0`` and
+    summing to at most its tokens, one ``document_ids`` entry per segment. An item built or changed by hand that
+    breaks these would have the kernel write past the batch's buffer: a ValueError naming the item instead."""
+    bounds = np.cumsum([0] + [t.shape[0] for t in seq_t])
+    for r, item in enumerate(batch):
+        n_docs = int(item["document_ids"].shape[0])
+        if n_docs != int(bounds[r + 1] - bounds[r]):
+            raise ValueError(f"{who}: item {r}: document_ids: expected {int(bounds[r + 1] - bounds[r])} entries (one "
+                             f"per seq_lens entry), found {n_docs}")
+    neg = np.flatnonzero(seq_all < 0)
+    if neg.size:
+        r = int(np.searchsorted(bounds, neg[0], side="right")) - 1
+        raise ValueError(f"{who}: item {r}: seq_lens[{int(neg[0] - bounds[r])}]: expected a length >= 0, found "
+                         f"{int(seq_all[neg[0]])}")
+    csum = np.zeros(seq_all.shape[0] + 1, dtype=np.int64)
+    np.cumsum(seq_all, out=csum[1:])
+    real = csum[bounds[1:]] - csum[bounds[:-1]]
+    for r, item in enumerate(batch):
+        if int(real[r]) > int(item["input_ids"].shape[0]):
+            raise ValueError(f"{who}: item {r}: seq_lens: expected lengths summing to at most its "
+                             f"{int(item['input_ids'].shape[0])} tokens (input_ids), found {int(real[r])}")
+
+
 def _fill_pack_ids(batch: Sequence[dict[str, Any]], ar: _Arena) -> None:
     # .item() on a 0-d tensor; items built by hand may carry plain ints
     ar.array("pack_ids")[:] = [t.item() if isinstance(t, torch.Tensor) else int(t) for t in
@@ -217,6 +241,7 @@ def _varlen_copy(batch: Sequence[dict[str, Any]], hf_room: bool, who: str) -> Sh
     seq_t = [item["seq_lens"] for item in batch]
     seq_all = torch.cat(seq_t).numpy() if B else np.zeros(0, dtype=np.int32)
     T, S = int(seq_all.sum(dtype=np.int64)), int(np.count_nonzero(seq_all))
+    _check_segments(batch, seq_t, seq_all, who)
     # An item's real tokens are its first sum(seq_lens) positions (PackedDataset pads on the right).
     trim = None
     if sum(item["input_ids"].shape[0] for item in batch) != T:  # some item is padded: cut each to its real tokens
