@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from s3_server import s3_server  # noqa: F401  (a fixture: the last test's S3-protocol server)
 
 import packfmt
 from packfmt import checks
@@ -21,9 +22,11 @@ from packfmt.index_writer import write_segments
 from packfmt.packing import Segmentation
 from packfmt.packing.algorithms import PackResult
 from packfmt.torch import PackedDataset, collate_varlen
-from packfmt.torch.testing import next_fit_segments, write_flat_dataset, write_pack_index
-
-from s3_server import s3_server  # noqa: F401  (a fixture: the last test's S3-protocol server)
+from packfmt.torch.testing import (
+    next_fit_segments,
+    write_flat_dataset,
+    write_pack_index,
+)
 
 LENGTHS = [50, 60, 70, 80]
 
@@ -134,7 +137,7 @@ def test_write_segments_refuses_pack_offsets_short_of_the_segments(tmp_path):
     assert write_segments(tmp_path / "segments2.bin", seg, ok, direct=False)[1].tolist() == [4, 8]
 
 
-def test_pack_index_opened_streamed_is_not_read_locally(s3_server, tmp_path, monkeypatch):
+def test_pack_index_opened_streamed_is_not_read_locally(s3_server, tmp_path, monkeypatch):  # noqa: F811
     """A streamed collection's open bounds each segment by its member only (its batches check each against its
     document when the member arrives); the same PackIndex given to a local read of the collection had the kernels
     read a segment past its document, past the member's tokens (garbage, or past the mapping)."""
