@@ -178,6 +178,12 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
     doc_offsets, segs, pack_offsets = np.asarray(doc_offsets), np.asarray(segs), np.asarray(pack_offsets)
     mode = 2 if doc_start is not None else int(doc_lengths)
     starts = np.asarray(doc_start, dtype=np.int64) if doc_start is not None else np.zeros(1, dtype=np.int64)
+    members = starts.shape[0] - 1  # with doc_start: bounds[m] read for a document of member m, 0 <= m < members
+    if segs.ndim != 2 or segs.shape[1] != 3 or (mode == 2 and not (
+            0 <= members <= doc_offsets.shape[0] and (members > 0 or int(starts[0]) <= 0))):
+        raise ValueError(f"{file}: checks.segments needs (S, 3) segments and, with doc_start, one bound per member: "
+                         f"found segments of shape {segs.shape}, {starts.shape[0]} doc_start entries and "
+                         f"{doc_offsets.shape[0]} bounds")  # the scan indexes both unchecked
     n_docs = int(starts[-1]) if mode == 2 else doc_offsets.shape[0] - (0 if doc_lengths else 1)
     lengths = np.empty(pack_offsets.shape[0] - 1, dtype=np.int64)
     first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
@@ -186,6 +192,10 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
         s0 = int(pack_offsets[p0])
         fd, nd, fr, nr = scan(segs[s0:int(pack_offsets[p1])], doc_offsets, pack_offsets[p0:p1 + 1] - s0,
                               lengths[p0:p1], mode, starts)
+        if fd < -1:  # a pack's range outside the segments: V25 was not checked first (a caller's bug, not a file's)
+            p = p0 - fd - 2
+            raise ValueError(f"{file}: pack {p}: expected segments in [0, {segs.shape[0]}) (V25, checked before V27), "
+                             f"found [{int(pack_offsets[p])}, {int(pack_offsets[p + 1])})")
         if first_doc < 0 <= fd:
             first_doc = s0 + fd
         if first_range < 0 <= fr:
@@ -241,7 +251,8 @@ def _segment_kernel():
 
         @njit(cache=True, nogil=True)
         def scan(segs, bounds, pack_offsets, lengths, mode, doc_start):
-            """(first bad doc id, count, first bad range, count), -1 for none; fills ``lengths``. ``mode`` 0:
+            """(first bad doc id, count, first bad range, count), -1 for none (``-2 - p``, first: pack ``p``'s range
+            is outside ``segs``, V25 unchecked); fills ``lengths``. ``mode`` 0:
             ``bounds`` are the documents' offsets; 1: their lengths; 2: one bound per member, the members
             starting at documents ``doc_start`` (found by bisection, as ``torch._kernels.doc_span`` does)."""
             if mode == 2:
@@ -249,7 +260,10 @@ def _segment_kernel():
             else:
                 n_docs = bounds.shape[0] - (1 if mode == 0 else 0)
             first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
+            n_segs = segs.shape[0]
             for p in range(pack_offsets.shape[0] - 1):
+                if pack_offsets[p] < 0 or pack_offsets[p + 1] > n_segs:  # one compare a pack: a decreasing pair
+                    return -2 - p, 0, -1, 0  # is an empty range (V25 reports it), never an index outside
                 total = 0
                 for s in range(pack_offsets[p], pack_offsets[p + 1]):
                     d, b, e = segs[s, 0], segs[s, 1], segs[s, 2]

@@ -94,14 +94,16 @@ class PackIndex:
         self.packed_loss_mask = self._array(F.PACKED_LOSS_MASK) if materialized and store.has_loss_mask else None
         self.pack_lengths = self._check(n_packed) if _built_pack_lengths is None else _built_pack_lengths
 
-    def _check_binding(self, want: dict) -> None:
-        """V23 / COLLECTION C5: the index was built for this store (or this collection's member list)."""
+    def _check_binding(self, want: dict, where=None) -> None:
+        """V23 / COLLECTION C5: the index was built for this store (or this collection's member list); ``where``:
+        the dataset ``want`` is of (default: the one the index is opened on)."""
         label = self._label + F.PACK_INDEX_JSON
+        where = self.store.path if where is None else where
         have = self.manifest.binding
         if set(have) != set(want):
             kind = "a collection" if "collection" in have else "a single store"
             raise FormatError(f"{label}: this index was built for {kind} (it records {sorted(have)}), but "
-                              f"{self.store.path} is not one (it needs {sorted(want)}); pack it again there",
+                              f"{where} is not one (it needs {sorted(want)}); pack it again there",
                               file=label, field=sorted(have)[0], expected=sorted(want)[0], found=sorted(have)[0])
         for key, value in want.items():
             for sub, expected in (value.items() if isinstance(value, dict) else [(None, value)]):
@@ -110,8 +112,27 @@ class PackIndex:
                     field = f"{key}.{sub}" if sub else key
                     what = "token store" if key == "dataset" else "member list"
                     raise FormatError(f"{label}: {field}: this index was built for another {what} (expected "
-                                      f"{expected} from {self.store.path / F.MANIFEST}, found {found}); pack it again",
+                                      f"{expected} from {where / F.MANIFEST}, found {found}); pack it again",
                                       file=label, field=field, expected=expected, found=found)
+
+    def for_reading(self, source) -> "PackIndex":
+        """This index, to read ``source``'s tokens with it (``PackedDataset(source, index=<a PackIndex>)``): the
+        reader's kernels index ``source``'s documents with the segments, which were checked against the dataset the
+        index was opened on (V27). A FormatError when ``source`` is another dataset than that (the binding, V23 /
+        COLLECTION C5: the same checksums are the same documents); a ValueError when the index was opened on a
+        streamed collection, which bounds segments by member only (its reads check each against the real lengths,
+        a local read of ``source`` would not)."""
+        if source is self.store:
+            return self
+        self._check_binding(source.index_binding(), Path(source.path))
+        bounded = getattr(self.store, "segment_bounds", None)
+        per_member = bounded is not None and bounded()[2] is not None
+        if per_member and getattr(source, "_stream", None) is None:
+            raise ValueError(f"{self._label}{F.SEGMENTS}: this PackIndex was opened on a streamed collection, whose "
+                             f"open bounds each segment by its member's tokens only, not by its document; "
+                             f"{source.path} reads without checking them again: pass the index by name "
+                             f"(index={self.name!r}) to open it on this dataset")
+        return self
 
     def _check(self, n_packed: int) -> np.ndarray:
         """V25, V27, V29: return the int64 token count of every pack."""

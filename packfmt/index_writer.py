@@ -57,6 +57,10 @@ def write_segments(path: Path, seg, result, *, direct: bool = True) -> tuple[dic
                 rows = seg.rows(idx) if buffers is None else seg.rows(idx, out=buffers[slot])
                 pending[slot] = writer.submit(f.write_array, rows, F.OFFSET_DTYPE)
                 pack = _add_pack_tokens(rows, a, po, pack, pack_tokens)
+                if pack < 0:
+                    raise ValueError(f"write_segments: segment {a + ~pack} lies past the last pack of the packing's "
+                                     f"pack_offsets (expected them to end at its {result.n_items} segments, found "
+                                     f"{int(po[-1]) if po.shape[0] else 'none'})")
             for fut in pending:
                 if fut is not None:
                     fut.result()
@@ -70,10 +74,14 @@ def write_segments(path: Path, seg, result, *, direct: bool = True) -> tuple[dic
 def _add_pack_tokens(rows, start, pack_offsets, pack, sums):
     """Add each row's tokens (``end - begin``) to ``sums`` of its pack; the rows are segments
     ``start, start + 1, ...`` in pack order, the first in pack ``pack``. Returns the pack of the
-    segment after the last row."""
+    segment after the last row, or ``~i`` (negative) when row ``i`` lies past the last pack (the caller's
+    ``pack_offsets`` do not end at its segments): nothing indexed outside ``pack_offsets`` or ``sums``."""
+    last = pack_offsets.shape[0] - 2  # the last pack
     for i in range(rows.shape[0]):
-        while pack_offsets[pack + 1] <= start + i:
+        while pack < last and pack_offsets[pack + 1] <= start + i:
             pack += 1
+        if pack < 0 or pack > last or pack_offsets[pack + 1] <= start + i:
+            return -1 - i
         sums[pack] += rows[i, 2] - rows[i, 1]
     return pack
 

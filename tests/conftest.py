@@ -35,6 +35,8 @@ SLOW_TESTS = {
     "test_torch_dataset.py::test_int32_index_dtype_equals_int64_everywhere": "every option combination, ~50 s",
     "test_torch_fields.py::test_variants_equal_default_everywhere": "every field/dtype variant, ~30 s",
     "test_sources_hf.py::test_cli_format_hf_reads_the_local_cache_and_never_downloads": "HF datasets CLI, ~25 s",
+    "test_kernel_bounds.py::test_pack_index_opened_streamed_is_not_read_locally":
+        "a real S3-protocol server (moto) on 127.0.0.1: a collection opened streamed",
     "test_shards.py::test_remote_out_is_uploaded_and_reads_the_same":
         "a real S3-protocol server (moto) on 127.0.0.1; shards uploaded, read whole and streamed, ~30 s",
     "test_mixed_exports.py::test_webdataset_export_through_energon_equals_packed_dataset":

@@ -49,12 +49,15 @@ class Source:
         self.per_token = ds.np_token_dtype.itemsize + (1 if ds.has_loss_mask else 0)
         self.has_images = ds.num_images > 0
 
-    def chunk(self, segs) -> Chunk:
-        """``segs``: ``(n, 3)`` rows ``(d, b, e)`` of the source index (a slice of its memory map)."""
+    def chunk(self, segs, row0: int = 0, label: str = "segments.bin") -> Chunk:
+        """``segs``: ``(n, 3)`` rows ``(d, b, e)`` of the source index (a slice of its memory map), rows ``row0, row0 + 1,
+        ...`` of its file ``label`` (named by the FormatError of a segment outside its document)."""
         ds = self.ds
         segs = np.asarray(segs, dtype=np.int64)
         d, b, e = segs[:, 0], segs[:, 1], segs[:, 2]
         n, seg_len = d.shape[0], e - b
+        _check_rows(segs, (0 <= d) & (d < ds.num_documents), f"a document id in [0, {ds.num_documents})", row0, label)
+        _check_rows(segs, (0 <= b) & (b < e), "0 <= begin < end", row0, label)
         member = np.searchsorted(ds.doc_start, d, side="right") - 1
         local_start, ahead = np.empty(n, dtype=np.int64), np.zeros(n, dtype=bool)
         image0 = image1 = None
@@ -76,9 +79,12 @@ class Source:
             doc_begin = np.asarray(off[local], dtype=np.int64)
             local_start[part] = doc_begin + b[part]
             end = doc_begin + e[part]
+            doc_end = np.asarray(off[local + 1], dtype=np.int64)
+            # the copy kernel reads the run unchecked: a streamed collection's index was bounded by member at open
+            _check_rows(segs, end <= doc_end, "end <= the length of its document", row0, label, part, doc_end - doc_begin)
             # the lookahead bit: the segment ends before its document does and the next token is a training
             # target (its mask bit is 1; a member without a mask reads as ones: FORMAT.md §7, COLLECTION.md §6)
-            cont = end < np.asarray(off[local + 1], dtype=np.int64)
+            cont = end < doc_end
             if mask is not None and not ds.all_trained[m] and cont.any():
                 at = np.flatnonzero(cont)
                 cont[at] = np.asarray(store.loss_mask[end[at]]) == 1
@@ -117,6 +123,24 @@ class Source:
             (width, height), (s, t) = images.size(j), images.token_spans[j]
             out.append(ImageRecord(bytes(images.data(j)), width, height, images.codec(j), int(s) - begin, int(t) - begin))
         return out
+
+
+def _check_rows(segs: np.ndarray, ok: np.ndarray, expected: str, row0: int, label: str, rows: np.ndarray | None = None,
+                lengths: np.ndarray | None = None) -> None:
+    """V27 where ``Source.chunk``'s kernels index with a segment: a FormatError naming the first of ``rows`` (default:
+    every row of ``segs``, file rows ``row0, row0 + 1, ...``) where ``ok`` fails; ``lengths``: its document's, per row."""
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        from ..errors import FormatError
+
+        k = int(bad[0])
+        r = k if rows is None else int(rows[k])
+        d, b, e = (int(v) for v in segs[r])
+        what = expected if lengths is None else f"{expected}, {int(lengths[k])}"
+        raise FormatError(f"{label}: [{row0 + r}]: expected {what}, found (doc {d}, begin {b}, end {e}) ({bad.size} bad "
+                          "segment(s) in this chunk; V27: the index does not describe this dataset's documents). Run "
+                          "`packfmt validate --deep` on the source", file=label, field=f"[{row0 + r}]", expected=what,
+                          found=f"({d}, {b}, {e})")
 
 
 def _lower_bound(spans, lo: np.ndarray, hi: np.ndarray, target: np.ndarray) -> np.ndarray:

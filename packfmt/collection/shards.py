@@ -123,7 +123,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
         while a < n:
             rows = segs[a:a + CHUNK_SEGMENTS]  # as many as hold CHUNK_TOKENS tokens (lookahead included), >= 1
             b = a + max(1, int(np.searchsorted(np.cumsum(rows[:, 2] - rows[:, 1] + 1), CHUNK_TOKENS, side="right")))
-            chunk = src.chunk(rows[:b - a])
+            chunk = src.chunk(rows[:b - a], a, f"{F.PACKS_DIR}/{idx.name}/{F.SEGMENTS}")
             files.add(a, chunk)
             p0, p1 = (int(p) for p in np.searchsorted(po, [a, b], side="right"))  # the packs ending in (a, b]
             shards.add(src, chunk, np.asarray(po[p0:p1], dtype=np.int64) - a, p0)

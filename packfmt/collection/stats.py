@@ -63,6 +63,10 @@ def distinct_documents(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndar
     """
     po = np.asarray(po)
     per_pack = np.diff(po).astype(np.int64)
+    if po.shape[0] == 0 or int(po[0]) != 0 or int(po[-1]) != segs.shape[0] or bool((per_pack < 0).any()):
+        raise ValueError(f"distinct_documents: pack offsets must rise from 0 to the {segs.shape[0]} segments, found "
+                         f"{po[:1].tolist()} .. {po[-1:].tolist()}{' (decreasing)' if (per_pack < 0).any() else ''}: "
+                         "pass the index's checked pack_offsets")  # _repeats indexes the segments with them unchecked
     if segs.shape[0] == 0:
         return per_pack
     counts = np.zeros(n_docs, dtype=np.uint8)

@@ -109,6 +109,30 @@ def _require(batch: Sequence[dict[str, Any]], keys: Sequence[str], who: str) -> 
                          f"TrainingArguments(remove_unused_columns=False)")
 
 
+def _check_segments(batch: Sequence[dict[str, Any]], seq_t: list, seq_all: np.ndarray, who: str) -> None:
+    """What ``finish_varlen`` indexes with, which it does not check (numba): each item's ``seq_lens`` ``>= 0`` and
+    summing to at most its tokens, one ``document_ids`` entry per segment. An item built or changed by hand that
+    breaks these would have the kernel write past the batch's buffer: a ValueError naming the item instead.
+    (A few microseconds for 8 items: Python over small lists, one pass over the lengths.)"""
+    n_seg = [t.shape[0] for t in seq_t]
+    n_doc = [item["document_ids"].shape[0] for item in batch]
+    if n_doc != n_seg:
+        r = next(r for r, (a, b) in enumerate(zip(n_doc, n_seg)) if a != b)
+        raise ValueError(f"{who}: item {r}: document_ids: expected {n_seg[r]} entries (one per seq_lens entry), "
+                         f"found {n_doc[r]}")
+    lens = seq_all.tolist()  # a few entries an item: Python lists beat numpy's per-call cost here
+    at = 0
+    for r, (item, n) in enumerate(zip(batch, n_seg)):
+        mine = lens[at:at + n]
+        at += n
+        if mine and min(mine) < 0:
+            j = next(j for j, v in enumerate(mine) if v < 0)
+            raise ValueError(f"{who}: item {r}: seq_lens[{j}]: expected a length >= 0, found {mine[j]}")
+        if sum(mine) > item["input_ids"].shape[0]:
+            raise ValueError(f"{who}: item {r}: seq_lens: expected lengths summing to at most its "
+                             f"{int(item['input_ids'].shape[0])} tokens (input_ids), found {sum(mine)}")
+
+
 def _fill_pack_ids(batch: Sequence[dict[str, Any]], ar: _Arena) -> None:
     # .item() on a 0-d tensor; items built by hand may carry plain ints
     ar.array("pack_ids")[:] = [t.item() if isinstance(t, torch.Tensor) else int(t) for t in
@@ -217,6 +241,7 @@ def _varlen_copy(batch: Sequence[dict[str, Any]], hf_room: bool, who: str) -> Sh
     seq_t = [item["seq_lens"] for item in batch]
     seq_all = torch.cat(seq_t).numpy() if B else np.zeros(0, dtype=np.int32)
     T, S = int(seq_all.sum(dtype=np.int64)), int(np.count_nonzero(seq_all))
+    _check_segments(batch, seq_t, seq_all, who)
     # An item's real tokens are its first sum(seq_lens) positions (PackedDataset pads on the right).
     trim = None
     if sum(item["input_ids"].shape[0] for item in batch) != T:  # some item is padded: cut each to its real tokens

@@ -133,7 +133,7 @@ class PackedDataset(Dataset):
                            cache_limit=cache_limit, stream=stream)
         self._stream_args = ((store.url, storage_options, cache_dir, cache_limit) if getattr(store, "_stream", None)
                              is not None else None)
-        idx = index if isinstance(index, PackIndex) else store.pack_index(index)
+        idx = index.for_reading(store) if isinstance(index, PackIndex) else store.pack_index(index)
         self.path = str(Path(store.path))
         self.index_name = idx.name
         self.pad_to_capacity = bool(pad_to_capacity)
