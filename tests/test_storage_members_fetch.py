@@ -187,3 +187,19 @@ def test_member_changed_in_a_mirrored_table_collection_is_refused(tmp_path):
     assert not tokens.exists()  # removed: the next open of the URL fetches it again
     again = packfmt.open(url, cache_dir=tmp_path / "cache")
     assert tokens.read_bytes() == good and again.num_documents == 600
+
+
+def test_shards_of_a_streamed_collection_refused_and_of_its_url_written(tmp_path):
+    from packfmt.collection.shards import write_shards
+    from packfmt.errors import WriteError
+    from packfmt.packindex import build_pack_index
+
+    coll = _collection(tmp_path / "src", 6)
+    build_pack_index(coll, capacity=32, algorithm="ffd", name="p")
+    url = _to_memory(tmp_path / "src", "shardsrc")
+    streamed = packfmt.open(url, stream=True, cache_dir=tmp_path / "cache")
+    with pytest.raises(WriteError, match="stream=True") as exc:
+        write_shards(streamed, "p", tmp_path / "out")
+    assert exc.value.field == "dataset" and not (tmp_path / "out").exists()
+    out = write_shards(url, "p", tmp_path / "out")  # the URL: fetched whole, then written
+    assert out.pack_index("p").num_packs == packfmt.open(coll).pack_index("p").num_packs

@@ -96,6 +96,12 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
         raise WriteError(field="shard_bytes", expected="an integer >= 1", found=repr(shard_bytes))
     t0 = time.perf_counter()
     ds = as_dataset(dataset, storage_options=storage_options)
+    if getattr(ds, "_stream", None) is not None:  # its members are fetched per batch; shards read every one in order
+        raise WriteError(f"{ds.url}: a collection opened with stream=True cannot be written as shards: its members are "
+                         "fetched one batch at a time, and writing the shards reads every member; pass the URL "
+                         f"(write_shards({ds.url!r}, ...), or `packfmt pack {ds.url} --capacity N --shards OUT`), "
+                         "which fetches it whole first", field="dataset", expected="a store, or a collection opened "
+                         "without stream=True", found="a streamed collection")
     if is_url(str(out)):  # written where the cache mirrors ``out``, then uploaded: shards, index, manifest last
         from ..opening import open_dataset
         from ..storage.upload import remote_output
