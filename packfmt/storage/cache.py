@@ -46,7 +46,6 @@ from pathlib import Path
 
 from .. import format as F
 from .. import index_format as IF
-from .._io import fsync_dir
 from ..errors import FormatError
 from . import uri
 from . import verify as V
@@ -83,8 +82,8 @@ class Pin:
 
     def __init__(self, root: Path, directory: Path) -> None:
         state = V.state_dir(root, directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        state.mkdir(parents=True, exist_ok=True)
+        V.ensure_dir(directory)
+        V.ensure_dir(state)
         self.fd = os.open(state / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_SH)  # waits only while an eviction pass holds it
 
@@ -119,11 +118,9 @@ class _Fetcher:
         return self.root / uri.root_key(url, self.so) / path.lstrip("/")
 
     def file(self, fs, rpath: str, url: str, local: Path, entry: F.FileEntry, label: str) -> None:
-        from filelock import FileLock
-
         if V.status(self.root, local, entry, self.mode) == V.OK:
             return
-        with FileLock(str(V.lock_path(self.root, local))):
+        with V.locked(self.root, local):
             why = V.status(self.root, local, entry, self.mode)
             if why == V.OK:  # another process fetched it while we waited
                 return
@@ -162,7 +159,7 @@ class _Fetcher:
         if pin:
             self.result.pins.append(Pin(self.root, local))
         else:
-            local.mkdir(parents=True, exist_ok=True)
+            V.ensure_dir(local)
         V.drop_legacy(local)
         obj = json.loads(raw)
         if obj.get("format") == "packfmt-collection":
@@ -227,11 +224,14 @@ class _Fetcher:
         drop_gone(self.root, local, set(found))
 
     def write_atomic(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """``data`` at ``path`` through a rename: a killed process leaves the old file or none, never part of one.
+        Not fsync'd (it was, one call of three a member): this is a manifest or an ``index.json``, re-read from the
+        bucket on every open of the URL (the commit point is there), so one a power loss takes costs a request, not
+        data; the files it lists are fsync'd before their markers are written (``download``)."""
+        V.ensure_dir(path.parent)
         tmp = V.temp_path(self.root, path, "tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
 
 
 def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None, cache_limit=None,

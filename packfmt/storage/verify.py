@@ -17,10 +17,12 @@ not seen without hashing; ``verify="full"`` (``$PACKFMT_CACHE_VERIFY=full``) has
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import format as F
@@ -28,7 +30,7 @@ from .._io import checksum_file
 from ..errors import ChecksumError
 
 __all__ = ["STATE", "PIN", "OK", "CHANGED", "ABSENT", "state_dir", "marker", "status", "write_marker", "rehash",
-           "forget", "temp_path", "lock_path", "verify_mode", "check_mirror", "drop_legacy"]
+           "forget", "temp_path", "lock_path", "locked", "ensure_dir", "verify_mode", "check_mirror", "drop_legacy"]
 
 STATE, PIN = ".packfmt-state", ".packfmt-pin"
 _KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}\Z")  # uri.root_key
@@ -48,8 +50,24 @@ def verify_mode(value=None) -> str:
 
 
 def state_dir(root: Path, local_dir: Path) -> Path:
-    """The bookkeeping folder of mirror folder ``local_dir`` (``root / .packfmt-state / <same relative path>``)."""
-    return root / STATE / Path(local_dir).relative_to(root)
+    """The bookkeeping folder of mirror folder ``local_dir`` (``root / .packfmt-state / <same relative path>``);
+    a ValueError when ``local_dir`` is not under ``root``. (Strings, not ``relative_to``: a streamed read of tiny
+    members asks this a dozen times a member.)"""
+    r, d = os.fspath(root), os.fspath(local_dir)
+    if d.startswith(r) and d[len(r):len(r) + 1] == "/" and "/../" not in d and not d.endswith("/.."):
+        return Path(f"{r}/{STATE}{d[len(r):]}")
+    return Path(root) / STATE / Path(local_dir).relative_to(root)
+
+
+def ensure_dir(d: Path) -> Path:
+    """``d`` made if missing (one system call when it exists, the usual case)."""
+    try:
+        os.mkdir(d)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(d, exist_ok=True)
+    return d
 
 
 def marker(root: Path, local: Path) -> Path:
@@ -58,16 +76,25 @@ def marker(root: Path, local: Path) -> Path:
 
 def temp_path(root: Path, local: Path, what: str) -> Path:
     """A fresh temp name for ``local`` in its state folder (same file system: renamed into place)."""
-    d = state_dir(root, local.parent)
-    d.mkdir(parents=True, exist_ok=True)
+    d = ensure_dir(state_dir(root, local.parent))
     return d / f"{local.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def lock_path(root: Path, local: Path) -> Path:
     """The file lock that serialises fetching ``local`` across the processes of a node."""
-    d = state_dir(root, local.parent)
-    d.mkdir(parents=True, exist_ok=True)
-    return d / f"{local.name}.lock"
+    return ensure_dir(state_dir(root, local.parent)) / f"{local.name}.lock"
+
+
+@contextmanager
+def locked(root: Path, local: Path):
+    """Hold the file lock of ``local`` (``lock_path``): an exclusive ``flock`` on its own descriptor, so that the
+    processes of a node, and the threads of one (each open is its own lock owner), fetch a file one at a time."""
+    fd = os.open(lock_path(root, local), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing lets go of the lock)
 
 
 def _stat_key(st: os.stat_result) -> str:
@@ -77,8 +104,13 @@ def _stat_key(st: os.stat_result) -> str:
 def status(root: Path, local: Path, entry: F.FileEntry, mode: str = "stat") -> str:
     """``OK``: verified against ``entry`` and unchanged since; ``CHANGED``: verified against ``entry`` once but
     its stat moved (or ``mode == "full"``): hash it again; ``ABSENT``: no file, or no marker for this entry."""
+    rec = marker(root, local)
     try:
-        words = marker(root, local).read_text().split(" ", 2)
+        fd = os.open(rec, os.O_RDONLY)
+        try:
+            words = os.read(fd, 4096).decode().split(" ", 2)
+        finally:
+            os.close(fd)
         st = os.stat(local)
     except (OSError, ValueError):
         return ABSENT
@@ -86,7 +118,7 @@ def status(root: Path, local: Path, entry: F.FileEntry, mode: str = "stat") -> s
         return ABSENT
     if mode == "full" or words[2] != _stat_key(st) or st.st_size != entry.bytes:
         return CHANGED
-    os.utime(marker(root, local))  # last use, for LRU eviction
+    os.utime(rec)  # last use, for LRU eviction
     return OK
 
 
@@ -94,8 +126,12 @@ def write_marker(root: Path, local: Path, entry: F.FileEntry, st: os.stat_result
     """Record that ``local`` (whose stat was ``st`` when it was hashed) matches ``entry``."""
     st = st or os.stat(local)
     tmp = temp_path(root, local, "verified")
-    tmp.write_text(f"{entry.bytes} {entry.checksum} {_stat_key(st)}")
-    os.replace(tmp, marker(root, local))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, f"{entry.bytes} {entry.checksum} {_stat_key(st)}".encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, tmp.with_name(f"{local.name}.verified"))
 
 
 def rehash(root: Path, local: Path, entry: F.FileEntry) -> bool:
@@ -190,8 +226,6 @@ def _check_member(root: Path, d: str, mode: str) -> None:
 
 def _check_dir(root: Path, d: Path, mode: str, only: str | None = None) -> None:
     """Every verified file of mirror folder ``d`` (and of its pack indexes) hashed again if its stat moved."""
-    from filelock import FileLock
-
     try:
         sd = state_dir(root, Path(os.path.normpath(d)))
     except ValueError:  # a member outside this cache holds no marker of it
@@ -206,7 +240,7 @@ def _check_dir(root: Path, d: Path, mode: str, only: str | None = None) -> None:
             continue
         if status(root, local, entry, mode) != CHANGED:
             continue
-        with FileLock(str(lock_path(root, local))):
+        with locked(root, local):
             if status(root, local, entry, mode) == CHANGED and not rehash(root, local, entry):
                 raise ChecksumError(f"{local}: changed in the cache after it was verified (checksum no longer "
                                     f"{checksum}); removed, nothing served. Open the dataset's URL again to fetch "
