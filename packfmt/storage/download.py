@@ -14,6 +14,7 @@ import xxhash
 from .. import format as F
 from .._io import CHUNK_BYTES
 from ..errors import ChecksumError, FormatError
+from .in_flight import env_count
 
 __all__ = ["RANGES_ENV", "RANGES_IN_FLIGHT", "download", "ranges_in_flight"]
 
@@ -60,17 +61,7 @@ def download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntr
 
 def ranges_in_flight() -> int:
     """Ranged GETs kept in flight per downloaded file: ``$PACKFMT_FETCH_RANGES``, else ``RANGES_IN_FLIGHT``."""
-    raw = os.environ.get(RANGES_ENV, "")
-    if not raw.strip():
-        return RANGES_IN_FLIGHT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 64:
-        raise ValueError(f"${RANGES_ENV}: expected an integer in [1, 64] (ranged GETs in flight per file; 1 fetches "
-                         f"one chunk after another), found {raw!r}; unset it for the default {RANGES_IN_FLIGHT}")
-    return value
+    return env_count(RANGES_ENV, RANGES_IN_FLIGHT, "ranged GETs in flight per file; 1 fetches one chunk after another")
 
 
 def _chunks(fs, rpath: str, url: str, entry: F.FileEntry, label: str):

@@ -15,7 +15,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-__all__ = ["MEMBERS_ENV", "MEMBERS_IN_FLIGHT", "members_in_flight", "in_order"]
+__all__ = ["MEMBERS_ENV", "MEMBERS_IN_FLIGHT", "members_in_flight", "env_count", "in_order"]
 
 #: Members of a collection fetched at once by a whole fetch. Memory: each may hold ``download.RANGES_IN_FLIGHT``
 #: chunks of 8 MiB of the file it is fetching (8 x 4 x 8 MiB = 256 MiB at most; a small member holds its bytes).
@@ -25,16 +25,23 @@ MEMBERS_ENV = "PACKFMT_FETCH_MEMBERS"
 
 def members_in_flight() -> int:
     """``$PACKFMT_FETCH_MEMBERS`` (1-64), else ``MEMBERS_IN_FLIGHT``."""
-    raw = os.environ.get(MEMBERS_ENV, "")
+    return env_count(MEMBERS_ENV, MEMBERS_IN_FLIGHT, "members of a collection fetched at once; 1 fetches one member "
+                     "after another")
+
+
+def env_count(name: str, default: int, what: str, most: int = 64) -> int:
+    """The integer in ``[1, most]`` that environment variable ``name`` holds, ``default`` when unset or blank; a
+    ValueError naming it, the range, ``what`` it counts and the default otherwise."""
+    raw = os.environ.get(name, "")
     if not raw.strip():
-        return MEMBERS_IN_FLIGHT
+        return default
     try:
         value = int(raw)
     except ValueError:
         value = 0
-    if not 1 <= value <= 64:
-        raise ValueError(f"${MEMBERS_ENV}: expected an integer in [1, 64] (members of a collection fetched at once; 1 "
-                         f"fetches one member after another), found {raw!r}; unset it for the default {MEMBERS_IN_FLIGHT}")
+    if not 1 <= value <= most:
+        raise ValueError(f"${name}: expected an integer in [1, {most}] ({what}), found {raw!r}; unset it for the "
+                         f"default {default}")
     return value
 
 
