@@ -215,13 +215,13 @@ def export_webdataset(dataset, out: str | os.PathLike, *, index: str | None = No
         shard_bytes: largest shard (tar bytes); a sample larger than it gets a shard of its own.
         overwrite: replace an existing ``out`` (atomically).
     """
-    from .opening import as_dataset
+    from .opening import whole_dataset
 
     if shard_bytes < _BLOCK * 4:
         raise InputError(f"shard_bytes: expected >= {_BLOCK * 4}, found {shard_bytes}", reason="invalid_option",
                          field="shard_bytes", expected=f">= {_BLOCK * 4}", found=shard_bytes,
                          cli=f"--shard-bytes: expected >= {_BLOCK * 4}, found {shard_bytes}")
-    store = as_dataset(dataset)
+    store = whole_dataset(dataset, "exported", "export_webdataset(URL, ...), or `packfmt export webdataset URL OUT`")
     idx = store.pack_index(index)
     target = Path(out)
     if (target.exists() or target.is_symlink()) and not overwrite:  # before the work, not after it

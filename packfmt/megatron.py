@@ -33,7 +33,7 @@ import numpy as np
 
 from .dataset import Dataset
 from .errors import FormatError, WriteError
-from .opening import as_dataset
+from .opening import whole_dataset
 from .writer import DatasetWriter
 
 __all__ = ["read_megatron_index", "import_megatron", "export_megatron", "loss_mask_prefix", "MEGATRON_DTYPES"]
@@ -197,7 +197,7 @@ def export_megatron(dataset: Dataset | str | os.PathLike, prefix: str | os.PathL
     """
     from .collection.arrays import token_sources
 
-    store = as_dataset(dataset)
+    store = whole_dataset(dataset, "exported", "export_megatron(URL, ...), or `packfmt export megatron URL PREFIX`")
     if np.dtype(store.np_token_dtype) == np.uint16:
         out_dtype = np.dtype("<u2")
     else:

@@ -16,7 +16,7 @@ from .collection.reader import Collection
 from .dataset import Dataset
 from .reader import Store
 
-__all__ = ["open_dataset", "open_url", "as_dataset"]
+__all__ = ["open_dataset", "open_url", "as_dataset", "whole_dataset"]
 
 
 def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
@@ -72,3 +72,19 @@ def as_dataset(dataset, *, storage_options: dict | None = None, **open_options) 
     (``open_options``: ``cache_dir``, ``cache_limit``, ``cache_verify``, ``stream``)."""
     return dataset if isinstance(dataset, Dataset) else open_dataset(dataset, storage_options=storage_options,
                                                                     **open_options)
+
+
+def whole_dataset(dataset, what: str, instead: str, *, storage_options: dict | None = None) -> Dataset:
+    """``as_dataset(dataset)`` for a command that reads every member (an export, shards): a collection opened with
+    ``stream=True`` fetches members one batch at a time (``collection.stream``), so it is refused with a
+    ``WriteError`` that says ``what`` could not be done and the way that works, ``instead`` (its URL, fetched
+    whole first)."""
+    from .errors import WriteError
+
+    ds = as_dataset(dataset, storage_options=storage_options)
+    if getattr(ds, "_stream", None) is not None:
+        raise WriteError(f"{ds.url}: a collection opened with stream=True cannot be {what}: its members are fetched "
+                         f"one batch at a time, and this reads every member; pass the URL instead ({instead}), which "
+                         "fetches it whole first", field="dataset", expected="a store, or a collection opened without "
+                         "stream=True", found="a streamed collection")
+    return ds

@@ -189,17 +189,26 @@ def test_member_changed_in_a_mirrored_table_collection_is_refused(tmp_path):
     assert tokens.read_bytes() == good and again.num_documents == 600
 
 
-def test_shards_of_a_streamed_collection_refused_and_of_its_url_written(tmp_path):
+def test_shards_and_exports_of_a_streamed_collection_refused_and_of_its_url_written(tmp_path):
+    """Writing shards and both exports read every member; a collection opened with stream=True fetches members a batch
+    at a time, and each failed with 'not a directory' about a member path in the cache. Now refused by name, with
+    nothing written; the URL (fetched whole) works."""
     from packfmt.collection.shards import write_shards
     from packfmt.errors import WriteError
+    from packfmt.export_webdataset import export_webdataset
+    from packfmt.megatron import export_megatron
     from packfmt.packindex import build_pack_index
 
     coll = _collection(tmp_path / "src", 6)
     build_pack_index(coll, capacity=32, algorithm="ffd", name="p")
     url = _to_memory(tmp_path / "src", "shardsrc")
     streamed = packfmt.open(url, stream=True, cache_dir=tmp_path / "cache")
-    with pytest.raises(WriteError, match="stream=True") as exc:
-        write_shards(streamed, "p", tmp_path / "out")
-    assert exc.value.field == "dataset" and not (tmp_path / "out").exists()
+    for write, out in ((lambda o: write_shards(streamed, "p", o), "shards"),
+                       (lambda o: export_webdataset(streamed, o), "wds"),
+                       (lambda o: export_megatron(streamed, o / "prefix"), "megatron")):
+        with pytest.raises(WriteError, match="stream=True") as exc:
+            write(tmp_path / out)
+        assert exc.value.field == "dataset" and not (tmp_path / out).exists()
     out = write_shards(url, "p", tmp_path / "out")  # the URL: fetched whole, then written
     assert out.pack_index("p").num_packs == packfmt.open(coll).pack_index("p").num_packs
+    assert export_webdataset(url, tmp_path / "wds2").packs == out.pack_index("p").num_packs

@@ -34,7 +34,7 @@ import numpy as np
 from .. import format as F
 from .._io import HashedFile, checksum_file, publish_dir, temp_sibling, write_durably
 from ..errors import WriteError
-from ..opening import as_dataset
+from ..opening import whole_dataset
 from ..version import __version__
 from ..writer import DatasetWriter
 from .layout import LAYOUT_KIND
@@ -95,13 +95,8 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
     if not isinstance(shard_bytes, (int, np.integer)) or isinstance(shard_bytes, bool) or shard_bytes < 1:
         raise WriteError(field="shard_bytes", expected="an integer >= 1", found=repr(shard_bytes))
     t0 = time.perf_counter()
-    ds = as_dataset(dataset, storage_options=storage_options)
-    if getattr(ds, "_stream", None) is not None:  # its members are fetched per batch; shards read every one in order
-        raise WriteError(f"{ds.url}: a collection opened with stream=True cannot be written as shards: its members are "
-                         "fetched one batch at a time, and writing the shards reads every member; pass the URL "
-                         f"(write_shards({ds.url!r}, ...), or `packfmt pack {ds.url} --capacity N --shards OUT`), "
-                         "which fetches it whole first", field="dataset", expected="a store, or a collection opened "
-                         "without stream=True", found="a streamed collection")
+    ds = whole_dataset(dataset, "written as shards", "write_shards(URL, ...), or `packfmt pack URL --capacity N "
+                       "--shards OUT`", storage_options=storage_options)
     if is_url(str(out)):  # written where the cache mirrors ``out``, then uploaded: shards, index, manifest last
         from ..opening import open_dataset
         from ..storage.upload import remote_output
