@@ -198,6 +198,9 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
                         "--json"]),
         ("validate_deep", cli + ["validate", str(ds), "--deep", "--quiet"]),
         ("inspect", cli + ["inspect", str(ds), "--json"]),
+        ("shards", cli + ["pack", str(ds), "--capacity", str(CAPACITY), "--algorithm", ALGORITHM, "--name", "shp",
+                          "--overwrite", "--shards", str(ds.parent / f"{ds.name}-shards"), "--shard-size", "64MiB",
+                          "--json"]),
     ]
     out: dict[str, list[dict]] = {label: [] for label in envs}
     for name, argv in all_steps:
@@ -209,6 +212,9 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
                 prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name != "pack_call" else None
                 if name == "pack":  # every run writes a new index, as the first does (untimed: the
                     shutil.rmtree(ds / "packs", ignore_errors=True)  # unlink of the last run's 24 B/segment)
+                if name == "shards":  # the same for the shards (and the index they are cut from)
+                    shutil.rmtree(ds.parent / f"{ds.name}-shards", ignore_errors=True)
+                    shutil.rmtree(ds / "packs" / "shp", ignore_errors=True)
                 runs[label].append(spawn_wait(argv, env, prof))
         for label, found in runs.items():
             r = min(found, key=lambda x: x["wall_s"])
@@ -260,7 +266,7 @@ def side_by_side(report: dict) -> list[dict]:
             t[f"{label} B/doc"] = row["bytes_per_doc"]
             t[f"{label} B/doc>floor"] = row.get("bytes_per_doc_above_floor", float("nan"))
             t[f"{label} x call"] = row["x_pack_process"]
-    order = {"pack_call": 0, "pack": 1, "validate_deep": 2, "inspect": 3}
+    order = {"pack_call": 0, "pack": 1, "validate_deep": 2, "inspect": 3, "shards": 4}
     return [table[k] for k in sorted(table, key=lambda k: (k[0], order.get(k[1], 9)))]
 
 
@@ -293,7 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", metavar="DIR", help="also run this checkout, interleaved with --pythonpath's "
                                                       "(same load for both), as --baseline-label")
     ap.add_argument("--baseline-label", default="before", help="label of --baseline (default: before)")
-    ap.add_argument("--steps", help="comma-separated: only these of pack, validate_deep, inspect (pack_call always)")
+    ap.add_argument("--steps", help="comma-separated: only these of pack, validate_deep, inspect, shards (`pack --shards`, "
+                    "64 MiB shards; pack_call always)")
     ap.add_argument("--all-labels", action="store_true", help="tables show every label stored, not only this run's")
     ap.add_argument("--data-dir", help="keep the generated stores here and reuse them (default: a temp dir)")
     ap.add_argument("--profile", action="store_true", help="cProfile each command; print its top functions")
