@@ -280,16 +280,17 @@ def mark_verified(local: Path, cache_dir=None) -> int:
     return n
 
 
-def _pins_over(folder: Path, state: Path, known: dict) -> list[Path]:
+def _pins_over(folder: Path, state: Path, known: set) -> list[Path]:
     """The pins that cover files of ``folder`` (a state folder): its own and every enclosing folder's up to ``state``
-    (a pin covers its folder's tree: a collection's one pin covers its members). ``known``: existence, per folder."""
+    (a pin covers its folder's tree: a collection's one pin covers its members). ``known``: the folders seen to have
+    one (a pin file is never removed while its dataset is mirrored; one missing is looked for again, since a process
+    may be pinning that folder right now)."""
     out = []
     for d in (folder, *folder.parents):
         if d == state:
             break
-        if d not in known:
-            known[d] = (d / V.PIN).exists()
-        if known[d]:
+        if d in known or (d / V.PIN).exists():
+            known.add(d)
             out.append(d)
     return out
 
@@ -340,7 +341,7 @@ def evict(root: Path, limit: int) -> int:
         total = sum(f[1] for f in files)
         if total <= limit:
             return 0
-        known: dict[Path, bool] = {}  # folder -> has a pin file
+        known: set[Path] = set()  # folders with a pin file
         busy: set[Path] = set()  # pins some process held during this pass
         for _, size, data, rec in sorted(files, key=lambda f: f[0]):
             if total <= limit:
