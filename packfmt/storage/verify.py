@@ -199,7 +199,7 @@ def _check_member(root: Path, d: str, mode: str) -> None:
     index), as strings and ``os`` calls: at 10^5 members this runs once a member on every local open of the mirror.
     A file whose stat moved (or every file, ``mode == "full"``) takes ``_check_dir``'s path."""
     rel = os.path.relpath(d, root)
-    if rel.startswith(".."):  # a member outside this cache holds no marker of it
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):  # outside this cache: no marker of it here
         return
     sd = f"{root}/{STATE}/{rel}/"
     try:
