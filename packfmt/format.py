@@ -27,6 +27,8 @@ FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
 #: itself as 1.3 (``collection.manifest.COLLECTION_VERSION``: 1.2 added ``unified``, 1.3 ``layout`` and
 #: ``doc_lengths.bin``).
 KNOWN_VERSION = (1, 1)
+#: The newest pack index version this reader knows: 1.2 added a layout's per-shard digests (COLLECTION.md §9.4).
+KNOWN_INDEX_VERSION = (1, 2)
 PACK_INDEX_FORMAT_NAME = "packfmt-pack-index"
 
 MANIFEST = "manifest.json"

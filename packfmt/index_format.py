@@ -13,7 +13,7 @@ from .errors import FormatError, UnsupportedVersionError
 from .format import (
     CHECKSUM_RE,
     DOC_OFFSETS,
-    KNOWN_VERSION,
+    KNOWN_INDEX_VERSION,
     MASK_DTYPE,
     OFFSET_DTYPE,
     PACK_INDEX_FORMAT_NAME,
@@ -97,7 +97,7 @@ def parse_pack_index_manifest(obj: dict, *, file: str) -> PackIndexManifest:
         raise FormatError(file=file, field="name", expected=exc.expected, found=exc.found) from None
     capacity = nonneg(require(obj, "capacity", int, file=file), file=file, field="capacity", low=1)
     algorithm = require(obj, "algorithm", str, file=file)
-    if algorithm not in ALGORITHM_NAMES and version <= KNOWN_VERSION:
+    if algorithm not in ALGORITHM_NAMES and version <= KNOWN_INDEX_VERSION:
         raise FormatError(file=file, field="algorithm", expected=f"one of {list(ALGORITHM_NAMES)}", found=repr(algorithm))
     seed = check_seed(require(obj, "seed", (int, type(None)), file=file), file=file)
     oversize = require(obj, "oversize", str, file=file)

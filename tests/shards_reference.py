@@ -15,15 +15,32 @@ import time
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from packfmt import format as F
-from packfmt._io import HashedFile, checksum_file, publish_dir, temp_sibling, write_durably
+from packfmt._io import (
+    HashedFile,
+    checksum_file,
+    publish_dir,
+    temp_sibling,
+    write_durably,
+)
 from packfmt.collection.arrays import image_token_spans, token_sources
 from packfmt.collection.layout import LAYOUT_KIND
-from packfmt.collection.manifest import Member, collection_reader, member_list_checksum, parse_collection_manifest
+from packfmt.collection.manifest import (
+    Member,
+    collection_reader,
+    member_list_checksum,
+    parse_collection_manifest,
+)
 from packfmt.collection.reader import Collection
 from packfmt.collection.unify import SHARED_KEYS
-from packfmt.collection.writer import collection_manifest, prepare_destination, write_lengths, write_own_files
+from packfmt.collection.writer import (
+    collection_manifest,
+    prepare_destination,
+    write_lengths,
+    write_own_files,
+)
 from packfmt.errors import WriteError
 from packfmt.opening import as_dataset
 from packfmt.version import __version__
@@ -81,7 +98,7 @@ def reference_write_shards(dataset, index: str | None, out: str | os.PathLike, *
         write_own_files(tmp, own)  # the member table (COLLECTION §2.5, format 1.4) from 256 shards on
         _check_counts(manifest, segs, seg_len, ahead, 0 if spans is None else int((last_image - first_image).sum()))
         binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
-        _write_index(tmp, pm, idx.name, seg_len, po, binding, time.perf_counter() - t0)
+        _write_index(tmp, pm, idx.name, seg_len, po, binding, time.perf_counter() - t0, cuts)
         manifest["layout"] = {
             "kind": LAYOUT_KIND, "index": idx.name, "shard_bytes": int(shard_bytes),
             "lookahead_tokens": int(ahead.sum()),
@@ -205,7 +222,8 @@ def _check_counts(manifest: dict, segs, seg_len, ahead, images: int) -> None:
                              f"lookahead tokens and images), found {counts[key]}", field=f"counts.{key}", expected=value, found=counts[key])
 
 
-def _write_index(root: Path, pm, name: str, seg_len: np.ndarray, po: np.ndarray, binding: str, seconds: float) -> None:
+def _write_index(root: Path, pm, name: str, seg_len: np.ndarray, po: np.ndarray, binding: str, seconds: float,
+                 cuts: np.ndarray) -> None:
     """``packs/<name>``: pack ``p`` is the source's pack ``p``, its segments ``(g, 0, L_g - lookahead_g)``."""
     n = seg_len.shape[0]
     target = root / F.PACKS_DIR / name
@@ -221,12 +239,23 @@ def _write_index(root: Path, pm, name: str, seg_len: np.ndarray, po: np.ndarray,
         f.write_array(np.stack([np.arange(a, b, dtype=np.int64), np.zeros(b - a, dtype=np.int64), seg_len[a:b]], 1),
                       F.OFFSET_DTYPE)
     files[F.SEGMENTS] = f.close()
+    if pm.capacity < 2**32:  # COLLECTION §9.4 from whole arrays: shard k = packs cuts[k] .. cuts[k+1] - 1
+        segs = np.fromfile(tmp / F.SEGMENTS, dtype="<i8")  # flat: 3 per row
+        raw_po, raw_segs = po.astype("<i8").tobytes(), segs.tobytes()
+        rows = [(xxhash.xxh3_64_intdigest(raw_po[8 * int(cuts[k]):8 * (int(cuts[k + 1]) + 1)]),
+                 xxhash.xxh3_64_intdigest(raw_segs[24 * int(po[cuts[k]]):24 * int(po[cuts[k + 1]])]))
+                for k in range(len(cuts) - 1)]
+        for fname, arr in (("shard_digests.bin", np.array(rows, dtype="<u8")),
+                           ("pack_tokens.bin", np.add.reduceat(seg_len, po[:-1]).astype("<u4"))):
+            f = HashedFile(tmp / fname)
+            f.write_array(arr, arr.dtype)
+            files[fname] = f.close()
     packs, packed = int(po.shape[0] - 1), int(seg_len.sum())
     stats = {"documents": n, "documents_packed": n, "segments": n, "packs": packs, "split_documents": 0,
              "dropped_documents": 0, "dropped_tokens": 0, "truncated_documents": 0, "truncated_tokens": 0,
              "fill_efficiency": packed / (packs * pm.capacity), "seconds": round(seconds, 6)}
     index = {
-        "format": F.PACK_INDEX_FORMAT_NAME, "format_version": "1.1",
+        "format": F.PACK_INDEX_FORMAT_NAME, "format_version": "1.2" if "pack_tokens.bin" in files else "1.1",
         "producer": {"name": "packfmt", "version": __version__},
         "name": name, "capacity": pm.capacity, "algorithm": pm.algorithm, "seed": pm.raw["seed"],
         "oversize": pm.oversize, "params": dict(pm.params),

@@ -473,3 +473,74 @@ def test_a_shard_per_pack_is_listed_as_a_member_table(mix, out, tmp_path):  # ou
     assert_same_bytes(many.path, tmp_path / "ref")
     assert_same_packs(str(mix.path), str(many.path), NAME)
     assert validate(many.path, deep=True).ok
+
+
+def _rewrite_index_file(root: Path, fname: str, data: bytes, drop: str | None = None) -> None:
+    """Replace one file of the laid-out index (``drop``: unlist another), its files entry kept true."""
+    d = root / F.PACKS_DIR / NAME
+    (d / fname).write_bytes(data)
+    obj = json.loads((d / F.PACK_INDEX_JSON).read_bytes())
+    obj["files"][fname] = {"bytes": len(data), "checksum": checksum_file(d / fname)}
+    if drop is not None:
+        del obj["files"][drop]
+        (d / drop).unlink()
+    (d / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+
+
+def test_the_index_lists_each_shards_digests_and_each_packs_length(out):
+    """COLLECTION §9.4: index 1.2 with shard_digests.bin (K, 2) and pack_tokens.bin (P,), each as its rows give it."""
+    import xxhash
+
+    idx = out.pack_index(NAME)
+    assert idx.manifest.raw["format_version"] == "1.2"
+    digests = np.fromfile(idx.path / "shard_digests.bin", dtype="<u8").reshape(-1, 2)
+    lengths = np.fromfile(idx.path / "pack_tokens.bin", dtype="<u4")
+    assert digests.shape == (len(out.members), 2) and lengths.tolist() == idx.pack_lengths.tolist()
+    po, segs = np.asarray(idx.pack_offsets), np.asarray(idx.segments)
+    c = np.concatenate([[0], np.cumsum(out.manifest.raw["layout"]["member_packs"])])
+    for k in (0, len(out.members) - 1):
+        d0, d1 = int(out.doc_start[k]), int(out.doc_start[k + 1])
+        assert po[c[k]] == d0 and po[c[k + 1]] == d1
+        assert digests[k, 0] == xxhash.xxh3_64_intdigest(po[c[k]:c[k + 1] + 1].tobytes())
+        assert digests[k, 1] == xxhash.xxh3_64_intdigest(segs[d0:d1].tobytes())
+
+
+@pytest.mark.parametrize("fname,row,field", [("shard_digests.bin", 3, "[3, 1]"), ("pack_tokens.bin", 5, "[5]")])
+def test_a_wrong_digest_or_pack_length_is_refused_by_deep_validation(out, tmp_path, fname, row, field):
+    root = copy_of(out, tmp_path)
+    path = root / F.PACKS_DIR / NAME / fname
+    arr = np.fromfile(path, dtype="<u8" if fname == "shard_digests.bin" else "<u4")
+    arr[2 * row + 1 if fname == "shard_digests.bin" else row] += 1
+    _rewrite_index_file(root, fname, arr.tobytes())
+    assert validate(root).ok  # sizes and the files table hold: only the rows disagree (deep)
+    errors = validate(root, deep=True).errors
+    assert [(p.file, p.field) for p in errors] == [(f"{F.PACKS_DIR}/{NAME}/{fname}", field)], errors
+
+
+def test_a_changed_segment_breaks_its_shards_digest(out, tmp_path):
+    root = copy_of(out, tmp_path)
+    segs, ahead = lookahead_rows(out)
+    segs[ahead[0], 2] -= 1
+    rewrite_index(root, segs, packed_delta=-1)
+    k = int(np.searchsorted(np.asarray(out.doc_start), ahead[0], side="right") - 1)
+    found = {(p.file, p.field) for p in validate(root, deep=True).errors}
+    assert (f"{F.PACKS_DIR}/{NAME}/shard_digests.bin", f"[{k}, 1]") in found, found
+
+
+@pytest.mark.parametrize("case", ["one file", "wrong size", "old version"])
+def test_the_two_files_are_checked_structurally(out, tmp_path, case):
+    root = copy_of(out, tmp_path)
+    d = root / F.PACKS_DIR / NAME
+    if case == "one file":
+        _rewrite_index_file(root, "pack_tokens.bin", (d / "pack_tokens.bin").read_bytes(), drop="shard_digests.bin")
+        want = (f"{F.PACKS_DIR}/{NAME}/{F.PACK_INDEX_JSON}", "files")
+    elif case == "wrong size":
+        _rewrite_index_file(root, "shard_digests.bin", (d / "shard_digests.bin").read_bytes()[:-16])
+        want = (f"{F.PACKS_DIR}/{NAME}/shard_digests.bin", "size (bytes)")
+    else:
+        obj = json.loads((d / F.PACK_INDEX_JSON).read_bytes())
+        obj["format_version"] = "1.1"
+        (d / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+        want = (f"{F.PACKS_DIR}/{NAME}/{F.PACK_INDEX_JSON}", "files")
+    errors = validate(root).errors
+    assert want in {(p.file, p.field) for p in errors}, errors

@@ -37,9 +37,15 @@ from ..errors import WriteError
 from ..opening import whole_dataset
 from ..version import __version__
 from ..writer import DatasetWriter
+from . import shard_rows as R
 from .layout import LAYOUT_KIND
 from .lengths import LENGTHS_FILE
-from .manifest import Member, collection_reader, member_list_checksum, parse_collection_manifest
+from .manifest import (
+    Member,
+    collection_reader,
+    member_list_checksum,
+    parse_collection_manifest,
+)
 from .reader import Collection
 from .shard_source import Chunk, Source
 from .unify import SHARED_KEYS
@@ -134,7 +140,8 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
         write_own_files(tmp, own)  # a member table (§2.5) from 256 shards on; the manifest says 1.3 or 1.4
         _check_counts(manifest, {"documents": n, "tokens": files.tokens, "images": files.images})
         binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
-        files.finish(idx.manifest, po, binding, time.perf_counter() - t0)
+        files.finish(idx.manifest, po, binding, time.perf_counter() - t0, shards.member_packs,
+                     [entry[0].documents for entry in shards.members])
         manifest["layout"] = {
             "kind": LAYOUT_KIND, "index": idx.name, "shard_bytes": int(shard_bytes),
             "lookahead_tokens": files.tokens - files.packed,
@@ -263,20 +270,23 @@ class _IndexFiles:
         self.packed += int(c.seg_len.sum())
         self.images += 0 if c.image0 is None else int((c.image1 - c.image0).sum())
 
-    def finish(self, pm, po, binding: str, seconds: float) -> None:
-        """``pack_offsets.bin`` (the source's, copied a chunk at a time) and ``index.json``; the index published."""
+    def finish(self, pm, po, binding: str, seconds: float, member_packs: list, member_docs: list) -> None:
+        """``pack_offsets.bin`` (the source's, copied a chunk at a time), the shards' rows digests and the packs'
+        lengths (§9.4, below capacity 2^32) and ``index.json``; the index published."""
         files = {}
         f = HashedFile(self.tmp / F.PACK_OFFSETS)
         for a in range(0, int(po.shape[0]), CHUNK_SEGMENTS):
             f.write_array(po[a:a + CHUNK_SEGMENTS], F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
         files[F.SEGMENTS] = self.segments.close()
+        if pm.capacity < R.PACK_TOKENS_LIMIT:
+            files.update(self._shard_rows(member_packs, member_docs))
         n, packs, packed = self.lengths.nbytes // F.OFFSET_DTYPE.itemsize, int(po.shape[0] - 1), self.packed
         stats = {"documents": n, "documents_packed": n, "segments": n, "packs": packs, "split_documents": 0,
                  "dropped_documents": 0, "dropped_tokens": 0, "truncated_documents": 0, "truncated_tokens": 0,
                  "fill_efficiency": packed / (packs * pm.capacity), "seconds": round(seconds, 6)}
         index = {
-            "format": F.PACK_INDEX_FORMAT_NAME, "format_version": "1.1",
+            "format": F.PACK_INDEX_FORMAT_NAME, "format_version": R.ROWS_VERSION_STR if R.listed(files) else "1.1",
             "producer": {"name": "packfmt", "version": __version__},
             "name": self.name, "capacity": pm.capacity, "algorithm": pm.algorithm, "seed": pm.raw["seed"],
             "oversize": pm.oversize, "params": dict(pm.params),
@@ -285,6 +295,24 @@ class _IndexFiles:
         }
         write_durably(self.tmp / F.PACK_INDEX_JSON, F.canonical_json(index))
         publish_dir(self.tmp, self.target, overwrite=False)
+
+    def _shard_rows(self, member_packs: list, member_docs: list) -> dict:
+        """``shard_digests.bin`` and ``pack_tokens.bin`` from the two files just written, a shard's rows at a time."""
+        po = np.memmap(self.tmp / F.PACK_OFFSETS, dtype=F.OFFSET_DTYPE, mode="r")
+        segs = np.memmap(self.tmp / F.SEGMENTS, dtype=F.OFFSET_DTYPE, mode="r").reshape(-1, F.SEGMENT_COLUMNS)
+        c, d = R.bounds(member_packs, member_docs)
+        digests, lengths = HashedFile(self.tmp / R.SHARD_DIGESTS), HashedFile(self.tmp / R.PACK_TOKENS)
+        try:
+            for _, h_po, h_seg, packs in R.shard_rows(po, segs, c, d):
+                digests.write_array(np.array([h_po, h_seg], dtype=np.uint64), R.DIGEST_DTYPE)
+                lengths.write_array(packs, R.PACK_TOKENS_DTYPE)  # each <= capacity < 2^32
+        except BaseException:
+            digests.abort()
+            lengths.abort()
+            raise
+        finally:
+            del po, segs
+        return {R.SHARD_DIGESTS: digests.close(), R.PACK_TOKENS: lengths.close()}
 
     def abort(self) -> None:
         self.lengths.abort()

@@ -44,7 +44,7 @@ class _IndexChecks:
             F.read_json(self.dir / F.PACK_INDEX_JSON, file=json_label), file=json_label), self.out, json_label)
         if self.pm is None:
             return
-        _minor_version_note(self.pm.version, json_label, self.out)
+        _minor_version_note(self.pm.version, json_label, self.out, F.KNOWN_INDEX_VERSION)
         if self.pm.name != self.name:  # V22 (the rest of V21/V22: format.parse_pack_index_manifest)
             self.out.add(json_label, "name", repr(self.name) + " (its directory name)", repr(self.pm.name))
         m = self.ds.m
@@ -54,11 +54,14 @@ class _IndexChecks:
             self.out.add(json_label, "counts.packed_tokens", "an integer >= 0 (materialized index)", repr(n_packed))
             n_packed = None
         self.layout = IF.pack_index_layout(self.pm, m.np_token_dtype, m.has_loss_mask, n_packed)
+        more = self._optional_files()  # name -> (dtype, shape, what the shape comes from): listed ones are checked
+        self.layout.update({k: v[:2] for k, v in more.items() if k in self.pm.files})
         for fname, entry in sorted(self.pm.files.items()):  # V24
             source = "counts.packs" if fname in (F.PACK_OFFSETS, F.PACK_TOKEN_OFFSETS) else (
                 "counts.segments" if fname == F.SEGMENTS else "counts.packed_tokens")
+            note = more[fname][2] if fname in more else f"{source}={self.pm.raw['counts'].get(source.split('.')[1])}"
             self.sizes_ok[fname] = _check_file_size(self.out, self.dir / fname, self.file(fname), entry,
-                                                    self.layout.get(fname), f"{source}={self.pm.raw['counts'].get(source.split('.')[1])}")
+                                                    self.layout.get(fname), note)
         for fname in self.layout:
             if fname not in self.pm.files:
                 self.sizes_ok[fname] = False
@@ -76,6 +79,10 @@ class _IndexChecks:
             if p.name not in known:
                 self.out.add(self.file(p.name), None, severity=WARNING, detail="unknown file, not listed in index.json")
         self._offsets(n_packed)  # V25
+
+    def _optional_files(self) -> dict:
+        """Optional files this kind of index may list: name -> (dtype, shape, what the shape comes from)."""
+        return {}
 
     def _binding(self, json_label: str) -> None:
         want, have = self.ds.binding(), self.pm.binding

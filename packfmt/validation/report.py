@@ -135,11 +135,11 @@ def parsed_or_reported(parse, out: _Collector, file: str):
     return None
 
 
-def _minor_version_note(version: tuple[int, int], file: str, out: _Collector) -> None:
-    if version > F.KNOWN_VERSION:
+def _minor_version_note(version: tuple[int, int], file: str, out: _Collector,
+                        known: tuple[int, int] = F.KNOWN_VERSION) -> None:
+    if version > known:
         out.add(file, "format_version", severity=WARNING,
-                detail=f"newer minor version {version[0]}.{version[1]} (this packfmt knows {F.KNOWN_VERSION[0]}."
-                       f"{F.KNOWN_VERSION[1]}); "
+                detail=f"newer minor version {version[0]}.{version[1]} (this packfmt knows {known[0]}.{known[1]}); "
                        "readable, fields added since are not checked")
 
 
