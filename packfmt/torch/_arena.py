@@ -109,3 +109,22 @@ _NP_DTYPES = {t: np.dtype(t) for t in (np.int64, np.int32, np.uint32, np.uint16,
 _TORCH_OF = {np.int64: torch.int64, np.int32: torch.int32, np.uint32: torch.uint32, np.uint16: torch.uint16,
              np.uint8: torch.uint8}
 _NP_OF = {v: k for k, v in _TORCH_OF.items()}
+
+
+def item_layout(rows: int, index_np, ids_np) -> tuple:
+    """The layout of an item's buffer (``PackedDataset.__getitem__``): its rows (``_kernels.ROW_*`` bits) grouped by
+    dtype, int64 first (``labels`` always), then int32, then ``input_ids`` of a native width (uint16 / uint32).
+    Returns ``(g64, g32, len(g64), len(g32), native, rows, (group, rank) of input_ids, position_ids, doc_ids)``."""
+    from ._kernels import ROW_DIDS, ROW_IDS, ROW_POS
+
+    written = [(name, ids_np if name == "input_ids" else index_np) for name, bit in
+               (("input_ids", ROW_IDS), ("position_ids", ROW_POS), ("doc_ids", ROW_DIDS)) if rows & bit]
+    g64 = ["labels"] + [name for name, dt in written if dt is np.int64]
+    g32 = [name for name, dt in written if dt is np.int32]
+    native = None
+    if rows & ROW_IDS and ids_np not in (np.int64, np.int32):
+        native = (ids_np, _TORCH_OF[ids_np], np.dtype(ids_np).itemsize)
+    where = {**{name: (0, r) for r, name in enumerate(g64)}, **{name: (1, r) for r, name in enumerate(g32)},
+             **({"input_ids": (2, 0)} if native else {})}  # row -> (group, rank in its group)
+    return (g64, g32, len(g64), len(g32), native, rows,
+            *(where.get(name, (0, 0)) for name in ("input_ids", "position_ids", "doc_ids")))

@@ -26,7 +26,7 @@ from ..dataset import Dataset as Source
 from ..errors import FormatError
 from ..index import PackIndex
 from ..opening import as_dataset, open_dataset
-from ._arena import _ALIGN, _TORCH_OF, _alloc, _Arena
+from ._arena import _ALIGN, _alloc, _Arena, item_layout
 from ._kernels import (
     BATCH_SLOTS,
     ROW_DIDS,
@@ -266,20 +266,8 @@ class PackedDataset(Dataset):
                 # copy-on-write private mapping: a writable zero-copy tensor that never writes the file
                 zc = np.memmap(idx.path / "tokens.bin", dtype=store.np_token_dtype, mode="c")
                 a["zero_copy"] = torch.from_numpy(zc.view(a["ids_np"]))
-            # Item layout (``__getitem__``): which rows go in which dtype group, in order.
             rows = a["rows"] & ~ROW_IDS if a["zero_copy"] is not None else a["rows"]
-            J = a["ids_np"]
-            written = [(name, J if name == "input_ids" else I) for name, bit in
-                       (("input_ids", ROW_IDS), ("position_ids", ROW_POS), ("doc_ids", ROW_DIDS)) if rows & bit]
-            g64 = ["labels"] + [name for name, dt in written if dt is np.int64]
-            g32 = [name for name, dt in written if dt is np.int32]
-            native = None
-            if rows & ROW_IDS and J not in (np.int64, np.int32):
-                native = (J, _TORCH_OF[J], np.dtype(J).itemsize)
-            where = {**{name: (0, r) for r, name in enumerate(g64)}, **{name: (1, r) for r, name in enumerate(g32)},
-                     **({"input_ids": (2, 0)} if native else {})}  # row -> (group, rank in its group)
-            a["item_layout"] = (g64, g32, len(g64), len(g32), native, rows,
-                                *(where.get(name, (0, 0)) for name in ("input_ids", "position_ids", "doc_ids")))
+            a["item_layout"] = item_layout(rows, I, a["ids_np"])  # which rows go in which dtype group (``ds[i]``)
             if a["stream"] is not None and getattr(self, "_stream_plan", None) is not None:
                 from .prefetch import start
 
