@@ -23,7 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize",
      "chat", "skips", "energon", "packing", "collection.manifest", "collection.unify",
      "collection.layout", "collection.lengths", "collection.member_table", "collection.member_entry", "collection.versions",
-     "collection.member_template"),
+     "collection.member_template", "collection.shard_rows"),
     # 1. where bytes live: local paths or object storage (never opens a dataset)
     ("storage",),
     # 2. one store read or written; its pack indexes; what every dataset is
@@ -32,7 +32,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("collection.reader", "collection.member_checks", "collection.arrays", "collection.vmap",
      "collection.lazy_members"),
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
-    ("opening", "collection.stream", "collection.streamed"),
+    ("opening", "collection.stream", "collection.streamed", "collection.shard_index"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
     ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
      "megatron", "sources", "workers", "pipeline", "engines", "build"),

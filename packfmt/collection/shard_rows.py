@@ -22,7 +22,8 @@ from .. import format as F
 from ..errors import FormatError
 
 __all__ = ["PACK_TOKENS", "PACK_TOKENS_DTYPE", "PACK_TOKENS_LIMIT", "ROWS_VERSION", "ROWS_VERSION_STR",
-           "SHARD_DIGESTS", "DIGEST_DTYPE", "bounds", "check_rows", "listed", "rows_of", "shard_rows"]
+           "SHARD_DIGESTS", "DIGEST_DTYPE", "bounds", "check_rows", "listed", "matches", "rows_of", "shard_rows",
+           "validate_rows"]
 
 SHARD_DIGESTS = "shard_digests.bin"
 PACK_TOKENS = "pack_tokens.bin"
@@ -85,6 +86,11 @@ def shard_rows(po: np.ndarray, segs: np.ndarray, c: np.ndarray, d: np.ndarray) -
         p0, p1, d0, d1 = rows_of(k, c, d)
         prow, srow = po[p0:p1 + 1], segs[d0:d1]
         yield k, _hash(prow), _hash(srow), _lengths(prow, srow)
+
+
+def matches(k: int, po: np.ndarray, segs: np.ndarray, digests: np.ndarray) -> bool:
+    """Whether shard ``k``'s rows ``po`` and ``segs`` hash to row ``k`` of ``shard_digests.bin``."""
+    return _hash(po) == int(digests[k, 0]) and _hash(segs) == int(digests[k, 1])
 
 
 def check_rows(k: int, po: np.ndarray, segs: np.ndarray, c: np.ndarray, d: np.ndarray, digests: np.ndarray,

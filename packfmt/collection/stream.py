@@ -69,6 +69,7 @@ class StreamedMembers:
         self.packs: dict[str, bytes] = {}  # pack index name -> its index.json in the bucket (open_streamed)
         self.mirrored: set[str] = set()  # those fetched and verified by this process
         self.pack_lock = threading.Lock()  # not ``cond``: batches go on while an index is fetched
+        self.sharded: list = []  # indexes read shard by shard (``shard_index``): member k's fetch readies shard k
 
     def fetch_own(self, name: str) -> None:
         """The collection's own file ``name`` (listed in its ``files``) fetched into the mirror and verified, as the
@@ -224,6 +225,8 @@ class StreamedMembers:
             if store.num_images:
                 self.stores[m] = store
             self.cond.notify_all()
+        for index in self.sharded:  # its rows of the index too (a prefetch thread's fetch: ahead of the batch)
+            index.ensure_shard(m)
         return True
 
     def _fetch_files(self, m: int, murl: str, raw: bytes):

@@ -18,6 +18,7 @@ from ..storage.pack_mirror import drop_gone, remote_pack_manifests
 from .lengths import LENGTHS_FILE
 from .manifest import is_collection
 from .reader import Collection
+from .shard_index import ShardedIndex, sharded
 from .stream import StreamedMembers
 
 __all__ = ["open_streamed", "StreamedCollection"]
@@ -98,6 +99,8 @@ class StreamedCollection(Collection):
 
         names = self.pack_index_names()
         want = name if name is not None else (names[0] if len(names) == 1 else None)
+        if want in self._stream.packs and sharded(self, want, self._stream.packs[want]):
+            return ShardedIndex(self, want, self._stream.packs[want])  # a layout's: its rows a shard at a time
         if want in self._stream.packs:
             self._stream.mirror_pack(want)
         return open_pack_index(self, name, names=names)

@@ -219,6 +219,8 @@ class PackedDataset(Dataset):
         """int64 ``(num_packs,)``: the member holding each pack's first segment's document (zeros for a store);
         the groups of the sampler's ``window`` shuffle."""
         idx = self.index
+        if hasattr(idx, "pack_members"):  # a layout read shard by shard: from the record, no segment read
+            return idx.pack_members()
         return np.asarray(self.store.member_of(np.asarray(idx.segments)[np.asarray(idx.pack_offsets)[:-1], 0]),
                           dtype=np.int64)
 
@@ -251,6 +253,7 @@ class PackedDataset(Dataset):
                 "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
                 "images": _ImageIndex(store) if store.num_images else None,
                 "stream": src.members,  # None, or what maps the members a batch touches while it is read
+                "ensure": getattr(idx, "ensure_rows", None),  # an index read shard by shard: rows before use
             }
             a = self._arrays
             a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
@@ -291,6 +294,8 @@ class PackedDataset(Dataset):
         if not -n_packs <= i < n_packs:
             raise IndexError(f"pack {i} out of range [0, {n_packs})")
         i = int(i) % n_packs
+        if a["ensure"] is not None:
+            a["ensure"]((i,))
         po = a["pack_offsets"]
         lo, hi = int(po[i]), int(po[i + 1])
         if a["pack_token_offsets"] is not None:  # materialized: the pack's tokens are one contiguous run
@@ -354,9 +359,11 @@ class PackedDataset(Dataset):
         a = self._views()
         materialized = a["pack_token_offsets"] is not None
         pto = a["pack_token_offsets"] if materialized else a["pack_offsets"]  # the latter unused
+        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if a["ensure"] is not None:
+            a["ensure"](ids)
         packs, lengths, widths, seq_bounds, cols, S, bad = plan_batch(
-            np.asarray(indices, dtype=np.int64).reshape(-1), a["num_packs"], a["pack_offsets"], pto, a["segments"],
-            materialized, a["capacity"], self.pad_to_capacity)
+            ids, a["num_packs"], a["pack_offsets"], pto, a["segments"], materialized, a["capacity"], self.pad_to_capacity)
         if bad >= 0:
             raise IndexError(f"pack {int(np.asarray(indices).reshape(-1)[bad])} out of range [0, {a['num_packs']})")
         src, src_mask = (a["packed_tokens"], a["packed_loss_mask"]) if materialized else (a["tokens"], a["loss_mask"])

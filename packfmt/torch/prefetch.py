@@ -32,9 +32,19 @@ _NEVER = np.iinfo(np.int64).max
 class Plan:
     """The packs one process reads, in order, and the members each one touches."""
 
-    def __init__(self, stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray) -> None:
+    def __init__(self, stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray,
+                 shard_of=None) -> None:
+        """``shard_of``: for an index read shard by shard (``collection.shard_index``), each pack's one member from
+        the layout record (no segment read: the rows of most shards are not fetched yet)."""
         order = np.asarray(order, dtype=np.int64).reshape(-1)
         self.order, self.cursor = order, 0
+        if shard_of is not None:
+            member = np.asarray(shard_of(order), dtype=np.int64)
+            if member.size and (member.min() < 0 or member.max() >= len(stream.coll.members)):
+                raise IndexError(f"prefetch: order: pack ids in [0, {len(stream.coll.members) and 'the packs'}), found "
+                                 f"{int(order[(member < 0) | (member >= len(stream.coll.members))][0])}")
+            self._pairs(member, np.arange(order.shape[0], dtype=np.int64), stream)
+            return
         # (position, member) of every member each pack touches, grouped by member, positions ascending
         lo, hi = pack_offsets[order], pack_offsets[order + 1]
         n = hi - lo
@@ -43,7 +53,12 @@ class Plan:
         member = np.asarray(stream.coll.member_of(np.asarray(segments[first, 0], dtype=np.int64)), dtype=np.int64)
         pos = np.repeat(np.arange(order.shape[0], dtype=np.int64), n)
         pairs = np.unique(np.stack([member, pos], axis=1), axis=0)  # sorted by member, then position
-        self.member, self.pos = pairs[:, 0], pairs[:, 1]
+        self._pairs(pairs[:, 0], pairs[:, 1], stream)
+
+    def _pairs(self, member: np.ndarray, pos: np.ndarray, stream) -> None:
+        """The (member, position) pairs, distinct, indexed both ways."""
+        by_member = np.lexsort((pos, member))
+        self.member, self.pos = member[by_member], pos[by_member]
         self.starts = np.searchsorted(self.member, np.arange(len(stream.coll.members) + 1))
         by_pos = np.lexsort((self.member, self.pos))
         self.pos_sorted, self.member_by_pos = self.pos[by_pos], self.member[by_pos]
@@ -125,7 +140,8 @@ def start(ds) -> None:
         b = np.arange(order.shape[0]) // batch_size
         order = order[b % info.num_workers == info.id]
     with stream.cond:
-        stream.plan = Plan(stream, order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]))
+        stream.plan = Plan(stream, order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]),
+                           getattr(ds.index, "shard_of", None))
         stream.cond.notify_all()
     with stream.cond:
         running = getattr(stream, "_threads", None)

@@ -1,0 +1,228 @@
+"""A pack-ordered layout's index read shard by shard from a bucket (spec/COLLECTION.md §9.4; README "Remote data").
+
+A streamed collection (``collection.streamed``) whose ``layout`` names an index of format 1.2 opens that index as a
+``ShardedIndex``: it fetches ``index.json`` and ``shard_digests.bin`` (16 bytes a shard, verified whole as every
+cached file is), not ``segments.bin`` (24 bytes a document) nor ``pack_offsets.bin``. Those two are mapped from
+sparse files of their full size in the cache, and shard ``k``'s rows of both are filled when something first reads
+a pack of shard ``k`` in this process (``ensure_rows``: before the reader plans a batch; and when the member cache
+fetches member ``k``, so the prefetcher's fetches carry them): bytes already in the file (another process, an
+earlier run) are used when they hash to row ``k`` of ``shard_digests.bin``, else the rows are fetched by two ranged
+GETs, and either way checked as ``shard_rows.check_rows`` says (the digests, then V25 and V27 as far as the shard's
+tokens bound them; the reader checks each segment against its document's length when the shard itself arrives).
+Rows not checked by this process are never read: the kernels index ``pack_offsets`` and ``segments`` only for the
+packs of a batch, whose shards were made ready first.
+
+``pack_tokens.bin`` (4 bytes a pack) is fetched only when asked for (``pack_lengths``: the token-balanced
+sampler), and each shard's rows are compared with it when both are there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+import xxhash
+
+from .. import format as F
+from .. import index_format as IF
+from ..errors import FormatError
+from ..index import PackIndex
+from ..mapped import map_file
+from ..storage import uri
+from ..storage import verify as V
+from ..storage.cache import LOG
+from ..storage.errors import storage_errors
+from ..storage.ranges import read_range
+from . import shard_rows as R
+
+__all__ = ["ShardedIndex", "sharded"]
+
+
+def sharded(coll, name: str, raw: bytes) -> bool:
+    """Whether index ``name`` of streamed collection ``coll`` (its ``index.json`` bytes ``raw``) is read shard by
+    shard: the one its ``layout`` names, listing the two files of §9.4 (else it is fetched whole)."""
+    from .layout import layout_of
+
+    layout = layout_of(coll.manifest)
+    if layout is None or layout["index"] != name:
+        return False
+    try:
+        return R.listed(json.loads(raw).get("files", {}))
+    except (ValueError, AttributeError):
+        return False  # the whole-index path reports it
+
+
+class ShardedIndex(PackIndex):
+    """``PackIndex`` of a layout in a bucket, its rows fetched and checked a shard at a time (see the module doc)."""
+
+    def __init__(self, coll, name: str, raw: bytes) -> None:  # noqa: PLR0915 - one open, in order
+        from .layout import layout_of
+
+        stream = coll._stream
+        self.store, self.name, self._stream = coll, IF.check_index_name(name), stream
+        self._label = f"{F.PACKS_DIR}/{name}/"
+        self.url = f"{stream.url}/{F.PACKS_DIR}/{name}/"
+        self.manifest = IF.parse_pack_index_manifest(json.loads(raw), file=self.url + F.PACK_INDEX_JSON)
+        self._check_binding(coll.index_binding())
+        if self.manifest.name != name:
+            raise FormatError(file=self.url + F.PACK_INDEX_JSON, field="name", expected=repr(name) + " (the directory "
+                              "name)", found=repr(self.manifest.name))
+        if self.manifest.materialized:
+            raise FormatError(file=self.url + F.PACK_INDEX_JSON, field="materialized", expected="false (a layout's "
+                              "index, spec/COLLECTION.md §9.2)", found="true")
+        layout = layout_of(coll.manifest)
+        self.c, self.d = R.bounds(layout["member_packs"], np.asarray(coll.members.documents, dtype=np.int64))
+        P, S, K = self.manifest.num_packs, self.manifest.num_segments, len(layout["member_packs"])
+        if self.c[-1] != P or self.d[-1] != S:
+            raise FormatError(f"{self.url}{F.PACK_INDEX_JSON}: counts: expected {int(self.c[-1])} packs (the sum of "
+                              f"manifest.json layout.member_packs) and {int(self.d[-1])} segments (the collection's "
+                              f"documents, one segment each: spec/COLLECTION.md §9.2), found {P} and {S}",
+                              file=self.url + F.PACK_INDEX_JSON, field="counts", expected=(int(self.c[-1]), int(self.d[-1])),
+                              found=(P, S))
+        self._shapes = {F.PACK_OFFSETS: (F.OFFSET_DTYPE, (P + 1,)), F.SEGMENTS: (F.OFFSET_DTYPE, (S, F.SEGMENT_COLUMNS)),
+                        R.SHARD_DIGESTS: (R.DIGEST_DTYPE, (K, 2)), R.PACK_TOKENS: (R.PACK_TOKENS_DTYPE, (P,))}
+        for fname, (dtype, shape) in self._shapes.items():
+            entry = self.manifest.files[fname]
+            if entry.bytes != F.nbytes_of(dtype, shape):
+                raise FormatError(f"{self.url}{fname}: size: expected {F.nbytes_of(dtype, shape)} bytes "
+                                  f"({np.dtype(dtype).str} x {shape} from the counts), found {entry.bytes} recorded",
+                                  file=self.url + fname, field="bytes", expected=F.nbytes_of(dtype, shape),
+                                  found=entry.bytes)
+        self.path = coll.path / F.PACKS_DIR / f".rows-{name}-{xxhash.xxh3_64_hexdigest(raw)}"
+        self._drop_older()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._fetch(R.SHARD_DIGESTS)
+        self.digests = map_file(self.path / R.SHARD_DIGESTS, *self._shapes[R.SHARD_DIGESTS], file=self.url + R.SHARD_DIGESTS)
+        self._fds = {}
+        for fname in (F.PACK_OFFSETS, F.SEGMENTS):  # sparse: only the rows of shards read hold blocks
+            fd = self._fds[fname] = os.open(self.path / fname, os.O_RDWR | os.O_CREAT, 0o644)
+            if os.fstat(fd).st_size != self.manifest.files[fname].bytes:
+                os.ftruncate(fd, self.manifest.files[fname].bytes)
+        self.pack_offsets = map_file(self.path / F.PACK_OFFSETS, *self._shapes[F.PACK_OFFSETS], file=self.url + F.PACK_OFFSETS)
+        self.segments = map_file(self.path / F.SEGMENTS, *self._shapes[F.SEGMENTS], file=self.url + F.SEGMENTS)
+        self.pack_token_offsets = self.packed_tokens = self.packed_loss_mask = None
+        self._tokens_bound = np.asarray(coll.members.tokens, dtype=np.int64)
+        self._ready = np.zeros(K, dtype=bool)
+        self._lock = threading.Lock()  # pack_tokens.bin
+        self._locks = [threading.Lock() for _ in range(16)]  # shard k: _locks[k % 16] (threads fill others meanwhile)
+        self._pack_tokens = None
+        self.fetched_rows = 0  # bytes of rows this process fetched (the rest were in the file already)
+        stream.sharded.append(self)  # member k's fetch readies shard k's rows (the prefetcher's too)
+
+    # -- the two files fetched whole
+    def _fetch(self, fname: str) -> None:
+        f = self._stream.fetcher
+        with storage_errors(self.url + fname, f.so, f.root):
+            fs, rpath = uri.filesystem(self._stream.url, f.so)
+            f.file(fs, f"{rpath}/{F.PACKS_DIR}/{self.name}/{fname}", self.url + fname, self.path / fname,
+                   self.manifest.files[fname], self.url + F.PACK_INDEX_JSON)
+
+    def _drop_older(self) -> None:
+        """Rows of an index of this name the bucket no longer has (another ``index.json``): removed."""
+        root = self._stream.fetcher.root
+        for p in self.path.parent.glob(f".rows-{self.name}-*"):
+            if p != self.path:
+                shutil.rmtree(V.state_dir(root, p), ignore_errors=True)
+                shutil.rmtree(p, ignore_errors=True)
+
+    @property
+    def pack_lengths(self) -> np.ndarray:
+        """uint32 ``(P,)``: every pack's length, from ``pack_tokens.bin`` (fetched, verified, on first use); the rows
+        of each shard are compared with it as they are read (and those read before, now)."""
+        if self._pack_tokens is None:
+            with self._lock:
+                if self._pack_tokens is None:
+                    self._fetch(R.PACK_TOKENS)
+                    pt = map_file(self.path / R.PACK_TOKENS, *self._shapes[R.PACK_TOKENS], file=self.url + R.PACK_TOKENS)
+                    self._pack_tokens = pt  # first: a shard checked from now on is checked against it (ensure_shard)
+                    for k in np.flatnonzero(self._ready).tolist():
+                        self._check_ready(k, pt)
+        return self._pack_tokens
+
+    def pack_members(self) -> np.ndarray:
+        """int64 ``(P,)``: the shard holding every pack, from ``layout.member_packs`` (§9.4: checked with the rows)."""
+        return np.repeat(np.arange(self.c.shape[0] - 1, dtype=np.int64), np.diff(self.c))
+
+    def shard_of(self, packs: np.ndarray) -> np.ndarray:
+        """int64: the shard of each pack id in ``[0, P)``."""
+        return np.searchsorted(self.c, np.asarray(packs, dtype=np.int64), side="right") - 1
+
+    # -- rows
+    def ensure_rows(self, packs) -> None:
+        """The rows of every shard holding one of ``packs`` checked (fetched first if not in the file); ids outside
+        ``[0, P)`` are left to the caller's range check."""
+        packs = np.asarray(packs, dtype=np.int64).reshape(-1)
+        packs = packs[(packs >= 0) & (packs < self.manifest.num_packs)]
+        for k in np.unique(self.shard_of(packs)).tolist():
+            if not self._ready[k]:
+                self.ensure_shard(k)
+
+    def ensure_shard(self, k: int) -> None:
+        """Shard ``k``'s rows checked in this process (see the module doc)."""
+        if self._ready[k]:
+            return
+        with self._locks[k % len(self._locks)]:
+            if self._ready[k]:
+                return
+            p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
+            po, segs = self.pack_offsets[p0:p1 + 1], self.segments[d0:d1]
+            if not R.matches(k, po, segs, self.digests):  # not in the file yet (or damaged there): fetched
+                po, segs = self._fetch_rows(k, p0, p1, d0, d1)
+            pt = self._pack_tokens
+            self._check(k, po, segs, pt)
+            self._ready[k] = True
+            if pt is None and self._pack_tokens is not None:  # loaded meanwhile, maybe after it went over the ready
+                self._check_ready(k, self._pack_tokens)
+
+    def _check_ready(self, k: int, pack_tokens) -> None:
+        """Shard ``k``'s rows, in the file and checked already, against ``pack_tokens``."""
+        p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
+        self._check(k, self.pack_offsets[p0:p1 + 1], self.segments[d0:d1], pack_tokens)
+
+    def _check(self, k: int, po: np.ndarray, segs: np.ndarray, pack_tokens) -> None:
+        """``shard_rows.check_rows`` of shard ``k``'s rows ``po`` and ``segs`` (FormatError naming the bucket's file)."""
+        R.check_rows(k, po, segs, self.c, self.d, self.digests, self.capacity, int(self._tokens_bound[k]), pack_tokens,
+                     self.url)
+
+    def _fetch_rows(self, k: int, p0: int, p1: int, d0: int, d1: int):
+        """Shard ``k``'s rows from the bucket, checked against their digests, then written into the sparse files."""
+        f = self._stream.fetcher
+        got = {}
+        for fname, a, b in ((F.PACK_OFFSETS, 8 * p0, 8 * (p1 + 1)), (F.SEGMENTS, 24 * d0, 24 * d1)):
+            got[fname] = read_range(self.url + fname, a, b, f.so)
+        po = np.frombuffer(got[F.PACK_OFFSETS], dtype=F.OFFSET_DTYPE)
+        segs = np.frombuffer(got[F.SEGMENTS], dtype=F.OFFSET_DTYPE).reshape(-1, F.SEGMENT_COLUMNS)
+        self._check(k, po, segs, self._pack_tokens)  # nothing unchecked reaches the file
+        for fname, a in ((F.PACK_OFFSETS, 8 * p0), (F.SEGMENTS, 24 * d0)):
+            data = got[fname]
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self._fds[fname], memoryview(data)[done:], a + done)
+        n = sum(len(v) for v in got.values())
+        with self._lock:
+            self.fetched_rows += n
+        with open(f.root / LOG, "a") as log:
+            log.write(json.dumps({"url": self.url, "bytes": n, "pid": os.getpid(), "why": f"rows of shard {k}"}) + "\n")
+        return po, segs
+
+    def pack_segments(self, p: int) -> np.ndarray:
+        self.ensure_rows([p])
+        return super().pack_segments(p)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __getstate__(self) -> dict:
+        raise TypeError(f"{self.url}: a streamed index is not pickled; PackedDataset(url, stream=True) re-opens it in "
+                        "each DataLoader worker")

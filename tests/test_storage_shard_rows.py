@@ -1,0 +1,203 @@
+"""A pack-ordered layout read streamed through a real S3-protocol server (moto on 127.0.0.1), its index a shard at a
+time (spec/COLLECTION.md §9.4; ``collection.shard_index``): the open fetches ``index.json`` and ``shard_digests.bin``
+only, each shard's rows of ``pack_offsets.bin`` and ``segments.bin`` arrive (by ranged GETs, checked against their
+digests) when a batch first touches the shard, every pack reads as the layout read locally, and rows changed in the
+bucket or in the cache are never used."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import packfmt
+from packfmt import format as F
+from packfmt._io import checksum_file
+from packfmt.collection import write_collection
+from packfmt.collection.shard_index import ShardedIndex
+from packfmt.collection.shards import write_shards
+from packfmt.errors import FormatError
+from packfmt.index import PackIndex
+from packfmt.packindex import build_pack_index
+from packfmt.storage.upload import upload_tree
+from packfmt.torch import DistributedPackSampler, PackedDataset
+
+from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures; time_limit: autouse)
+
+KEYS = ("input_ids", "labels", "position_ids", "seq_lens", "num_label_tokens")
+
+
+@pytest.fixture(scope="module")
+def layout(s3_server, tmp_path_factory):  # noqa: F811
+    """(the layout on disk, its URL, its index "p" read locally): 30 members, an ffd index, ~1 KiB shards."""
+    root = tmp_path_factory.mktemp("rows")
+    rng = np.random.default_rng(3)
+    paths = []
+    for m in range(30):
+        paths.append(root / "members" / f"m{m:02d}")
+        with packfmt.DatasetWriter(paths[-1], vocab_size=1000, loss_mask=True, tokenizer={"name": "t", "hash": None}) as w:
+            for n in rng.integers(1, 60, 20):
+                w.add_document(rng.integers(0, 1000, int(n)), rng.integers(0, 2, int(n)))
+    src = write_collection(root / "src", [(None, p) for p in paths])
+    build_pack_index(src, capacity=64, algorithm="ffd", name="p")
+    out = write_shards(src, "p", root / "up" / "layout", shard_bytes=1024)
+    assert len(out.members) >= 10 and out.pack_index("p").manifest.raw["format_version"] == "1.2"
+    url = f"s3://{BUCKET}/rows"
+    upload_tree(root / "up", url)
+    return out, f"{url}/layout"
+
+
+def _log(cache_root: Path) -> list[dict]:
+    log = cache_root / "downloads.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _same(ds, local, packs) -> None:
+    got, want = ds.__getitems__(packs), local.__getitems__(packs)
+    for x, y in zip(got, want):
+        for key in KEYS:
+            assert x[key].tolist() == y[key].tolist(), (int(y["pack_id"]), key)
+
+
+def test_rows_arrive_a_shard_at_a_time_and_read_the_same(layout, cache):  # noqa: F811
+    out, url = layout
+    local = PackedDataset(str(out.path), "p")
+    ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+    idx = ds.index
+    assert isinstance(idx, ShardedIndex) and len(ds) == len(local)
+    fetched = [e["url"].rsplit("/", 1)[-1] for e in _log(cache)]
+    assert fetched == ["shard_digests.bin"]  # no segments.bin, no pack_offsets.bin before the first batch
+    seg = idx.path / F.SEGMENTS
+    assert seg.stat().st_size == 24 * out.num_documents and seg.stat().st_blocks == 0  # sparse, nothing in it yet
+    k = len(out.members) // 2
+    first = int(np.cumsum([0] + out.manifest.raw["layout"]["member_packs"])[k])
+    _same(ds, local, [first])  # one pack of shard k: its rows only
+    assert idx._ready.tolist() == [i == k for i in range(len(out.members))]
+    rows = [e for e in _log(cache) if e.get("why", "").startswith("rows of shard")]
+    assert [e["why"] for e in rows] == [f"rows of shard {k}"]
+    assert 0 < rows[0]["bytes"] < (seg.stat().st_size + (idx.path / F.PACK_OFFSETS).stat().st_size) / 5
+    order = np.random.default_rng(0).permutation(len(ds))
+    for b in range(0, len(order), 7):
+        _same(ds, local, order[b:b + 7])
+    for i in order[:20].tolist():  # single items too
+        assert ds[i]["labels"].tolist() == local[i]["labels"].tolist()
+    assert idx._ready.all()
+    whole = (out.path / F.PACKS_DIR / "p" / F.SEGMENTS).read_bytes()
+    assert seg.read_bytes() == whole  # every shard's rows fetched once, in place
+    assert idx.fetched_rows == len(whole) + 8 * (len(ds) + len(out.members))  # (a shard's last offset twice)
+    assert ds.pack_num_tokens().tolist() == local.pack_num_tokens().tolist()  # pack_tokens.bin, on first use
+    assert ds.pack_groups().tolist() == local.pack_groups().tolist()
+    again = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)  # another process on the node: rows hashed,
+    _same(again, local, order[:16])                                    # not fetched again
+    assert again.index.fetched_rows == 0
+
+
+def test_the_token_balanced_window_sampler_reads_every_pack_once(layout, cache):  # noqa: F811
+    out, url = layout
+    local = PackedDataset(str(out.path), "p")
+    ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+    sampler = DistributedPackSampler(ds, num_replicas=1, rank=0, window=3, balance="tokens", seed=5)
+    want = DistributedPackSampler(local, num_replicas=1, rank=0, window=3, balance="tokens", seed=5)
+    order = np.array(list(sampler))
+    assert order.tolist() == list(want) and sorted(order.tolist()) == list(range(len(ds)))
+    for b in range(0, len(order), 5):
+        _same(ds, local, order[b:b + 5])
+
+
+def _upload_changed(s3_server, url: str, name: str, edit) -> bytes:  # noqa: F811
+    key = url.split("://", 1)[1] + f"/{F.PACKS_DIR}/p/{name}"
+    good = s3_server.cat_file(key)
+    s3_server.pipe_file(key, edit(good))
+    return good
+
+
+def test_rows_changed_in_the_bucket_are_refused_and_never_used(layout, cache, s3_server):  # noqa: F811
+    out, url = layout
+    c = np.cumsum([0] + out.manifest.raw["layout"]["member_packs"])
+    k = 4
+    row = int(out.doc_start[k]) + 1  # a segment of shard k: its end one token shorter, same size
+    at = 24 * row + 16
+
+    def edit(b: bytes) -> bytes:
+        v = int.from_bytes(b[at:at + 8], "little")
+        return b[:at] + (v - 1).to_bytes(8, "little") + b[at + 8:]
+
+    good = _upload_changed(s3_server, url, F.SEGMENTS, edit)
+    try:
+        ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+        with pytest.raises(FormatError, match=rf"segments.bin: rows \[{int(out.doc_start[k])}:.*shard {k}.*xxh3_64"):
+            ds.__getitems__([int(c[k])])
+        assert not ds.index._ready[k]
+        seg = np.fromfile(ds.index.path / F.SEGMENTS, dtype="<i8").reshape(-1, 3)
+        assert not seg[int(out.doc_start[k]):int(out.doc_start[k + 1])].any()  # nothing of them reached the file
+        _same(ds, PackedDataset(str(out.path), "p"), [int(c[k + 1])])  # another shard reads
+    finally:
+        s3_server.pipe_file(url.split("://", 1)[1] + f"/{F.PACKS_DIR}/p/{F.SEGMENTS}", good)
+    assert int(ds.__getitems__([int(c[k])])[0]["pack_id"]) == int(c[k])  # the object restored: read
+
+
+def test_rows_damaged_in_the_cache_are_fetched_again(layout, cache):  # noqa: F811
+    out, url = layout
+    local = PackedDataset(str(out.path), "p")
+    ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+    _same(ds, local, np.arange(len(ds)))
+    path = ds.index.path / F.SEGMENTS
+    k, row = 2, int(out.doc_start[2])
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, (7).to_bytes(8, "little"), 24 * row + 16)  # the cached copy, changed after it was checked
+    finally:
+        os.close(fd)
+    again = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+    c = np.cumsum([0] + out.manifest.raw["layout"]["member_packs"])
+    _same(again, local, np.arange(int(c[k]), int(c[k + 1])))
+    assert again.index.fetched_rows > 0 and again.index._ready.sum() == 1  # shard 2's rows only, fetched again
+    assert path.read_bytes() == (out.path / F.PACKS_DIR / "p" / F.SEGMENTS).read_bytes()
+
+
+def test_a_pack_length_that_disagrees_with_its_rows_is_refused(layout, cache, s3_server):  # noqa: F811
+    """pack_tokens.bin verified whole (its checksum in index.json), and each shard's packs against it."""
+    out, url = layout
+    d = url.split("://", 1)[1] + f"/{F.PACKS_DIR}/p"
+    good_json, good_pt = s3_server.cat_file(f"{d}/{F.PACK_INDEX_JSON}"), s3_server.cat_file(f"{d}/pack_tokens.bin")
+    pt = np.frombuffer(good_pt, dtype="<u4").copy()
+    pt[3] += 1
+    obj = json.loads(good_json)
+    tmp = cache.parent / "pt.bin"
+    tmp.write_bytes(pt.tobytes())
+    obj["files"]["pack_tokens.bin"]["checksum"] = checksum_file(tmp)
+    s3_server.pipe_file(f"{d}/pack_tokens.bin", pt.tobytes())
+    s3_server.pipe_file(f"{d}/{F.PACK_INDEX_JSON}", F.canonical_json(obj))
+    try:
+        ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+        ds.pack_num_tokens()
+        with pytest.raises(FormatError, match=r"pack_tokens.bin: \[3\]: expected"):
+            ds.__getitems__([3])
+    finally:
+        s3_server.pipe_file(f"{d}/pack_tokens.bin", good_pt)
+        s3_server.pipe_file(f"{d}/{F.PACK_INDEX_JSON}", good_json)
+
+
+def test_a_layout_index_without_the_digests_is_fetched_whole(layout, cache, s3_server, tmp_path):  # noqa: F811
+    """A 1.1 layout (written before §9.4): the whole index before the first batch, as before."""
+    import shutil
+
+    out, _ = layout
+    old = tmp_path / "old" / "layout"
+    shutil.copytree(out.path, old)
+    d = old / F.PACKS_DIR / "p"
+    obj = json.loads((d / F.PACK_INDEX_JSON).read_bytes())
+    for name in ("shard_digests.bin", "pack_tokens.bin"):
+        del obj["files"][name]
+        (d / name).unlink()
+    obj["format_version"] = "1.1"
+    (d / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+    url = f"s3://{BUCKET}/rows-old"
+    upload_tree(tmp_path / "old", url)
+    ds = PackedDataset(f"{url}/layout", "p", stream=True, cache_limit=1 << 30)
+    assert type(ds.index) is PackIndex
+    assert {e["url"].rsplit("/", 1)[-1] for e in _log(cache)} >= {F.SEGMENTS, F.PACK_OFFSETS}
+    _same(ds, PackedDataset(str(out.path), "p"), [0, len(ds) - 1])
