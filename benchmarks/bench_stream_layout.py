@@ -177,13 +177,16 @@ def main(argv=None) -> int:
         this = next(r for r in rows if r["code"] == "this" and r["documents"] == row["documents"]
                     and r["stage"] == row["stage"] and r["balance"] == row["balance"])
         row["vs_this"] = row["seconds"] / this["seconds"] if this["seconds"] else float("nan")
+    codes_order = list(codes)
+    shown = sorted(rows, key=lambda r: (r["documents"], STAGES.index(r["stage"]), r["balance"],
+                                        codes_order.index(r["code"])))  # rows in run order (ABBA) in the JSON
     cols = ["documents", "code", "stage", "balance", "seconds", "vs_this", "fetched_mb", "index_fetched_mb", "of_index",
             "read_mb",
             "requests", "peak_rss_mb", "added_rss_mb"]
-    print_table(rows, cols, title=f"pack-ordered layout (write_shards, shard_bytes {shard_bytes:,}), ffd capacity "
+    print_table(shown, cols, title=f"pack-ordered layout (write_shards, shard_bytes {shard_bytes:,}), ffd capacity "
                 f"{args.capacity}, streamed from memory:// (best of {args.repeat}, cold cache each); window={WINDOW}, "
                 f"first batch = the sampler's first {args.batch} pack(s)")
-    for row in rows:
+    for row in shown:
         if row["stage"] == "first batch":
             by = ", ".join(f"{k} {v:.2f}" for k, v in row["fetched_by_folder_mb"].items())
             print(f"  {row['documents']:,} docs, code={row['code']}, balance={row['balance']}: before the first batch "
