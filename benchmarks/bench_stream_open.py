@@ -165,8 +165,10 @@ def _status(key: str) -> int:
 
 
 def run_stage(mode: str, stage: str, root: Path, work: Path, limit: int, batch: int, repeat: int, rss: bool,
-              profile: bool = False) -> dict:
-    """``repeat`` cold runs of one (mode, stage) in this process after one untimed; the best, the bytes fetched, the peak RSS."""
+              profile: bool = False, fn_for=None) -> dict:
+    """``repeat`` cold runs of one (mode, stage) in this process after one untimed; the best, the bytes fetched, the peak RSS.
+
+    ``fn_for``: ``cache dir -> the callable timed`` in place of ``stage_fn`` (``bench_stream_layout``'s stages)."""
     counter = Counter.install() if mode != "local" else None
     if mode != "local":
         load_memory(root)
@@ -180,7 +182,7 @@ def run_stage(mode: str, stage: str, root: Path, work: Path, limit: int, batch: 
                 Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS: the peak from here on
                 base = _status("VmRSS")
         cache = work / f"cache-{mode}-{stage}-{r}".replace(" ", "_")
-        fn = stage_fn(mode, stage, root, cache, limit, batch)
+        fn = stage_fn(mode, stage, root, cache, limit, batch) if fn_for is None else fn_for(cache)
         if counter is not None:
             counter.requests = counter.bytes = 0
         prof = None
@@ -196,14 +198,21 @@ def run_stage(mode: str, stage: str, root: Path, work: Path, limit: int, batch: 
             prof.disable()
             _print_profile(prof, f"{mode}, {stage}")
         log = cache / "downloads.log"
-        fetched.append(sum(json.loads(line)["bytes"] for line in log.read_text().splitlines()) if log.exists() else 0)
+        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        fetched.append(sum(e["bytes"] for e in entries))
+        by_folder = {}
+        for e in entries:  # by the collection's top folder (packs, members, shards), its own files as "(own)"
+            parts = e["url"][len(URL) + 1:].split("/") if e["url"].startswith(URL + "/") else ["(other)"]
+            key = parts[0] if len(parts) > 1 else "(own)"
+            by_folder[key] = by_folder.get(key, 0) + e["bytes"]
         reads.append((counter.requests, counter.bytes) if counter is not None else (0, 0))
         del out, fn
         if rss:
             gc.collect()
         shutil.rmtree(cache, ignore_errors=True)
     row = {"mode": mode, "stage": stage, "seconds": min(times), "base_rss_mb": base / 2**20, "times": times, "fetched_mb": fetched[-1] / 2**20,
-           "requests": reads[-1][0], "read_mb": reads[-1][1] / 2**20}
+           "requests": reads[-1][0], "read_mb": reads[-1][1] / 2**20,
+           "fetched_by_folder_mb": {k: v / 2**20 for k, v in sorted(by_folder.items())}}
     if rss:
         row.update(peak_rss_mb=_status("VmHWM") / 2**20, added_rss_mb=(_status("VmHWM") - base) / 2**20)
     return row
@@ -222,11 +231,12 @@ def _print_profile(prof, title: str) -> None:
         print("\n".join(lines[start:start + 26]), file=sys.stderr, flush=True)
 
 
-def spawn_stage(spec: dict) -> dict:
-    """``run_stage`` in a fresh child (``python -P this --child JSON``), its row read from its last stdout line."""
-    cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+def spawn_stage(spec: dict, script: str | None = None, env: dict | None = None) -> dict:
+    """``run_stage`` in a fresh child (``python -P script --child JSON``, this file by default; ``env``: its
+    environment, os.environ by default), its row read from its last stdout line."""
+    cmd = [sys.executable, "-P", str(Path(script or __file__).resolve()), "--child", json.dumps(spec)]
     with tempfile.TemporaryFile() as out:
-        pid = os.posix_spawn(cmd[0], cmd, dict(os.environ), file_actions=[(os.POSIX_SPAWN_DUP2, out.fileno(), 1)])
+        pid = os.posix_spawn(cmd[0], cmd, dict(os.environ if env is None else env), file_actions=[(os.POSIX_SPAWN_DUP2, out.fileno(), 1)])
         _, status, _ = os.wait4(pid, 0)
         out.seek(0)
         text = out.read().decode(errors="replace")
