@@ -5,10 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
 import packfmt
-from packfmt.torch import DistributedPackSampler, PackedDataset, PackSampler, SamplerStateError, collate_varlen
+from packfmt.torch import (
+    DistributedPackSampler,
+    PackedDataset,
+    PackSampler,
+    SamplerStateError,
+    collate_varlen,
+)
 from packfmt.torch.testing import next_fit_segments, write_pack_index
 
 RANKS, WORKERS, BATCH = 4, 2, 3
@@ -203,3 +211,30 @@ def test_state_saved_at_epoch_end(ds):
     assert same.epoch == 2 and list(same) == []
     same.set_epoch(3)
     assert list(same) == make().epoch_indices(3).tolist()
+
+
+def _deal_balanced_reference(rounds: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The deal as READER.md §6 words it, one numpy argsort per round (the implementation before its numba kernel)."""
+    by_weight = np.argsort(-weights, axis=1, kind="stable")
+    packs = np.take_along_axis(rounds, by_weight, axis=1)
+    w = np.take_along_axis(weights, by_weight, axis=1)
+    out = np.empty_like(rounds)
+    totals = np.zeros(rounds.shape[1], dtype=np.int64)
+    for j in range(rounds.shape[0]):
+        lightest = np.argsort(totals, kind="stable")
+        out[j, lightest] = packs[j]
+        totals[lightest] += w[j]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 80), st.integers(1, 60), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_balanced_deal_is_the_spec_rule(ranks, rounds, spread, seed):
+    """``deal_balanced`` (a numba kernel: insertion sort up to 32 ranks, merge sort above) deals exactly as the
+    rule's plain numpy form, ties included (few distinct weights, many equal running totals)."""
+    from packfmt.torch._deal import deal_balanced
+
+    rng = np.random.default_rng(seed)
+    packs = rng.permutation(ranks * rounds).reshape(rounds, ranks).astype(np.int64)
+    weights = rng.integers(1, 1 + spread, (rounds, ranks)).astype(np.int64)
+    assert np.array_equal(deal_balanced(packs, weights), _deal_balanced_reference(packs, weights))

@@ -20,6 +20,7 @@ written once.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 __all__ = ["epoch_order", "window_order", "group_runs", "deal_size", "deal_rounds", "deal_balanced", "done_positions"]
 
@@ -75,7 +76,31 @@ def window_order(runs: np.ndarray, seed: int, epoch: int, window: int) -> np.nda
     of_group = np.empty(num_groups, dtype=np.int64)
     of_group[rng.permutation(num_groups)] = np.arange(num_groups, dtype=np.int64) // window
     key = rng.permutation(n)
-    return np.lexsort((key, of_group[runs])).astype(np.int64, copy=False)
+    n_windows = (num_groups - 1) // window + 1
+    small = np.int32 if max(n, n_windows) < 2**31 else np.int64  # the kernel's pairs: 8 bytes a pack, not 16
+    return _by_window_then_key(np.asarray(key, dtype=np.int64), of_group[runs], n_windows, np.zeros((0, 2), small))
+
+
+@njit(cache=True, nogil=True)
+def _by_window_then_key(key, win, n_windows, like):  # pragma: no cover - numba
+    """``np.lexsort((key, win))`` for ``key`` a permutation of ``0 .. n-1``, in O(n): every pack's (window, id)
+    written at its key (one random write a pack), then read in key order and placed stably into its window's slots
+    (a counting sort; lexsort takes tens of seconds at 10^8 packs). ``like``: the dtype of the pairs."""
+    n = key.shape[0]
+    pairs = np.empty((n, 2), dtype=like.dtype)
+    slot = np.zeros(n_windows + 1, dtype=np.int64)
+    for i in range(n):
+        pairs[key[i], 0] = win[i]
+        pairs[key[i], 1] = i
+        slot[win[i] + 1] += 1
+    for w in range(n_windows):
+        slot[w + 1] += slot[w]
+    out = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        w = pairs[j, 0]
+        out[slot[w]] = pairs[j, 1]
+        slot[w] += 1
+    return out
 
 
 def deal_size(num_packs: int, start: int, num_replicas: int, drop_last: bool) -> int:
@@ -112,13 +137,49 @@ def deal_balanced(rounds: np.ndarray, weights: np.ndarray) -> np.ndarray:
     Returns:
         int64 ``(num_rounds, R)``: column r = rank r's packs, one per round, in round order.
     """
-    by_weight = np.argsort(-weights, axis=1, kind="stable")
-    packs = np.take_along_axis(rounds, by_weight, axis=1)
-    w = np.take_along_axis(weights, by_weight, axis=1)
-    out = np.empty_like(rounds)
-    totals = np.zeros(rounds.shape[1], dtype=np.int64)
-    for j in range(rounds.shape[0]):  # one small argsort per round; done once per epoch
-        lightest = np.argsort(totals, kind="stable")
-        out[j, lightest] = packs[j]
-        totals[lightest] += w[j]
+    rounds, weights = np.ascontiguousarray(rounds, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.int64)
+    if rounds.shape[1] > 32:
+        by_weight = np.argsort(-weights, axis=1, kind="stable")
+        return _deal_rounds_balanced(np.take_along_axis(rounds, by_weight, axis=1),
+                                     np.take_along_axis(weights, by_weight, axis=1), False)
+    return _deal_rounds_balanced(rounds, weights, True)
+
+
+@njit(cache=True, nogil=True)
+def _deal_rounds_balanced(packs, w, sort_rows):  # pragma: no cover - numba
+    """Round by round, ``packs[j]`` (heaviest first: sorted here, stably, when ``sort_rows``) to the ranks ordered by
+    running total, lightest first, ties by rank (stable sorts: insertion for a few ranks, merge sort for many)."""
+    rounds, r = packs.shape
+    out = np.empty_like(packs)
+    totals = np.zeros(r, dtype=np.int64)
+    lightest = np.arange(r)
+    heaviest = np.arange(r)
+    row_p = np.empty(r, dtype=np.int64)
+    row_w = np.empty(r, dtype=np.int64)
+    for j in range(rounds):
+        for a in range(r):
+            heaviest[a] = a
+        if sort_rows:  # stable insertion sort of the row by weight, descending (ties: column order)
+            for a in range(1, r):
+                x = heaviest[a]
+                b = a - 1
+                while b >= 0 and w[j, heaviest[b]] < w[j, x]:
+                    heaviest[b + 1] = heaviest[b]
+                    b -= 1
+                heaviest[b + 1] = x
+        for a in range(r):
+            row_p[a] = packs[j, heaviest[a]]
+            row_w[a] = w[j, heaviest[a]]
+        if r > 32:
+            lightest = np.argsort(totals, kind="mergesort")
+        for a in range(1, r if r <= 32 else 0):  # stable insertion sort of the ranks by (total, rank)
+            x = lightest[a]
+            b = a - 1
+            while b >= 0 and (totals[lightest[b]] > totals[x] or (totals[lightest[b]] == totals[x] and lightest[b] > x)):
+                lightest[b + 1] = lightest[b]
+                b -= 1
+            lightest[b + 1] = x
+        for a in range(r):
+            out[j, lightest[a]] = row_p[a]
+            totals[lightest[a]] += row_w[a]
     return out
