@@ -201,3 +201,21 @@ def test_a_layout_index_without_the_digests_is_fetched_whole(layout, cache, s3_s
     assert type(ds.index) is PackIndex
     assert {e["url"].rsplit("/", 1)[-1] for e in _log(cache)} >= {F.SEGMENTS, F.PACK_OFFSETS}
     _same(ds, PackedDataset(str(out.path), "p"), [0, len(ds) - 1])
+
+
+def test_the_prefetch_plan_from_the_record_is_the_plan_from_the_segments(layout, cache):  # noqa: F811
+    """``prefetch.Plan`` takes each pack's shard from ``layout.member_packs`` (no segment read); it is the plan the
+    segments give (every pack of a layout inside one member)."""
+    from packfmt.torch.prefetch import Plan
+
+    out, url = layout
+    ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+    whole = out.pack_index("p")
+    order = np.random.default_rng(1).permutation(len(ds))[: len(ds) // 2]
+    a = Plan(ds.store._stream, order, None, None, ds.index.shard_of)
+    b = Plan(ds.store._stream, order, np.asarray(whole.pack_offsets), np.asarray(whole.segments))
+    for key in ("member", "pos", "starts", "pos_sorted", "member_by_pos"):
+        assert np.array_equal(getattr(a, key), getattr(b, key)), key
+    assert not ds.index._ready.any()  # planned without a row
+    with pytest.raises(IndexError, match="pack ids"):
+        Plan(ds.store._stream, np.array([len(ds)]), None, None, ds.index.shard_of)

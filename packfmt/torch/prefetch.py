@@ -41,9 +41,13 @@ class Plan:
         if shard_of is not None:
             member = np.asarray(shard_of(order), dtype=np.int64)
             if member.size and (member.min() < 0 or member.max() >= len(stream.coll.members)):
-                raise IndexError(f"prefetch: order: pack ids in [0, {len(stream.coll.members) and 'the packs'}), found "
-                                 f"{int(order[(member < 0) | (member >= len(stream.coll.members))][0])}")
-            self._pairs(member, np.arange(order.shape[0], dtype=np.int64), stream)
+                bad = int(order[(member < 0) | (member >= len(stream.coll.members))][0])
+                raise IndexError(f"prefetch: order: expected pack ids of the index (0 .. packs - 1), found {bad}: "
+                                 "pass the sampler's order (sampler.epoch_indices())")
+            by_member = np.argsort(member, kind="stable")  # one member a position: no pair to merge, positions sorted
+            self.member, self.pos = member[by_member], by_member.astype(np.int64, copy=False)
+            self.starts = np.searchsorted(self.member, np.arange(len(stream.coll.members) + 1))
+            self.pos_sorted, self.member_by_pos = np.arange(order.shape[0], dtype=np.int64), member
             return
         # (position, member) of every member each pack touches, grouped by member, positions ascending
         lo, hi = pack_offsets[order], pack_offsets[order + 1]
