@@ -238,3 +238,17 @@ def test_balanced_deal_is_the_spec_rule(ranks, rounds, spread, seed):
     packs = rng.permutation(ranks * rounds).reshape(rounds, ranks).astype(np.int64)
     weights = rng.integers(1, 1 + spread, (rounds, ranks)).astype(np.int64)
     assert np.array_equal(deal_balanced(packs, weights), _deal_balanced_reference(packs, weights))
+
+
+@pytest.mark.parametrize("balance", ["none", "tokens"])
+def test_an_epochs_order_is_made_once_and_read_only(ds, balance):
+    """``prefetch(ds, sampler.epoch_indices())`` then ``iter(sampler)``: one order for the epoch, shared, not
+    writable (an edit by one caller would reach the other); another epoch gets its own."""
+    s = DistributedPackSampler(ds, num_replicas=2, rank=1, balance=balance, window=None)
+    a = s.epoch_indices()
+    assert np.shares_memory(a, s.epoch_indices()) and not a.flags.writeable
+    with pytest.raises(ValueError):
+        a[0] = a[1]
+    assert list(s) == a.tolist()
+    s.set_epoch(1)
+    assert not np.shares_memory(a, s.epoch_indices()) and list(s) == s.epoch_indices().tolist()

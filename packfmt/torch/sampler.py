@@ -90,7 +90,7 @@ class DistributedPackSampler(Sampler[int]):
         self._iter_epoch = 0     # epoch of the newest iterator
         self._iter_start = 0     # global position its deal begins at
         self._yielded = 0        # indices that iterator handed out (its position in the deal)
-        self._cache: tuple[tuple[int, int], np.ndarray] | None = None  # ((epoch, start), balanced assignment)
+        self._cache: tuple[tuple[int, int], np.ndarray] | None = None  # ((epoch, start), its assignment)
 
     @staticmethod
     def _pack_weights(dataset, balance: str) -> np.ndarray | None:
@@ -155,13 +155,13 @@ class DistributedPackSampler(Sampler[int]):
         epoch, start = (self.epoch if epoch is None else int(epoch)), int(start)
         if not 0 <= start <= self.num_packs:
             raise ValueError(f"start: expected in [0, {self.num_packs}] (a position of the epoch's order), found {start}")
-        order = epoch_order(self.num_packs, self.seed, epoch, self.shuffle, self.window, self._runs)
-        rounds = deal_rounds(order, start, self.num_replicas, self.drop_last)
-        if self._weights is None or self.num_replicas == 1:
-            return rounds
         if self._cache is not None and self._cache[0] == (epoch, start):
-            return self._cache[1]
-        out = deal_balanced(rounds, self._weights[rounds])
+            return self._cache[1]  # (prefetch(ds, sampler.epoch_indices()) and iter(sampler): one order, made once)
+        order = epoch_order(self.num_packs, self.seed, epoch, self.shuffle, self.window, self._runs)
+        out = deal_rounds(order, start, self.num_replicas, self.drop_last)
+        if self._weights is not None and self.num_replicas > 1:
+            out = deal_balanced(out, self._weights[out])
+        out.flags.writeable = False  # shared by every call for this epoch: nobody's edit reaches another's order
         self._cache = ((epoch, start), out)
         return out
 
