@@ -89,6 +89,7 @@ def test_rows_arrive_a_shard_at_a_time_and_read_the_same(layout, cache):  # noqa
     assert seg.read_bytes() == whole  # every shard's rows fetched once, in place
     assert idx.fetched_rows == len(whole) + 8 * (len(ds) + len(out.members))  # (a shard's last offset twice)
     assert ds.pack_num_tokens().tolist() == local.pack_num_tokens().tolist()  # pack_tokens.bin, on first use
+    assert ds.pack_num_tokens().dtype == np.int64
     assert ds.pack_groups().tolist() == local.pack_groups().tolist()
     again = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)  # another process on the node: rows hashed,
     _same(again, local, order[:16])                                    # not fetched again

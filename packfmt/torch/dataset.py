@@ -213,7 +213,7 @@ class PackedDataset(Dataset):
 
     def pack_num_tokens(self) -> np.ndarray:
         """int64 ``(num_packs,)``: real (unpadded) tokens of every pack."""
-        return self.index.pack_lengths
+        return np.asarray(self.index.pack_lengths, dtype=np.int64)  # (a layout read shard by shard: its uint32 file)
 
     def pack_groups(self) -> np.ndarray:
         """int64 ``(num_packs,)``: the member holding each pack's first segment's document (zeros for a store);
