@@ -58,7 +58,7 @@ def sharded(coll, name: str, raw: bytes) -> bool:
 class ShardedIndex(PackIndex):
     """``PackIndex`` of a layout in a bucket, its rows fetched and checked a shard at a time (see the module doc)."""
 
-    def __init__(self, coll, name: str, raw: bytes) -> None:  # noqa: PLR0915 - one open, in order
+    def __init__(self, coll, name: str, raw: bytes) -> None:
         from .layout import layout_of
 
         stream = coll._stream
