@@ -201,12 +201,17 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
         ("shards", cli + ["pack", str(ds), "--capacity", str(CAPACITY), "--algorithm", ALGORITHM, "--name", "shp",
                           "--overwrite", "--shards", str(ds.parent / f"{ds.name}-shards"), "--shard-size", "64MiB",
                           "--json"]),
+        ("validate_shards", cli + ["validate", str(ds.parent / f"{ds.name}-shards"), "--deep", "--quiet"]),
     ]
     out: dict[str, list[dict]] = {label: [] for label in envs}
     for name, argv in all_steps:
         if steps and name not in steps and name != "pack_call":  # the ratios need the packing process
             continue
         runs: dict[str, list[dict]] = {label: [] for label in envs}
+        if name == "validate_shards":  # every label validates the same shards: the first label's (untimed)
+            shutil.rmtree(ds.parent / f"{ds.name}-shards", ignore_errors=True)
+            shutil.rmtree(ds / "packs" / "shp", ignore_errors=True)
+            spawn_wait(dict(all_steps)["shards"], next(iter(envs.values())), None)
         for _ in range(repeats):
             for label, env in envs.items():
                 prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name != "pack_call" else None
@@ -300,7 +305,8 @@ def main(argv=None) -> int:
                                                       "(same load for both), as --baseline-label")
     ap.add_argument("--baseline-label", default="before", help="label of --baseline (default: before)")
     ap.add_argument("--steps", help="comma-separated: only these of pack, validate_deep, inspect, shards (`pack --shards`, "
-                    "64 MiB shards; pack_call always)")
+                    "64 MiB shards), validate_shards (`validate --deep` of shards the first label wrote); pack_call "
+                    "always")
     ap.add_argument("--all-labels", action="store_true", help="tables show every label stored, not only this run's")
     ap.add_argument("--data-dir", help="keep the generated stores here and reuse them (default: a temp dir)")
     ap.add_argument("--profile", action="store_true", help="cProfile each command; print its top functions")

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from .. import format as F
 from .._io import HashedFile, checksum_file, publish_dir, temp_sibling, write_durably
@@ -131,17 +132,17 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
             rows = segs[a:a + CHUNK_SEGMENTS]  # as many as hold CHUNK_TOKENS tokens (lookahead included), >= 1
             b = a + max(1, int(np.searchsorted(np.cumsum(rows[:, 2] - rows[:, 1] + 1), CHUNK_TOKENS, side="right")))
             chunk = src.chunk(rows[:b - a], a, f"{F.PACKS_DIR}/{idx.name}/{F.SEGMENTS}")
-            files.add(a, chunk)
             p0, p1 = (int(p) for p in np.searchsorted(po, [a, b], side="right"))  # the packs ending in (a, b]
+            closed = len(shards.members)
             shards.add(src, chunk, np.asarray(po[p0:p1], dtype=np.int64) - a, p0)
+            files.add(a, chunk, shards.doc_ends[closed:])  # the shards that ended in it: their rows' digests
             a = b
         shards.close(int(po.shape[0]) - 1)
         manifest, own = collection_manifest(shards.members, tmp, files={LENGTHS_FILE: files.lengths.close()})
         write_own_files(tmp, own)  # a member table (§2.5) from 256 shards on; the manifest says 1.3 or 1.4
         _check_counts(manifest, {"documents": n, "tokens": files.tokens, "images": files.images})
         binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
-        files.finish(idx.manifest, po, binding, time.perf_counter() - t0, shards.member_packs,
-                     [entry[0].documents for entry in shards.members])
+        files.finish(idx.manifest, po, binding, time.perf_counter() - t0, shards.member_packs, idx.pack_lengths)
         manifest["layout"] = {
             "kind": LAYOUT_KIND, "index": idx.name, "shard_bytes": int(shard_bytes),
             "lookahead_tokens": files.tokens - files.packed,
@@ -179,6 +180,7 @@ class _Shards:
         self.first_pack = 0  # its first pack
         self.members: list = []  # (member, path, shared keys) of each shard done
         self.member_packs: list[int] = []
+        self.doc_ends: list[int] = []  # the documents written when each shard was done (D_(k+1), §9.4)
 
     def add(self, src: Source, c: Chunk, ends: np.ndarray, p0: int) -> None:
         """The chunk's documents, in order. ``ends``: the positions in the chunk where packs end, increasing:
@@ -217,6 +219,7 @@ class _Shards:
         self.members.append((Member(name, str(path), w.num_documents, w.num_tokens, w.num_images,
                                     checksum_file(path / F.MANIFEST)), path, shared))
         self.member_packs.append(packs_done - self.first_pack)
+        self.doc_ends.append((self.doc_ends[-1] if self.doc_ends else 0) + w.num_documents)
         self.writer, self.bytes, self.first_pack = None, 0, packs_done
 
     def abort(self) -> None:
@@ -258,29 +261,42 @@ class _IndexFiles:
         self.tmp = temp_sibling(self.target)
         self.lengths = HashedFile(root / LENGTHS_FILE)
         self.segments = HashedFile(self.tmp / F.SEGMENTS)
+        self.rows_hash, self.seg_digests = xxhash.xxh3_64(), []  # the shard being written, the shards done
         self.tokens = self.packed = self.images = 0
 
-    def add(self, a: int, c: Chunk) -> None:
-        """The chunk of source segments ``a, a + 1, ...``: OUT's documents of the same numbers."""
+    def add(self, a: int, c: Chunk, cuts: list) -> None:
+        """The chunk of source segments ``a, a + 1, ...``: OUT's documents of the same numbers. ``cuts``: the
+        documents at which shards ended in it (``D_(k+1)``): the digest of a shard's rows of ``segments.bin`` is
+        taken as they are written (§9.4)."""
         n = len(c)
         self.lengths.write_array(c.length, F.OFFSET_DTYPE)
-        self.segments.write_array(np.stack([np.arange(a, a + n, dtype=np.int64), np.zeros(n, dtype=np.int64),
-                                            c.seg_len], 1), F.OFFSET_DTYPE)
+        rows = np.stack([np.arange(a, a + n, dtype=np.int64), np.zeros(n, dtype=np.int64), c.seg_len], 1)
+        self.segments.write_array(rows, F.OFFSET_DTYPE)
+        start = 0
+        for cut in cuts:
+            self.rows_hash.update(np.ascontiguousarray(rows[start:cut - a], dtype=F.OFFSET_DTYPE).data)
+            self.seg_digests.append(self.rows_hash.intdigest())
+            self.rows_hash.reset()
+            start = cut - a
+        self.rows_hash.update(np.ascontiguousarray(rows[start:], dtype=F.OFFSET_DTYPE).data)
         self.tokens += int(c.length.sum())
         self.packed += int(c.seg_len.sum())
         self.images += 0 if c.image0 is None else int((c.image1 - c.image0).sum())
 
-    def finish(self, pm, po, binding: str, seconds: float, member_packs: list, member_docs: list) -> None:
+    def finish(self, pm, po, binding: str, seconds: float, member_packs: list, pack_lengths: np.ndarray) -> None:
         """``pack_offsets.bin`` (the source's, copied a chunk at a time), the shards' rows digests and the packs'
-        lengths (§9.4, below capacity 2^32) and ``index.json``; the index published."""
+        lengths (§9.4, below capacity 2^32: the source's packs' lengths, which are OUT's) and ``index.json``; the
+        index published."""
         files = {}
         f = HashedFile(self.tmp / F.PACK_OFFSETS)
         for a in range(0, int(po.shape[0]), CHUNK_SEGMENTS):
             f.write_array(po[a:a + CHUNK_SEGMENTS], F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
         files[F.SEGMENTS] = self.segments.close()
+        if len(self.seg_digests) < len(member_packs):  # the last shard, closed after the last chunk
+            self.seg_digests.append(self.rows_hash.intdigest())
         if pm.capacity < R.PACK_TOKENS_LIMIT:
-            files.update(self._shard_rows(member_packs, member_docs))
+            files.update(self._shard_rows(po, member_packs, pack_lengths))
         n, packs, packed = self.lengths.nbytes // F.OFFSET_DTYPE.itemsize, int(po.shape[0] - 1), self.packed
         stats = {"documents": n, "documents_packed": n, "segments": n, "packs": packs, "split_documents": 0,
                  "dropped_documents": 0, "dropped_tokens": 0, "truncated_documents": 0, "truncated_tokens": 0,
@@ -296,23 +312,22 @@ class _IndexFiles:
         write_durably(self.tmp / F.PACK_INDEX_JSON, F.canonical_json(index))
         publish_dir(self.tmp, self.target, overwrite=False)
 
-    def _shard_rows(self, member_packs: list, member_docs: list) -> dict:
-        """``shard_digests.bin`` and ``pack_tokens.bin`` from the two files just written, a shard's rows at a time."""
-        po = np.memmap(self.tmp / F.PACK_OFFSETS, dtype=F.OFFSET_DTYPE, mode="r")
-        segs = np.memmap(self.tmp / F.SEGMENTS, dtype=F.OFFSET_DTYPE, mode="r").reshape(-1, F.SEGMENT_COLUMNS)
-        c, d = R.bounds(member_packs, member_docs)
-        digests, lengths = HashedFile(self.tmp / R.SHARD_DIGESTS), HashedFile(self.tmp / R.PACK_TOKENS)
-        try:
-            for _, h_po, h_seg, packs in R.shard_rows(po, segs, c, d):
-                digests.write_array(np.array([h_po, h_seg], dtype=np.uint64), R.DIGEST_DTYPE)
-                lengths.write_array(packs, R.PACK_TOKENS_DTYPE)  # each <= capacity < 2^32
-        except BaseException:
-            digests.abort()
-            lengths.abort()
-            raise
-        finally:
-            del po, segs
-        return {R.SHARD_DIGESTS: digests.close(), R.PACK_TOKENS: lengths.close()}
+    def _shard_rows(self, po, member_packs: list, pack_lengths: np.ndarray) -> dict:
+        """``shard_digests.bin`` (each shard's rows of ``pack_offsets.bin``, hashed from the source's, which OUT's
+        copies, and the digests of its rows of ``segments.bin`` taken while they were written) and
+        ``pack_tokens.bin`` (each pack's length, <= capacity < 2^32)."""
+        c = np.concatenate([[0], np.cumsum(member_packs, dtype=np.int64)])
+        h_po = [xxhash.xxh3_64_intdigest(np.ascontiguousarray(po[c[k]:c[k + 1] + 1], dtype=F.OFFSET_DTYPE).data)
+                for k in range(len(member_packs))]
+        digests = np.stack([np.array(h_po, dtype=np.uint64), np.array(self.seg_digests, dtype=np.uint64)], 1)
+        out = {}
+        for fname, arr, dtype in ((R.SHARD_DIGESTS, digests, R.DIGEST_DTYPE),
+                                  (R.PACK_TOKENS, pack_lengths, R.PACK_TOKENS_DTYPE)):
+            f = HashedFile(self.tmp / fname)
+            for a in range(0, arr.shape[0], CHUNK_SEGMENTS):
+                f.write_array(arr[a:a + CHUNK_SEGMENTS], dtype)
+            out[fname] = f.close()
+        return out
 
     def abort(self) -> None:
         self.lengths.abort()
