@@ -48,6 +48,10 @@ def group_runs(groups: np.ndarray) -> tuple[np.ndarray, int]:
             group's packs are not consecutive, and a window cannot hold the group whole), else -1.
     """
     groups = np.asarray(groups, dtype=np.int64).reshape(-1)
+    n = groups.shape[0]
+    if n and 0 <= groups.min() and groups.max() < max(4 * n, 1 << 20):  # member ids: one pass, a seen-bit per id
+        runs = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)  # (the run count is at most n)
+        return runs, int(_runs_of(groups, int(groups.max()) + 1, runs))
     change = np.ones(groups.shape[0], dtype=bool)
     change[1:] = groups[1:] != groups[:-1]
     runs = np.cumsum(change, dtype=np.int64) - 1
@@ -55,6 +59,23 @@ def group_runs(groups: np.ndarray) -> tuple[np.ndarray, int]:
     _, seen_first = np.unique(groups[firsts], return_index=True)
     repeated = np.setdiff1d(np.arange(firsts.shape[0]), seen_first)  # ascending
     return runs, int(firsts[repeated[0]]) if repeated.size else -1
+
+
+@njit(cache=True, nogil=True)
+def _runs_of(groups, n_ids, runs):  # pragma: no cover - numba
+    """``runs`` filled (the run of every pack); returns the first pack that starts a run of a group seen before, or
+    -1 (``group_runs``'s two results, in one pass over ``groups``, all ``>= 0`` and ``< n_ids``)."""
+    seen = np.zeros(n_ids, dtype=np.bool_)
+    split, r = -1, -1
+    for p in range(groups.shape[0]):
+        g = groups[p]
+        if p == 0 or g != groups[p - 1]:
+            r += 1
+            if seen[g] and split < 0:
+                split = p
+            seen[g] = True
+        runs[p] = r
+    return split
 
 
 def window_order(runs: np.ndarray, seed: int, epoch: int, window: int) -> np.ndarray:
@@ -65,7 +86,9 @@ def window_order(runs: np.ndarray, seed: int, epoch: int, window: int) -> np.nda
     puts group ``g[i]`` in window ``i // window``; ``key = rng.permutation(N)``; the order lists
     the packs by window, then by key.
     """
-    runs = np.asarray(runs, dtype=np.int64).reshape(-1)
+    runs = np.asarray(runs).reshape(-1)
+    if runs.dtype.kind not in "iu":
+        runs = runs.astype(np.int64)
     if window < 1:
         raise ValueError(f"window: expected an integer >= 1 (groups per window), found {window!r}")
     n = runs.shape[0]
@@ -73,11 +96,11 @@ def window_order(runs: np.ndarray, seed: int, epoch: int, window: int) -> np.nda
         return np.zeros(0, dtype=np.int64)
     num_groups = int(runs[-1]) + 1
     rng = np.random.default_rng([seed, epoch])
-    of_group = np.empty(num_groups, dtype=np.int64)
+    n_windows = (num_groups - 1) // window + 1
+    small = np.int32 if max(n, n_windows) < 2**31 else np.int64  # the kernel's arrays: 4 bytes a pack, not 8
+    of_group = np.empty(num_groups, dtype=small)
     of_group[rng.permutation(num_groups)] = np.arange(num_groups, dtype=np.int64) // window
     key = rng.permutation(n)
-    n_windows = (num_groups - 1) // window + 1
-    small = np.int32 if max(n, n_windows) < 2**31 else np.int64  # the kernel's pairs: 8 bytes a pack, not 16
     return _by_window_then_key(np.asarray(key, dtype=np.int64), of_group[runs], n_windows, np.zeros((0, 2), small))
 
 
