@@ -115,6 +115,9 @@ def test_group_runs_finds_the_first_split_group(groups):
         prev = g
     assert split == expect
     assert runs.tolist() == [sum(1 for i in range(1, p + 1) if groups[i] != groups[i - 1]) for p in range(len(groups))]
+    for shift in (-10, 2**40):  # ids a seen-bit array cannot index: the numpy path, the same answer
+        other, other_split = group_runs(np.array(groups) + shift)
+        assert other_split == split and other.tolist() == runs.tolist()
 
 
 def test_no_window_keeps_the_plain_order_bit_identical():
