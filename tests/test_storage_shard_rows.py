@@ -220,3 +220,40 @@ def test_the_prefetch_plan_from_the_record_is_the_plan_from_the_segments(layout,
     assert not ds.index._ready.any()  # planned without a row
     with pytest.raises(IndexError, match="pack ids"):
         Plan(ds.store._stream, np.array([len(ds)]), None, None, ds.index.shard_of)
+
+
+@pytest.mark.parametrize("saved,resumed", [(4, 3), (2, 4)])
+def test_an_elastic_resume_prefetches_exactly_what_it_reads(layout, cache, saved, resumed):  # noqa: F811
+    """A state saved on ``saved`` ranks, loaded on ``resumed``: ``pending_indices()`` is what ``iter`` yields, the
+    prefetch plan made from it is followed to the end (no warning that the reads left the plan), and every pack
+    read equals the local read; over the ranks the rest of the epoch is read exactly once."""
+    import warnings
+
+    from packfmt.torch.prefetch import prefetch
+
+    out, url = layout
+    local = PackedDataset(str(out.path), "p")
+    first = [DistributedPackSampler(local, num_replicas=saved, rank=r, window=3, seed=2, balance="none")
+             for r in range(saved)]
+    done = 5
+    state = first[0].state_dict(num_consumed=done)
+    consumed = {int(p) for s in first for p in s.epoch_indices()[:done]}
+    rest = []
+    for r in range(resumed):
+        ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+        s = DistributedPackSampler(ds, num_replicas=resumed, rank=r, window=3, seed=2, balance="none")
+        s.load_state_dict(state)
+        pending = s.pending_indices()
+        prefetch(ds, pending, batch_size=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a read outside the plan warns
+            read = list(s)
+            assert read == pending.tolist()
+            for b in range(0, len(read), 4):
+                _same(ds, local, read[b:b + 4])
+        rest += read
+    from collections import Counter
+
+    left, counts = set(range(len(local))) - consumed, Counter(rest)
+    assert len(consumed) == done * saved and all(counts[p] == 1 for p in left)  # the rest of the epoch, once each
+    assert sum(n for p, n in counts.items() if p not in left) < resumed  # and the deal's padding: under one round

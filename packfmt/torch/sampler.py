@@ -146,6 +146,16 @@ class DistributedPackSampler(Sampler[int]):
         """int64 ``(len,)``: this rank's packs for ``epoch``, in order, dealt from global position ``start``."""
         return self.assignment(epoch, start)[:, self.rank]
 
+    def pending_indices(self) -> np.ndarray:
+        """int64: the packs the next ``iter(self)`` yields, in order: this rank's share of the current epoch from the
+        position ``load_state_dict`` loaded (a resume, on this or another number of ranks), else the whole epoch.
+        What a streamed dataset's prefetch should plan after a resume: ``prefetch(ds, sampler.pending_indices(),
+        batch_size=B)`` (``epoch_indices()`` is the whole epoch, which the resumed loop does not read from its start)."""
+        start, position = 0, 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            _, start, position = self._resume
+        return self.epoch_indices(start=start)[position:]
+
     def assignment(self, epoch: int | None = None, start: int = 0) -> np.ndarray:
         """int64 ``(rounds, num_replicas)``: column r holds rank r's packs for ``epoch``.
 
