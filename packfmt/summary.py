@@ -164,6 +164,8 @@ def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = D
         "seed": index.manifest.seed,
         "params": index.manifest.params,
         "materialized": index.manifest.materialized,
+        "format_version": index.manifest.raw.get("format_version"),
+        "shard_rows": "shard_digests.bin" in index.manifest.files,  # a layout's, read a shard at a time (§9.4)
         "packs": n_packs,
         "segments": int(index.segments.shape[0]),
         "packed_tokens": packed,

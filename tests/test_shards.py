@@ -172,6 +172,25 @@ def test_validate_structural_deep_and_cli(out, capsys):
     text = capsys.readouterr().out
     assert f"pack-ordered: index '{NAME}' in pack order, {len(out.members)} shard(s)" in text
     assert "source mixture weights text=1.5" in text
+    assert "streamed (stream=True): its index is read a shard at a time" in text
+
+
+def test_inspect_says_how_a_layout_index_streams(out, tmp_path, capsys):
+    """A 1.1 layout index (no shard digests) is fetched whole by a streamed read: inspect says so and what writes
+    one read a shard at a time."""
+    root = copy_of(out, tmp_path)
+    d = root / F.PACKS_DIR / NAME
+    obj = json.loads((d / F.PACK_INDEX_JSON).read_bytes())
+    for name in ("shard_digests.bin", "pack_tokens.bin"):
+        del obj["files"][name]
+        (d / name).unlink()
+    obj["format_version"] = "1.1"
+    (d / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+    assert main(["inspect", str(root)]) == 0
+    text = capsys.readouterr().out
+    assert "its index is fetched whole before the first batch" in text and "--shards OUT" in text
+    assert main(["inspect", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pack_indexes"][NAME]["shard_rows"] is False
 
 
 # ------------------------------------------------------------------------ no new index over OUT, no merge of it

@@ -202,6 +202,13 @@ def format_collection(s: dict) -> str:
                      f"(labels only, never inputs); from {layout['source']['name']!r}")
         if layout["source"].get("mixture"):
             lines += ["  source " + line for line in format_mixture(layout["source"]["mixture"])[:1]]
+        laid = s["pack_indexes"].get(layout["index"])
+        if laid is not None and laid.get("shard_rows"):
+            lines.append("  streamed (stream=True): its index is read a shard at a time, each shard's rows verified "
+                         "(index 1.2, spec/COLLECTION.md §9.4)")
+        elif laid is not None:
+            lines.append("  streamed (stream=True): its index is fetched whole before the first batch (24 B a "
+                         "document); `packfmt pack SRC --capacity N --shards OUT` writes one read a shard at a time")
     lines += length_and_mask_lines(s)
     for name, ix in s["pack_indexes"].items():
         lines += format_index(name, ix)
