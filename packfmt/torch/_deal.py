@@ -160,7 +160,8 @@ def deal_balanced(rounds: np.ndarray, weights: np.ndarray) -> np.ndarray:
     Returns:
         int64 ``(num_rounds, R)``: column r = rank r's packs, one per round, in round order.
     """
-    rounds, weights = np.ascontiguousarray(rounds, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.int64)
+    rounds = np.ascontiguousarray(rounds, dtype=np.int64)
+    weights = np.ascontiguousarray(weights if weights.dtype in (np.int32, np.int64) else weights.astype(np.int64))
     if rounds.shape[1] > 32:
         by_weight = np.argsort(-weights, axis=1, kind="stable")
         return _deal_rounds_balanced(np.take_along_axis(rounds, by_weight, axis=1),

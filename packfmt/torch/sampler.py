@@ -94,11 +94,12 @@ class DistributedPackSampler(Sampler[int]):
 
     @staticmethod
     def _pack_weights(dataset, balance: str) -> np.ndarray | None:
-        if balance == "tokens":
-            return np.asarray(dataset.pack_num_tokens(), dtype=np.int64)
-        if balance == "images":
-            return np.asarray(dataset.pack_num_images(), dtype=np.int64)
-        return None
+        if balance == "none":
+            return None
+        w = np.asarray(dataset.pack_num_tokens() if balance == "tokens" else dataset.pack_num_images(), dtype=np.int64)
+        if w.size and 0 <= w.min() and w.max() < 2**31:
+            return w.astype(np.int32)  # what the deal gathers every epoch: 4 bytes a pack (10^8 packs: 0.4 GB less twice)
+        return w
 
     @staticmethod
     def _window_runs(dataset, window, shuffle: bool) -> tuple[int | None, np.ndarray | None]:
