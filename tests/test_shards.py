@@ -178,14 +178,10 @@ def test_validate_structural_deep_and_cli(out, capsys):
 def test_inspect_says_how_a_layout_index_streams(out, tmp_path, capsys):
     """A 1.1 layout index (no shard digests) is fetched whole by a streamed read: inspect says so and what writes
     one read a shard at a time."""
+    from old_collections import without_shard_rows
+
     root = copy_of(out, tmp_path)
-    d = root / F.PACKS_DIR / NAME
-    obj = json.loads((d / F.PACK_INDEX_JSON).read_bytes())
-    for name in ("shard_digests.bin", "pack_tokens.bin"):
-        del obj["files"][name]
-        (d / name).unlink()
-    obj["format_version"] = "1.1"
-    (d / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+    without_shard_rows(root / F.PACKS_DIR / NAME)
     assert main(["inspect", str(root)]) == 0
     text = capsys.readouterr().out
     assert "its index is fetched whole before the first batch" in text and "--shards OUT" in text

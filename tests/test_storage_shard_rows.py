@@ -186,16 +186,12 @@ def test_a_layout_index_without_the_digests_is_fetched_whole(layout, cache, s3_s
     """A 1.1 layout (written before §9.4): the whole index before the first batch, as before."""
     import shutil
 
+    from old_collections import without_shard_rows
+
     out, _ = layout
     old = tmp_path / "old" / "layout"
     shutil.copytree(out.path, old)
-    d = old / F.PACKS_DIR / "p"
-    obj = json.loads((d / F.PACK_INDEX_JSON).read_bytes())
-    for name in ("shard_digests.bin", "pack_tokens.bin"):
-        del obj["files"][name]
-        (d / name).unlink()
-    obj["format_version"] = "1.1"
-    (d / F.PACK_INDEX_JSON).write_bytes(F.canonical_json(obj))
+    without_shard_rows(old / F.PACKS_DIR / "p")
     url = f"s3://{BUCKET}/rows-old"
     upload_tree(tmp_path / "old", url)
     ds = PackedDataset(f"{url}/layout", "p", stream=True, cache_limit=1 << 30)
