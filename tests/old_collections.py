@@ -1,5 +1,8 @@
-"""Collections as older writers left them. ``without_lengths_record``: written before ``doc_lengths.bin`` (spec/COLLECTION.md 1.2): the record removed, so its
-readers take the per-member path (each member's manifest and ``doc_offsets.bin``), which stays valid."""
+"""Collections as older writers left them, for the tests of their readers.
+
+``without_lengths_record``: written before ``doc_lengths.bin`` (spec/COLLECTION.md 1.2), so its readers take the
+per-member path (each member's manifest and ``doc_offsets.bin``), which stays valid. ``without_shard_rows``: a
+layout's index written before §9.4 (1.1), which a streamed read fetches whole."""
 
 from __future__ import annotations
 
