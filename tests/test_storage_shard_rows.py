@@ -253,3 +253,21 @@ def test_an_elastic_resume_prefetches_exactly_what_it_reads(layout, cache, saved
     left, counts = set(range(len(local))) - consumed, Counter(rest)
     assert len(consumed) == done * saved and all(counts[p] == 1 for p in left)  # the rest of the epoch, once each
     assert sum(n for p, n in counts.items() if p not in left) < resumed  # and the deal's padding: under one round
+
+
+def test_a_layout_of_a_shard_per_pack_streams_from_its_member_table(layout, cache, tmp_path):  # noqa: F811
+    """256 shards and more: the collection lists them in a member table (spec/COLLECTION.md §2.5), whose columns
+    give the shards' documents and tokens; every pack still reads as the local layout's."""
+    out, _ = layout
+    src = out.path.parent.parent / "src"
+    many = write_shards(str(src), "p", tmp_path / "up" / "many", shard_bytes=1)  # every pack its own shard
+    assert len(many.members) >= 256 and (many.path / "members.bin").exists()
+    url = f"s3://{BUCKET}/rows-many"
+    upload_tree(tmp_path / "up", url)
+    local = PackedDataset(str(many.path), "p")
+    ds = PackedDataset(f"{url}/many", "p", stream=True, cache_limit=1 << 30)
+    assert isinstance(ds.index, ShardedIndex) and ds.pack_groups().tolist() == list(range(len(ds)))
+    order = np.random.default_rng(4).permutation(len(ds))
+    for b in range(0, len(order), 16):
+        _same(ds, local, order[b:b + 16])
+    assert ds.index._ready.all()
