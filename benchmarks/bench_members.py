@@ -8,7 +8,10 @@ imports and numba compiled before any timing): ``packfmt.open`` + ``doc_lengths`
 needs of a dataset), ``build_pack_index`` (ffd, capacity 256) and ``packfmt.validate`` (structural).
 Best of ``--repeat``; ratios are to the one store. For a member table, ``coll_table_check_s`` is reading
 and checking the table alone (the part of the open a store has no counterpart of) and ``table_check_ratio``
-that over the store's whole open. Members are written by
+that over the store's whole open. ``coll_manifests_read_s`` is reading every member's manifest alone and
+``coll_member_files_s`` every system call a structural validate makes of a member (manifest, listing, sizes,
+offsets) in plain Python: the floors of validate's per-member cost. ``--process`` also times each command as a
+whole process (``open``: a process that opens the data set and reads its lengths). Members are written by
 ``packfmt.torch.testing.write_split_stores``. ``--forms array,table``: the same members listed as the manifest's
 JSON array (collection format 1.3) and as a member table (1.4, spec/COLLECTION.md §2.5), side by side.
 
@@ -104,9 +107,40 @@ def measure_manifest_floor(path: Path, repeat: int) -> float:
     return best_of(read_all, repeat)
 
 
+def measure_member_files_floor(path: Path, repeat: int) -> float:
+    """The system calls a structural validate makes of every member and nothing else: its ``manifest.json`` read
+    (open, read, close), its directory listed (nothing else in it), each other listed file's size (``stat``) and its
+    ``doc_offsets.bin`` read (V13), in plain Python with every path made beforehand: the floor of checking each
+    member once, which a store of the same documents (three files) does not pay."""
+    import os
+
+    coll = packfmt.open(path)
+    dirs = [os.path.join(str(path), p, "") for p in coll.members.paths]
+    sizes = ((coll.members.documents + 1) * F.OFFSET_DTYPE.itemsize + 1).tolist()
+    stated = [n for n in os.listdir(dirs[0]) if n not in (F.MANIFEST, F.DOC_OFFSETS)]  # every member: one writer's
+    flags = os.O_RDONLY | os.O_NONBLOCK
+
+    def read_all():
+        for d, size in zip(dirs, sizes):
+            fd = os.open(d + F.MANIFEST, flags)
+            os.read(fd, 1 << 14)
+            os.close(fd)
+            os.listdir(d)
+            for name in stated:
+                os.stat(d + name)
+            fd = os.open(d + F.DOC_OFFSETS, flags)
+            os.read(fd, size)
+            os.close(fd)
+
+    return best_of(read_all, repeat)
+
+
 #: ``--process``: each command run as a whole process (interpreter start, imports, numba cache loads included).
-COMMANDS = {"pack": ["pack", "{p}", "--capacity", str(CAPACITY), "--name", "bp", "--overwrite"],
+COMMANDS = {"open": None, "pack": ["pack", "{p}", "--capacity", str(CAPACITY), "--name", "bp", "--overwrite"],
             "validate": ["validate", "{p}"], "inspect": ["inspect", "{p}"]}
+#: ``open`` has no command of its own: a process that opens the data set and reads its lengths (what every command
+#: needs of it), with the imports a command makes.
+OPEN_PROCESS = "import sys, packfmt.cli, packfmt; packfmt.open(sys.argv[1]).doc_lengths"
 
 
 def measure_processes(path: Path, repeat: int) -> dict:
@@ -115,7 +149,8 @@ def measure_processes(path: Path, repeat: int) -> dict:
 
     out = {}
     for name, argv in COMMANDS.items():
-        cmd = [sys.executable, "-m", "packfmt.cli", *(a.format(p=path) for a in argv)]
+        cmd = ([sys.executable, "-c", OPEN_PROCESS, str(path)] if argv is None else
+               [sys.executable, "-m", "packfmt.cli", *(a.format(p=path) for a in argv)])
 
         def run(cmd=cmd):
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -165,6 +200,9 @@ def main() -> None:
                 floor = measure_manifest_floor(coll, args.repeat)
                 row["coll_manifests_read_s"] = round(floor, 4)  # the validate floor, and how far validate is above it
                 row["validate_vs_manifests_read"] = round(many["validate_s"] / floor, 2)
+                files = measure_member_files_floor(coll, args.repeat)  # every member's files, as validate reads them
+                row["coll_member_files_s"] = round(files, 4)
+                row["validate_vs_member_files"] = round(many["validate_s"] / files, 2)
                 table = measure_table(coll, args.repeat)
                 if table is not None:  # the member table's check alone, against the store's whole open
                     row["coll_table_check_s"] = round(table, 4)
@@ -183,7 +221,8 @@ def main() -> None:
     print_table(rows, ["members", "documents", "form", "store_open_s", "coll_open_s", "open_ratio", "store_pack_s",
                        "coll_pack_s", "pack_ratio", "store_validate_s", "coll_validate_s", "validate_ratio",
                        "open_us_per_member", "pack_us_per_member", "validate_us_per_member", "coll_table_check_s",
-                       "table_check_ratio", "coll_manifests_read_s", "validate_vs_manifests_read"])
+                       "table_check_ratio", "coll_manifests_read_s", "validate_vs_manifests_read", "coll_member_files_s",
+                       "validate_vs_member_files"])
     if args.process:
         print_table(rows, ["members", "documents", "form", *(f"{side}_process_{c}_s" for c in COMMANDS
                                                            for side in ("store", "coll")),
