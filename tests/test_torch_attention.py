@@ -100,4 +100,16 @@ def test_select_attention_order_and_overrides(monkeypatch):
     assert select_attention("cuda") == "flex"
     with pytest.raises(ValueError, match="attention path"):
         select_attention("cpu", prefer="xformers")
+    # with flash-attn (here a stand-in), flash_varlen is transformers' own flash_attention_2
     assert [hf_attn_implementation(p) for p in ATTENTION_PATHS] == ["flash_attention_2", "flex_attention", "sdpa"]
+
+
+def test_flash_varlen_without_flash_attn_is_torch_varlen_registered(monkeypatch):
+    """Without flash-attn, flash_varlen maps to ``packfmt_varlen`` (torch's varlen_attn), registered with transformers."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # an import of it fails, as where it is not installed
+    assert [hf_attn_implementation(p) for p in ATTENTION_PATHS] == ["packfmt_varlen", "flex_attention", "sdpa"]
+    assert "packfmt_varlen" in AttentionInterface._global_mapping
+    assert AttentionMaskInterface._global_mapping["packfmt_varlen"]() is None  # bounds travel as cu_seq_lens_q

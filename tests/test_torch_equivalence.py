@@ -202,3 +202,31 @@ def test_int32_index_dtype_through_transformers_matches_documents_alone(packed, 
     assert torch.equal(batch["shift_labels"][0], ref_labels)
     assert abs(out.loss.item() - pooled_loss(ref_logits, ref_labels).item()) <= TOL
     assert abs(out.loss.item() - out64.loss.item()) <= TOL
+
+
+def test_packfmt_varlen_implementation_matches_documents_alone(packed, model):
+    """``attn_implementation="packfmt_varlen"`` (``hf_attention``: torch's varlen_attn on CUDA, the same rule by
+    SDPA elsewhere) over ``collate_hf`` batches: the bounds come from ``cu_seq_lens_q``, grouped-query heads are
+    shared, and a call without bounds is refused rather than attending across documents."""
+    from packfmt.torch.hf_attention import HF_VARLEN, register_hf_varlen
+
+    assert register_hf_varlen() == HF_VARLEN == register_hf_varlen()  # idempotent
+    store, ds = packed
+    items = [ds[i] for i in range(len(ds))]
+    ref_logits, ref_labels = reference(store, model, batch_segments(ds, items))
+    batch = collate_hf(items)
+    model.set_attn_implementation(HF_VARLEN)
+    try:
+        with torch.no_grad():
+            out = model(**batch)
+            # the negative control: the same row with bounds of one document (a causal mask over the whole row)
+            whole = dict(batch, cu_seq_lens_q=batch["cu_seq_lens_q"][[0, -1]], cu_seq_lens_k=batch["cu_seq_lens_k"][[0, -1]])
+            leak = model(**whole)
+            with pytest.raises(ValueError, match="cu_seq_lens_q"):
+                model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    finally:
+        model.set_attn_implementation("sdpa")
+    diff = (out.logits[0] - ref_logits).abs().max().item()
+    assert diff <= TOL
+    assert abs(pooled_loss(out.logits[0], ref_labels).item() - pooled_loss(ref_logits, ref_labels).item()) <= TOL
+    assert (leak.logits[0] - ref_logits).abs().max().item() > 1e-2

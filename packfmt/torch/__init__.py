@@ -12,15 +12,21 @@ from .attention import (
     document_causal_mask,
     flash_varlen_attention,
     flex_document_block_mask,
-    hf_attn_implementation,
     position_ids_from_cu_seqlens,
     sdpa_document_attention,
     select_attention,
 )
 from .collate import collate_hf, collate_padded, collate_varlen
 from .dataset import FIELDS, IGNORE_INDEX, PAD_DOC_ID, PackBatch, PackedDataset
+from .hf_attention import hf_attn_implementation
 from .images import ImageProcessorTransform
-from .sampler import BALANCE_MODES, DistributedPackSampler, PackSampler, SamplerStateError, lockstep_state
+from .sampler import (
+    BALANCE_MODES,
+    DistributedPackSampler,
+    PackSampler,
+    SamplerStateError,
+    lockstep_state,
+)
 
 __all__ = [
     "PackedDataset",

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["position_ids_from_cu_seqlens", "doc_ids_from_cu_seqlens", "document_causal_mask", "flex_document_block_mask", "flash_varlen_attention", "sdpa_document_attention",
-           "select_attention", "ATTENTION_PATHS"]
+           "select_attention", "torch_varlen_attention", "ATTENTION_PATHS"]
 
 ATTENTION_PATHS = ("flash_varlen", "flex", "sdpa")
 
@@ -122,13 +122,51 @@ def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, *
     if flash_attn_varlen_func is not None:
         return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=causal, **kwargs)
     if q.is_cuda:
-        try:
-            from torch.nn.attention.varlen import varlen_attn
-        except ImportError as exc:
-            raise RuntimeError("flash_varlen: neither flash_attn nor torch.nn.attention.varlen is available") from exc
-        window = (-1, 0) if causal else (-1, -1)
-        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=window)
+        return torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=causal, scale=kwargs.get("softmax_scale"))
     raise RuntimeError("flash_varlen: needs CUDA tensors and flash_attn (pip install flash-attn) or torch varlen_attn")
+
+
+def torch_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int, *, causal: bool = True,
+                           scale: float | None = None) -> torch.Tensor:
+    """PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA, bf16/fp16) over packed rows; q ``(T, H, D)``,
+    k/v ``(T, H_kv, D)`` with ``H_kv`` dividing ``H`` (grouped-query attention), ``cu_seqlens`` ``(S+1,)``.
+
+    Its keywords changed between releases: a causal flag (``is_causal``) in the first ones, ``window_size``
+    (``(-1, 0)``: causal) later; grouped-query attention by ``enable_gqa`` where it has it, else by repeating
+    the key/value heads. Raises ``RuntimeError`` naming what is missing when this torch has no ``varlen_attn``."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as exc:
+        raise RuntimeError(f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn (added in 2.9): "
+                           "install flash-attn, or use attention path 'flex' or 'sdpa'") from exc
+    params = _varlen_params(varlen_attn)
+    kw = {}
+    if "window_size" in params:
+        kw["window_size"] = (-1, 0) if causal else (-1, -1)
+    elif "is_causal" in params:
+        kw["is_causal"] = causal
+    elif causal:
+        raise RuntimeError(f"torch {torch.__version__}: varlen_attn takes neither window_size nor is_causal; "
+                           "cannot ask it for causal attention")
+    if scale is not None and "scale" in params:
+        kw["scale"] = scale
+    if k.shape[-2] != q.shape[-2]:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(q.shape[-2] // k.shape[-2], dim=-2)
+            v = v.repeat_interleave(q.shape[-2] // v.shape[-2], dim=-2)
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    return varlen_attn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), **kw)
+
+
+def _varlen_params(fn) -> frozenset:
+    import inspect
+
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: the newest keywords
+        return frozenset({"window_size", "scale", "enable_gqa"})
 
 
 def _flash_available(device: torch.device) -> bool:
@@ -163,8 +201,3 @@ def select_attention(device: torch.device | str | None = None, *, prefer: str | 
     if dev.type == "cuda":
         return "flex"
     return "sdpa"
-
-
-def hf_attn_implementation(path: str) -> str:
-    """The transformers ``attn_implementation`` matching an attention path."""
-    return {"flash_varlen": "flash_attention_2", "flex": "flex_attention", "sdpa": "sdpa"}[path]
