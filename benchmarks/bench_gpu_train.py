@@ -53,6 +53,7 @@ CONFIGS = [
     ("pad-to-longest", "pad", "padded", "longest", "sdpa"),
     ("packed ffd, B x cap + doc mask (sdpa)", "ffd", "padded", "capacity", "sdpa"),
     ("packed ffd, varlen (flex_attention)", "ffd", "varlen", None, "flex_attention"),
+    ("packed ffd, varlen (torch varlen_attn)", "ffd", "varlen", None, "packfmt_varlen"),
     ("packed ffd, varlen (flash_attention_2)", "ffd", "varlen", None, "flash_attention_2"),
 ]
 
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--num-workers", type=int, default=2, help="DataLoader workers (pin_memory on a GPU)")
+    p.add_argument("--only", default=None, help="comma separated substrings: run only the configs whose name has one")
     p.add_argument("--cpu-smoke", action="store_true", help="run on the CPU (a check that the script works)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_gpu_train.json")
     args = p.parse_args(argv)
@@ -85,10 +88,12 @@ def main(argv=None) -> int:
     build_data(tmp / "ds", args.docs, args.capacity, 32000)
     print(f"built {args.docs} documents + indexes in {time.perf_counter() - t0:.1f} s")
     rows = []
-    for name, index, layout, pad_to, attn in CONFIGS:
+    configs = [c for c in CONFIGS if args.only is None or any(w in c[0] for w in args.only.split(","))]
+    for name, index, layout, pad_to, attn in configs:
         argv_cfg = ["--data", str(tmp / "ds"), "--index", index, "--layout", layout, "--steps", str(args.steps),
                     "--batch-size", str(args.batch_size), "--grad-accum", "1", "--hidden", str(args.hidden),
-                    "--layers", str(args.layers), "--heads", str(args.heads), "--attn", attn]
+                    "--layers", str(args.layers), "--heads", str(args.heads), "--attn", attn,
+                    "--num-workers", str(args.num_workers)]
         if pad_to:
             argv_cfg += ["--pad-to", pad_to]
         try:
@@ -106,13 +111,20 @@ def main(argv=None) -> int:
             "config": name, "status": "ok",
             "useful_tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
             "padding_fraction": statistics.mean(r["padding_fraction"] for r in steady),
+            "step_s": statistics.median(r["step_s"] for r in steady),
+            # the GPU waits for data only while the loader is slower than a step: the time in next(loader)
+            "data_wait_s": statistics.median(r["data_wait_s"] for r in steady),
+            "data_wait_max_s": max(r["data_wait_s"] for r in steady),
+            "peak_mem_gib": logs[-1]["peak_mem_gib"],
+            "parameters": logs[-1]["parameters"],
             "final_loss": logs[-1]["loss"],
         })
     base = next((r["useful_tokens_per_s"] for r in rows if r["status"] == "ok" and r["config"].startswith("pad-to-max")), None)
     for r in rows:
         if r["status"] == "ok" and base:
             r["speedup_vs_pad_to_max"] = r["useful_tokens_per_s"] / base
-    print_table(rows, ["config", "useful_tokens_per_s", "padding_fraction", "speedup_vs_pad_to_max", "final_loss", "status"],
+    print_table(rows, ["config", "useful_tokens_per_s", "padding_fraction", "speedup_vs_pad_to_max", "step_s",
+                       "data_wait_s", "data_wait_max_s", "peak_mem_gib", "final_loss", "status"],
                 title=f"training throughput on {gpu} (Llama hidden {args.hidden}, {args.layers} layers, bf16, "
                       f"batch {args.batch_size} x {args.capacity})")
     write_json(args.out, {"gpu": gpu, "torch": torch.__version__, "machine": machine_info(), "args": vars(args) | {"out": str(args.out)},

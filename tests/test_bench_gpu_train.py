@@ -33,6 +33,10 @@ def test_gpu_bench_runs_on_cpu_smoke(tmp_path, monkeypatch):
     assert pad_max["padding_fraction"] > 0
     assert "speedup_vs_pad_to_max" in rows["pad-to-longest"]
     assert all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows.values())
+    # torch's varlen_attn needs CUDA; on the CPU the same implementation runs its SDPA form, so the row runs
+    varlen = rows["packed ffd, varlen (torch varlen_attn)"]
+    assert varlen["status"] == "ok", varlen
+    assert varlen["padding_fraction"] == 0.0 and varlen["data_wait_s"] >= 0 and varlen["step_s"] > 0
     assert rec["gpu"].startswith("cpu")
     sys.modules.pop("bench_gpu_train", None)
 
@@ -43,3 +47,21 @@ def test_gpu_bench_smoke_refuses_the_results_file():
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), "--cpu-smoke"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--out" in r.stderr
+
+
+def test_gpu_equivalence_bench_runs_on_cpu_smoke(tmp_path, monkeypatch):
+    """benchmarks/bench_gpu_equivalence.py end to end on the CPU (fp32, tiny): every path that runs here equals the
+    documents alone, and the negative control misses by far more than the tolerance."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import bench_gpu_equivalence
+
+    out = tmp_path / "eq.json"
+    assert bench_gpu_equivalence.main(["--cpu-smoke", "--hidden", "32", "--layers", "1", "--heads", "2", "--docs", "10",
+                                       "--capacity", "128", "--packs", "3", "--vocab", "97", "--out", str(out)]) == 0
+    rows = {r["path"]: r for r in json.loads(out.read_text())["rows"]}
+    for name in ("sdpa, position_ids", "sdpa, 4-D document mask", "packfmt_varlen"):
+        assert rows[name]["status"] == "pass" and rows[name]["max_abs_logit_diff"] <= 1e-4, rows[name]
+    assert rows["negative control"]["status"] == "pass"
+    assert rows["negative control"]["max_abs_logit_diff"] > 100 * rows["negative control"]["tolerance"]
+    sys.modules.pop("bench_gpu_equivalence", None)

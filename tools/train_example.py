@@ -9,7 +9,8 @@ global count of supervised tokens`` (``num_label_tokens`` all-reduced), not a me
 means: packs hold different numbers of supervised tokens, and averaging means would weight the
 tokens of sparse batches more (the usual silent bug of packed training). Under DDP the gradients
 are averaged over ranks, so each rank scales its sum by ``world_size / global_count``.
-Logs one JSON line per step on rank 0: loss, tokens/s (real tokens, all ranks) and padding fraction.
+Logs one JSON line per step on rank 0: loss, tokens/s (real tokens, all ranks), padding fraction, step time, the
+time the step waited for the loader (``data_wait_s``) and the peak GPU memory so far.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--attn", default="auto", choices=["auto", "sdpa", "eager", "flex_attention", "flash_attention_2"],
-                   help="transformers attention implementation (auto: flash_attention_2 for varlen on GPU when installed, else sdpa)")
+    p.add_argument("--attn", default="auto", choices=["auto", "sdpa", "eager", "flex_attention", "flash_attention_2",
+                                                      "packfmt_varlen"],
+                   help="transformers attention implementation (auto: for varlen on a GPU, flash_attention_2 when "
+                        "flash-attn is installed, else packfmt_varlen: torch's own varlen_attn; sdpa otherwise)")
     p.add_argument("--warmup-steps", type=int, default=0, help="steps left out of the summary throughput")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
@@ -86,14 +89,14 @@ def build_demo(path: Path, rank: int) -> None:
 
 
 def attn_implementation(device: torch.device, layout: str, requested: str = "auto") -> str:
+    from packfmt.torch.hf_attention import HF_VARLEN, hf_attn_implementation, register_hf_varlen
+
+    if requested == HF_VARLEN:
+        return register_hf_varlen()
     if requested != "auto":
         return requested
     if layout == "varlen" and device.type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-            return "flash_attention_2"
-        except ImportError:
-            pass
+        return hf_attn_implementation("flash_varlen")  # flash-attn when installed, else torch's varlen_attn
     return "sdpa"
 
 
@@ -141,19 +144,25 @@ def train(args) -> list[dict]:
                         pin_memory=device.type == "cuda", persistent_workers=args.num_workers > 0, drop_last=True)
     model = build_model(ds.store.vocab_size, args, device, world)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    n_params = sum(t.numel() for t in model.parameters())
     logs, epoch, it = [], 0, None
     sampler.set_epoch(epoch)
     it = iter(loader)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     for step in range(args.steps):
         t0 = time.perf_counter()
         micro = []
+        data_wait = 0.0  # time this step spent waiting for the loader (the GPU idles meanwhile unless work is queued)
         while len(micro) < args.grad_accum:
+            t_data = time.perf_counter()
             try:
                 micro.append(next(it))
             except StopIteration:
                 epoch += 1
                 sampler.set_epoch(epoch)
                 it = iter(loader)
+            data_wait += time.perf_counter() - t_data
         # global count of supervised tokens across micro-batches and ranks
         counts = torch.tensor([sum(int(b["num_label_tokens"]) for b in micro),
                                sum(int((b["doc_ids"] >= 0).sum()) if "doc_ids" in b else b["input_ids"].numel() for b in micro),
@@ -175,7 +184,8 @@ def train(args) -> list[dict]:
         dt = time.perf_counter() - t0
         rec = {"step": step, "loss": loss_sum.item() / n_label, "label_tokens": int(n_label),
                "tokens_per_s": n_real / dt, "padding_fraction": 1.0 - n_real / n_slots, "world_size": world,
-               "layout": args.layout, "device": str(device)}
+               "layout": args.layout, "device": str(device), "step_s": dt, "data_wait_s": data_wait, "parameters": n_params,
+               "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
         logs.append(rec)
         if rank == 0:
             print(json.dumps(rec), flush=True)
