@@ -3,6 +3,7 @@ member list's columns, vectorised) equal a plain per-member computation written 
 
 from __future__ import annotations
 
+import gc
 import json
 
 import numpy as np
@@ -79,7 +80,12 @@ def test_inspect_members_and_groups_equal_a_per_member_reference(tmp_path, capsy
     got = json.loads(capsys.readouterr().out)["members"]
     assert got == rows
     summary = summarize(root)["members"]
-    assert summary == rows
+    assert summary == rows and gc.isenabled()  # paused while the rows are made, then on again
+    gc.disable()
+    try:
+        assert summarize(root)["members"] == rows and not gc.isenabled()  # and left off when it was off
+    finally:
+        gc.enable()
     assert [list(r) for r in summary] == [list(r) for r in rows]  # keys in the same order
     assert [list(r["document_lengths"]) for r in summary] == [list(r["document_lengths"]) for r in rows]
 
