@@ -149,6 +149,9 @@ def make(root: Path, n_docs: int, members: int, packs: str, shard_bytes: int) ->
     else:
         write_pack_index(coll, *next_fit_segments(lengths, CAPACITY), capacity=CAPACITY, name="p")
     member_bytes = np.array([sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") for p in paths])
+    if packs == "shards":  # a shard's rows of the layout's index are read (and counted by cache_limit) with it
+        member_bytes += np.array([8 * (p + 1) + 24 * int(m.documents) for m, p in
+                                  zip(coll.members, coll.manifest.raw["layout"]["member_packs"])])
     return (coll.path if packs == "shards" else root), int(member_bytes.sum()), member_bytes
 
 

@@ -8,7 +8,8 @@ rewritten as a pack-ordered layout (``write_shards(coll, "p", layout, shard_byte
 every repeat (best of ``--repeat`` after one untimed run):
 
 - ``ready``: ``PackedDataset(URL, "p", stream=True, cache_limit=L, cache_dir=...)`` constructed (L: 10% of the
-  shards' bytes, at least two shards);
+  shards' bytes, at least two shards; a shard's bytes are its files and its rows of the index, which the limit
+  counts with it);
 - ``sampler``: ``ready`` + ``DistributedPackSampler(ds, num_replicas=1, rank=0, window=4, balance=B)`` +
   ``epoch_indices()`` (this rank's order) for each B of ``--balance``;
 - ``first batch``: ``sampler`` + ``ds.__getitems__`` of the first ``--batch`` packs of that order.
@@ -65,8 +66,11 @@ def build(root: Path, n_docs: int, members: int, capacity: int, shard_bytes: int
     write_shards(root / "src" / "coll", INDEX, out, shard_bytes=shard_bytes)
     shards_s = time.perf_counter() - t0
     shutil.rmtree(root / "src")
-    shards = [_data_bytes(p) for p in sorted((out / SHARDS_DIR).iterdir()) if p.is_dir()]
-    idx = packfmt.open(str(out)).pack_index(INDEX)
+    coll = packfmt.open(str(out))
+    idx = coll.pack_index(INDEX)
+    # each shard's files and its rows of the index (8 B a pack + 8, 24 B a document): what cache_limit counts of it
+    shards = [_data_bytes(out / m.path) + 8 * (p + 1) + 24 * int(m.documents)
+              for m, p in zip(coll.members, coll.manifest.raw["layout"]["member_packs"])]
     sizes = {"shards": sum(shards), "largest_shard": max(shards), "collection_own": _data_bytes(out),
              "pack_index": _data_bytes(Path(idx.path)),
              "pack_index_files": {f.name: f.stat().st_size for f in sorted(Path(idx.path).iterdir()) if f.is_file()}}

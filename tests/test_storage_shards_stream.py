@@ -42,9 +42,9 @@ MEMBERS, BATCH, RANKS = 200, 4, 2
 
 
 def _shard_bytes(coll) -> int:
-    """Bytes of the shards' member files (what ``cache_limit`` bounds), manifests left out."""
-    return sum(f.stat().st_size for m in range(len(coll.members)) for f in Path(coll.member_path(m)).iterdir()
-               if f.is_file() and f.name != "manifest.json")
+    """Bytes of the shards' member files and of their rows of the layout's index (what ``cache_limit`` bounds: a
+    shard's rows count with it), manifests left out."""
+    return sum(_shard_bytes_of(coll, m) for m in range(len(coll.members)))
 
 
 def _shards(src: Path, url: str, shard_size: str, cache_root: Path) -> packfmt.Collection:
@@ -174,4 +174,8 @@ def test_image_text_global_index_shards_streamed_with_window(s3_server, tmp_path
 
 
 def _shard_bytes_of(coll, m: int) -> int:
-    return sum(f.stat().st_size for f in Path(coll.member_path(m)).iterdir() if f.is_file() and f.name != "manifest.json")
+    """Member ``m``'s files, manifest left out, and its rows of the layout's index (``pack_offsets.bin`` and
+    ``segments.bin``: ``ShardedIndex.rows_bytes``)."""
+    packs = coll.manifest.raw["layout"]["member_packs"][m]
+    return (sum(f.stat().st_size for f in Path(coll.member_path(m)).iterdir() if f.is_file() and f.name != "manifest.json")
+            + 8 * (packs + 1) + 24 * int(coll.members[m].documents))

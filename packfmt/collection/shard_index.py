@@ -12,6 +12,15 @@ tokens bound them; the reader checks each segment against its document's length 
 Rows not checked by this process are never read: the kernels index ``pack_offsets`` and ``segments`` only for the
 packs of a batch, whose shards were made ready first.
 
+The rows are part of the member cache's bound: shard ``k``'s rows count with member ``k``'s files against
+``cache_limit``, are checked only while this process holds member ``k`` (fetching or resident: its pin held, so no
+other process removes them), and leave with it: when member ``k`` is evicted its rows are no longer ready here, and
+when no other process holds it either (the rule by which its files are removed) the pages of its rows are
+punched out of the sparse files (``FALLOC_FL_PUNCH_HOLE``; where the file system cannot, they stay, as before), a
+page it shares with other shards' rows only when none of those is held either. On disk the rows of the shards held
+thus exceed their count by at most two pages a file each.
+Readers take the shards a batch touches with ``held(packs)``: pinned, fetched, rows ready, until the block ends.
+
 ``pack_tokens.bin`` (4 bytes a pack) is fetched only when asked for (``pack_lengths``: the token-balanced
 sampler), and each shard's rows are compared with it when both are there.
 """
@@ -22,6 +31,7 @@ import json
 import os
 import shutil
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 import xxhash
@@ -38,7 +48,42 @@ from ..storage.errors import storage_errors
 from ..storage.ranges import read_range
 from . import shard_rows as R
 
-__all__ = ["ShardedIndex", "sharded"]
+__all__ = ["ShardedIndex", "sharded", "punch_hole"]
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+_PAGE = 4096
+
+
+def punch_hole(fd: int, start: int, end: int) -> int:
+    """Deallocate the whole 4 KiB pages inside bytes ``[start, end)`` of the file open as ``fd`` (they read as zeros
+    after; the size is kept): Linux ``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``. Bytes punched; 0 where
+    the system or the file system has no such call (the bytes then stay)."""
+    a, b = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+    if b <= a:
+        return 0
+    fallocate = _fallocate()
+    if fallocate is None or fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, a, b - a) != 0:
+        return 0
+    return b - a
+
+
+_FALLOCATE: list = []
+
+
+def _fallocate():
+    """libc's ``fallocate`` through ctypes (None off Linux): looked up once."""
+    if not _FALLOCATE:
+        fn = None
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None, use_errno=True).fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _FALLOCATE.append(fn)
+    return _FALLOCATE[0]
 
 
 def sharded(coll, name: str, raw: bytes) -> bool:
@@ -151,17 +196,63 @@ class ShardedIndex(PackIndex):
         return np.searchsorted(self.c, np.asarray(packs, dtype=np.int64), side="right") - 1
 
     # -- rows
-    def ensure_rows(self, packs) -> None:
-        """The rows of every shard holding one of ``packs`` checked (fetched first if not in the file); ids outside
-        ``[0, P)`` are left to the caller's range check."""
+    @contextmanager
+    def held(self, packs):
+        """The shards holding ``packs`` (ids outside ``[0, P)`` are left to the caller's range check) pinned, fetched
+        and their rows checked while the block runs: what a reader plans a batch and reads it inside."""
         packs = np.asarray(packs, dtype=np.int64).reshape(-1)
         packs = packs[(packs >= 0) & (packs < self.manifest.num_packs)]
-        for k in np.unique(self.shard_of(packs)).tolist():
-            if not self._ready[k]:
+        shards = np.unique(self.shard_of(packs)).tolist()
+        stream = self._stream
+        stream._pin(shards)
+        try:
+            for k in shards:
+                stream.ensure(k)  # member k resident: its fetch readied its rows (``StreamedMembers.fetch``)
                 self.ensure_shard(k)
+            yield
+        finally:
+            stream._unpin(shards, None)
+
+    def rows_bytes(self, k: int) -> int:
+        """Bytes of shard ``k``'s rows of ``pack_offsets.bin`` and ``segments.bin`` (counted with member ``k``)."""
+        p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
+        return 8 * (p1 + 1 - p0) + 24 * (d1 - d0)
+
+    def release_shard(self, k: int) -> None:
+        """Member ``k`` leaves this process: its rows are not ready here any more (checked again when it returns)."""
+        with self._locks[k % len(self._locks)]:
+            self._ready[k] = False
+
+    def punch_shard(self, k: int, exclusive) -> int:
+        """The pages holding shard ``k``'s rows punched out of the sparse files; called only where no process holds
+        member ``k`` (its pin locked exclusively by the caller). A page shared with other shards' rows (a shard's
+        last pack offset is the next one's first; small shards share pages) goes only when none of them is held
+        either: ``exclusive(shards)``, a context giving the set of those whose pins it could lock (none is fetched
+        while they are locked). Bytes punched (0 where the file system cannot)."""
+        done = 0
+        for fname, starts, ends in ((F.PACK_OFFSETS, 8 * self.c[:-1], 8 * (self.c[1:] + 1)),
+                                    (F.SEGMENTS, 24 * self.d[:-1], 24 * self.d[1:])):
+            fd = self._fds.get(fname)
+            a, b = int(starts[k]), int(ends[k])
+            if fd is None or b <= a:
+                continue
+            lo, hi = a // _PAGE * _PAGE, -(-b // _PAGE) * _PAGE  # the pages shard k's rows touch
+
+            def sharing(x: int) -> list:  # the shards other than k with rows on the page at byte x
+                first = int(np.searchsorted(ends, x, side="right"))
+                last = int(np.searchsorted(starts, x + _PAGE, side="left"))
+                return [j for j in range(first, last) if j != k]
+
+            edges = sorted(set(sharing(lo) + sharing(hi - _PAGE)))
+            with exclusive(edges) as locked:
+                start = lo if set(sharing(lo)) <= locked else lo + _PAGE
+                end = hi if set(sharing(hi - _PAGE)) <= locked else hi - _PAGE
+                done += punch_hole(fd, start, end)
+        return done
 
     def ensure_shard(self, k: int) -> None:
-        """Shard ``k``'s rows checked in this process (see the module doc)."""
+        """Shard ``k``'s rows checked in this process (see the module doc); called while member ``k`` is fetched or
+        resident in this process (``StreamedMembers.fetch``, ``held``)."""
         if self._ready[k]:
             return
         with self._locks[k % len(self._locks)]:
@@ -178,9 +269,13 @@ class ShardedIndex(PackIndex):
                 self._check_ready(k, self._pack_tokens)
 
     def _check_ready(self, k: int, pack_tokens) -> None:
-        """Shard ``k``'s rows, in the file and checked already, against ``pack_tokens``."""
-        p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
-        self._check(k, self.pack_offsets[p0:p1 + 1], self.segments[d0:d1], pack_tokens)
+        """Shard ``k``'s rows, in the file and checked already, against ``pack_tokens`` (unless member ``k`` left
+        meanwhile: its rows are checked again when it returns)."""
+        with self._locks[k % len(self._locks)]:
+            if not self._ready[k]:
+                return
+            p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
+            self._check(k, self.pack_offsets[p0:p1 + 1], self.segments[d0:d1], pack_tokens)
 
     def _check(self, k: int, po: np.ndarray, segs: np.ndarray, pack_tokens) -> None:
         """``shard_rows.check_rows`` of shard ``k``'s rows ``po`` and ``segs`` (FormatError naming the bucket's file)."""
@@ -209,8 +304,9 @@ class ShardedIndex(PackIndex):
         return po, segs
 
     def pack_segments(self, p: int) -> np.ndarray:
-        self.ensure_rows([p])
-        return super().pack_segments(p)
+        """A copy of pack ``p``'s segment rows (a view could outlive the shard's rows in the cache)."""
+        with self.held([p]):
+            return np.array(super().pack_segments(p))
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -14,8 +14,9 @@ A member with images is fetched the same way, its image files with the rest; whi
 ``Store`` stays open (image arrays checked, V14, V15, V19), and ``images(m)`` hands out its
 ``ImageStore``, which ``packfmt.torch._sources._ImageIndex`` reads while the batch holds the member.
 
-Bound: ``cache_limit`` bytes hold this process's resident member files (the collection manifest and
-pack indexes opened are fetched whole and not counted). Before a member is fetched, resident members are
+Bound: ``cache_limit`` bytes hold this process's resident member files, and each one's rows of a layout's index
+read shard by shard (``shard_index``: they are checked, kept and punched out with it); the collection manifest
+and pack indexes fetched whole are not counted. Before a member is fetched, resident members are
 evicted (unmapped, their files and markers removed) until it fits: the one whose next use is furthest
 in the future first (Belady, from the plan ``packfmt.torch.prefetch`` sets from the sampler's order;
 least recently used without a plan), never one pinned by a batch in flight. A batch whose members
@@ -184,7 +185,8 @@ class StreamedMembers:
             fs, rpath = uri.filesystem(murl, f.so)
             raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", murl)  # read once: what is reserved is what is fetched
             files = F.parse_manifest(json.loads(raw), file=f"{murl}/{F.MANIFEST}").files
-        size = sum(e.bytes for e in files.values())
+        # its files, and its rows of each index read shard by shard (``shard_index``: they leave with it)
+        size = sum(e.bytes for e in files.values()) + sum(index.rows_bytes(m) for index in self.sharded)
         with self.cond:
             while before is None and m in self.fetching:  # the prefetcher took it meanwhile: wait for its end
                 self.cond.wait()
@@ -207,6 +209,8 @@ class StreamedMembers:
         try:
             local, pin, store = self._fetch_files(m, murl, raw)
             self._map(m, local)
+            for index in self.sharded:  # its rows too, while it is held here (a prefetch: ahead of the batch)
+                index.ensure_shard(m)
         except BaseException as exc:
             try:  # nothing half-fetched stays mapped or on disk (outside the bound)
                 self._unmap(m)
@@ -225,8 +229,6 @@ class StreamedMembers:
             if store.num_images:
                 self.stores[m] = store
             self.cond.notify_all()
-        for index in self.sharded:  # its rows of the index too (a prefetch thread's fetch: ahead of the batch)
-            index.ensure_shard(m)
         return True
 
     def _fetch_files(self, m: int, murl: str, raw: bytes):
@@ -279,10 +281,38 @@ class StreamedMembers:
         size, files, pin = self.resident.pop(m)
         self.stores.pop(m, None)  # its image files unmapped with it (torch._sources keeps copies of its tables only)
         self._unmap(m)
+        for index in self.sharded:  # its rows are not read here again before it returns (and is checked again)
+            index.release_shard(m)
         pin.close()
         if files:
-            _forget_unless_held(self.fetcher.root, files[0].parent, files)
+            _forget_unless_held(self.fetcher.root, files[0].parent, files,
+                                then=lambda: [index.punch_shard(m, self._exclusive) for index in self.sharded])
         self.used -= size
+
+    @contextmanager
+    def _exclusive(self, members: list):
+        """Exclusive locks on the pins of ``members`` that no process holds (this one included: its own pins are other
+        open files), while the block runs; yields the set of those locked (a member being fetched waits for its pin
+        meanwhile)."""
+        fds, got = [], set()
+        try:
+            for j in members:
+                murl = uri.member_url(self.url, self.coll.members[j].path, file=f"{self.url}/{F.MANIFEST}",
+                                      field=f"members[{j}].path")
+                state = V.state_dir(self.fetcher.root, self.fetcher.mirror(murl))
+                state.mkdir(parents=True, exist_ok=True)
+                fd = os.open(state / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                fds.append(fd)
+                got.add(j)
+            yield got
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def resident_bytes(self) -> int:
         with self.cond:
@@ -298,9 +328,10 @@ def resident_bound() -> int:
     return most if soft == resource.RLIM_INFINITY else max(2, min(most, soft // 4))
 
 
-def _forget_unless_held(root: Path, local: Path, files: list) -> None:
+def _forget_unless_held(root: Path, local: Path, files: list, then=None) -> None:
     """Remove a member's files unless another process (a DataLoader worker, another job) holds its pin: that process
-    counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule)."""
+    counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule). ``then``:
+    called too, under the same lock, when they are removed (the member's rows of a sharded index punched out)."""
     V.state_dir(root, local).mkdir(parents=True, exist_ok=True)
     fd = os.open(V.state_dir(root, local) / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -310,5 +341,7 @@ def _forget_unless_held(root: Path, local: Path, files: list) -> None:
             return
         for path in files:
             V.forget(root, path)
+        if then is not None:
+            then()
     finally:
         os.close(fd)  # (closing releases the lock)

@@ -253,7 +253,7 @@ class PackedDataset(Dataset):
                 "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
                 "images": _ImageIndex(store) if store.num_images else None,
                 "stream": src.members,  # None, or what maps the members a batch touches while it is read
-                "ensure": getattr(idx, "ensure_rows", None),  # an index read shard by shard: rows before use
+                "held": getattr(idx, "held", None),  # an index read shard by shard: its rows held while read
             }
             a = self._arrays
             a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
@@ -294,8 +294,16 @@ class PackedDataset(Dataset):
         if not -n_packs <= i < n_packs:
             raise IndexError(f"pack {i} out of range [0, {n_packs})")
         i = int(i) % n_packs
-        if a["ensure"] is not None:
-            a["ensure"]((i,))
+        with self._rows((i,)):
+            return self._item(a, i)
+
+    def _rows(self, packs):
+        """An index read shard by shard (``collection.shard_index``): the shards of ``packs`` held, their rows
+        checked, while the block plans and reads them; otherwise nothing to do."""
+        held = self._arrays["held"]
+        return nullcontext() if held is None else held(packs)
+
+    def _item(self, a: dict, i: int) -> dict[str, Any]:
         po = a["pack_offsets"]
         lo, hi = int(po[i]), int(po[i + 1])
         if a["pack_token_offsets"] is not None:  # materialized: the pack's tokens are one contiguous run
@@ -357,11 +365,13 @@ class PackedDataset(Dataset):
         end, so the collates of this module assemble the batch without copying the tokens again.
         """
         a = self._views()
+        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
+        with self._rows(ids):
+            return self._items(a, ids, indices)
+
+    def _items(self, a: dict, ids: np.ndarray, indices) -> "PackBatch":
         materialized = a["pack_token_offsets"] is not None
         pto = a["pack_token_offsets"] if materialized else a["pack_offsets"]  # the latter unused
-        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if a["ensure"] is not None:
-            a["ensure"](ids)
         packs, lengths, widths, seq_bounds, cols, S, bad = plan_batch(
             ids, a["num_packs"], a["pack_offsets"], pto, a["segments"], materialized, a["capacity"], self.pad_to_capacity)
         if bad >= 0:
