@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from common import machine_info, print_table, write_json  # noqa: E402
+from common import gpu_or_smoke, machine_info, print_table, write_json  # noqa: E402
 
 
 def build(root: Path, n_docs: int, capacity: int, vocab: int):
@@ -138,10 +138,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    if args.cpu_smoke and args.out == p.get_default("out"):
-        p.error("--cpu-smoke needs an --out other than the results file")
-    if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("bench_gpu_equivalence: no CUDA GPU here; nothing measured.")
+    if not gpu_or_smoke(p, args, "bench_gpu_equivalence"):
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32

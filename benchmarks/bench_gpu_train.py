@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "benchmarks")]
 
-from common import machine_info, print_table, write_json  # noqa: E402
+from common import gpu_or_smoke, machine_info, print_table, write_json  # noqa: E402
 
 
 def build_data(path: Path, n_docs: int, capacity: int, vocab: int) -> None:
@@ -75,10 +75,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    if args.cpu_smoke and args.out == p.get_default("out"):
-        p.error("--cpu-smoke needs an --out other than the results file")
-    if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("bench_gpu_train: no CUDA GPU here; nothing measured.")
+    if not gpu_or_smoke(p, args, "bench_gpu_train"):
         return 0
     import train_example
 

@@ -135,3 +135,16 @@ def web_like_corpus(n_docs: int, *, seed: int = 0, max_len: int = 8192, vocab: i
     offsets = np.zeros(n_docs + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return rng, lengths, offsets, rng.integers(0, vocab, int(offsets[-1]), dtype=np.uint16)
+
+
+def gpu_or_smoke(parser, args, name: str) -> bool:
+    """What a GPU benchmark checks first: ``--cpu-smoke`` (a run on the CPU that only shows the script works) never
+    writes the default results file; without CUDA and without it, nothing is measured (a message, then False)."""
+    import torch
+
+    if args.cpu_smoke and args.out == parser.get_default("out"):
+        parser.error("--cpu-smoke needs an --out other than the results file")
+    if not torch.cuda.is_available() and not args.cpu_smoke:
+        print(f"{name}: no CUDA GPU here; nothing measured.")
+        return False
+    return True
