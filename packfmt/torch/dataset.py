@@ -26,18 +26,17 @@ from ..dataset import Dataset as Source
 from ..errors import FormatError
 from ..index import PackIndex
 from ..opening import as_dataset, open_dataset
-from ._arena import _ALIGN, _alloc, _Arena, item_layout
+from ._arena import _ALIGN, _alloc, _Arena
 from ._kernels import (
     BATCH_SLOTS,
     ROW_DIDS,
-    ROW_IDS,
-    ROW_POS,
     fill_item,
     fill_packs,
     pack_length,
     plan_batch,
 )
-from ._sources import _ImageIndex, _segment_sums, _token_source
+from ._sources import _ImageIndex, _segment_sums
+from ._views import _INT32_LIMIT, INDEX_DTYPES, arrays_of
 from .batch import PackBatch, _batch_slots
 
 __all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DTYPES", "FIELDS"]
@@ -46,11 +45,8 @@ __all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DT
 IGNORE_INDEX = -100
 #: ``doc_ids`` value of padding positions.
 PAD_DOC_ID = -1
-#: Accepted ``index_dtype`` of ``PackedDataset`` and the numpy dtype of each.
-INDEX_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
 #: Per-token rows an item can carry; ``input_ids`` and ``labels`` are always there.
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids")
-_INT32_LIMIT = 2**31  # int32 index mode: every token id and position must be < this
 
 
 class PackedDataset(Dataset):
@@ -243,50 +239,12 @@ class PackedDataset(Dataset):
         if self._stream_args is not None and self._store is not None and self._store._stream.pid != os.getpid():
             self._store = self._index = self._arrays = None  # a forked DataLoader worker streams its own share
         if self._arrays is None:
-            idx, store = self.index, self.store
-            v = lambda a: None if a is None else np.asarray(a)  # noqa: E731
-            src = _token_source(store)
-            self._arrays = {
-                "pack_offsets": v(idx.pack_offsets), "segments": v(idx.segments), "docs": src.docs,
-                "tokens": src.tokens, "loss_mask": src.loss_mask,
-                "pack_token_offsets": v(idx.pack_token_offsets), "packed_tokens": v(idx.packed_tokens),
-                "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
-                "images": _ImageIndex(store) if store.num_images else None,
-                "stream": src.members,  # None, or what maps the members a batch touches while it is read
-                "held": getattr(idx, "held", None),  # an index read shard by shard: its rows held while read
-            }
-            a = self._arrays
-            a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
-            a["has_mask"] = a["loss_mask"] is not None
-            a["pad_id"], a["capacity"] = self.pad_token_id, self.capacity
-            I = INDEX_DTYPES[self.index_dtype]
-            a["index_np"], a["ids_np"] = I, self._ids_np(store)
-            a["rows"] = ROW_IDS | (ROW_POS if "position_ids" in self.fields else 0) | (
-                ROW_DIDS if "doc_ids" in self.fields else 0)
-            a["zero_copy"] = None
-            if (self.input_ids_dtype == "native" and a["packed_tokens"] is not None and a["packed_tokens"].size
-                    and not self.pad_to_capacity):
-                # copy-on-write private mapping: a writable zero-copy tensor that never writes the file
-                zc = np.memmap(idx.path / "tokens.bin", dtype=store.np_token_dtype, mode="c")
-                a["zero_copy"] = torch.from_numpy(zc.view(a["ids_np"]))
-            rows = a["rows"] & ~ROW_IDS if a["zero_copy"] is not None else a["rows"]
-            a["item_layout"] = item_layout(rows, I, a["ids_np"])  # which rows go in which dtype group (``ds[i]``)
-            if a["stream"] is not None and getattr(self, "_stream_plan", None) is not None:
+            self._arrays = arrays_of(self)
+            if self._arrays["stream"] is not None and getattr(self, "_stream_plan", None) is not None:
                 from .prefetch import start
 
                 start(self)
         return self._arrays
-
-    def _ids_np(self, store: Source):
-        """numpy dtype of ``input_ids``."""
-        if self.input_ids_dtype is None:
-            return INDEX_DTYPES[self.index_dtype]
-        if self.input_ids_dtype != "native":
-            return INDEX_DTYPES[self.input_ids_dtype]
-        native = np.dtype(store.np_token_dtype).type
-        if native == np.uint32 and store.vocab_size <= _INT32_LIMIT:
-            return np.int32  # same bytes, every id < 2**31: the type nn.Embedding takes
-        return native
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         a = self._views()
