@@ -23,7 +23,8 @@ Each in three orders, side by side (``vs_cached``: streamed over fully cached in
   again each time it comes back after being evicted: a whole epoch takes minutes at 2 MB/s; -1 reads it whole,
   0 leaves it out).
 
-``fetched_x``: member bytes fetched over the member bytes of the packs read (in order: 1.0).
+``fetched_x``: member bytes fetched over the member bytes of the packs read (in order: 1.0); with ``--packs shards`` a
+shard's bytes include its rows of the layout's index (fetched with it, counted with it by ``cache_limit``).
 
 ``--packs shards`` is the real pipeline (issue 18): one ffd index over the whole collection (each pack
 mixes members), ``write_shards`` (``packfmt pack --shards``) rewrites its packs in pack order as shards of
@@ -233,7 +234,8 @@ def main() -> None:
                         print(f"{name}, streamed: {e}", file=sys.stderr)
                         continue
                     fetched = sum(e["bytes"] for e in map(json.loads, (cache / "downloads.log").read_text()
-                                                          .splitlines()) if "/members/" in e["url"] or "/shards/" in e["url"])
+                                                          .splitlines()) if "/members/" in e["url"] or "/shards/" in e["url"]
+                                  or e.get("why", "").startswith("rows of shard"))  # a shard's index rows: with it
                     rows.append({"order": name, "case": case, "open_s": open_s, "tokens": tokens,
                                  "seconds": seconds, "fetched_bytes": fetched,
                                  "fetched_x": fetched / _bytes_touched(full, order, member_bytes)})
