@@ -65,3 +65,25 @@ def test_gpu_equivalence_bench_runs_on_cpu_smoke(tmp_path, monkeypatch):
     assert rows["negative control"]["status"] == "pass"
     assert rows["negative control"]["max_abs_logit_diff"] > 100 * rows["negative control"]["tolerance"]
     sys.modules.pop("bench_gpu_equivalence", None)
+
+
+def test_gpu_vlm_bench_runs_on_cpu_smoke(tmp_path, monkeypatch):
+    """benchmarks/bench_gpu_vlm.py end to end on the CPU (tiny): real PNG images through a vision tower into packed
+    rows, three rows (ffd, balanced, ffd with the image-balanced sampler); the balanced index spreads images at
+    least as evenly as ffd under the same budget."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import bench_gpu_vlm
+
+    out = tmp_path / "vlm.json"
+    assert bench_gpu_vlm.main(["--cpu-smoke", "--docs", "80", "--capacity", "512", "--side", "16", "--max-images", "4",
+                               "--batch-size", "2", "--ranks", "2", "--steps", "2", "--warmup", "1", "--vocab", "500",
+                               "--hidden", "32", "--layers", "1", "--heads", "2", "--vision-width", "32",
+                               "--vision-layers", "1", "--num-workers", "0", "--out", str(out)]) == 0
+    rows = {(r["index"], r["balance"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {("ffd", "none"), ("balanced", "none"), ("ffd", "images")}
+    for r in rows.values():
+        assert r["status"] == "ok" and r["step_s"] > 0 and r["spread_max_over_mean"] >= 1.0, r
+        assert r["images_per_pack_max"] <= 4  # the budget
+    assert rows[("balanced", "none")]["images_per_pack_std"] <= rows[("ffd", "none")]["images_per_pack_std"]
+    sys.modules.pop("bench_gpu_vlm", None)
