@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from common import gpu_or_smoke, machine_info, print_table, write_json  # noqa: E402
+from common import add_gpu_args, gpu_device, machine_info, print_table, write_json  # noqa: E402
 
 
 def build(root: Path, n_docs: int, capacity: int, vocab: int):
@@ -132,15 +132,14 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--fp32-tol", type=float, default=1e-3, help="largest |logit difference| allowed in fp32")
-    p.add_argument("--cpu-smoke", action="store_true", help="fp32 on the CPU, whatever the sizes (a test)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_gpu_equivalence.json")
+    add_gpu_args(p, "bench_gpu_equivalence.json", "fp32 on the CPU, whatever the sizes (a test)")
     args = p.parse_args(argv)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    if not gpu_or_smoke(p, args, "bench_gpu_equivalence"):
+    device = gpu_device(p, args, "bench_gpu_equivalence")
+    if device is None:
         return 0
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
     torch.backends.cudnn.allow_tf32 = False
     store, ds = build(Path(tempfile.mkdtemp()), args.docs, args.capacity, args.vocab)

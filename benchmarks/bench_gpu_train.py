@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "benchmarks")]
 
-from common import gpu_or_smoke, machine_info, print_table, write_json  # noqa: E402
+from common import add_gpu_args, gpu_device, machine_info, print_table, write_json  # noqa: E402
 
 
 def build_data(path: Path, n_docs: int, capacity: int, vocab: int) -> None:
@@ -70,12 +70,11 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--num-workers", type=int, default=2, help="DataLoader workers (pin_memory on a GPU)")
     p.add_argument("--only", default=None, help="comma separated substrings: run only the configs whose name has one")
-    p.add_argument("--cpu-smoke", action="store_true", help="run on the CPU (a check that the script works)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_gpu_train.json")
+    add_gpu_args(p, "bench_gpu_train.json")
     args = p.parse_args(argv)
     import torch
 
-    if not gpu_or_smoke(p, args, "bench_gpu_train"):
+    if gpu_device(p, args, "bench_gpu_train") is None:
         return 0
     import train_example
 

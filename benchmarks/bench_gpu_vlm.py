@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from common import gpu_or_smoke, machine_info, print_table, write_json  # noqa: E402
+from common import add_gpu_args, gpu_device, machine_info, print_table, write_json  # noqa: E402
 
 PATCH = 4
 
@@ -201,14 +201,13 @@ def main(argv=None) -> int:
     p.add_argument("--vision-width", type=int, default=1024)
     p.add_argument("--vision-layers", type=int, default=8)
     p.add_argument("--num-workers", type=int, default=2)
-    p.add_argument("--cpu-smoke", action="store_true", help="run on the CPU (a check that the script works)")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_gpu_vlm.json")
+    add_gpu_args(p, "bench_gpu_vlm.json")
     args = p.parse_args(argv)
     import torch
 
-    if not gpu_or_smoke(p, args, "bench_gpu_vlm"):
+    device = gpu_device(p, args, "bench_gpu_vlm")
+    if device is None:
         return 0
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tmp = Path(tempfile.mkdtemp())
     t0 = time.perf_counter()

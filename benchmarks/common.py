@@ -137,14 +137,21 @@ def web_like_corpus(n_docs: int, *, seed: int = 0, max_len: int = 8192, vocab: i
     return rng, lengths, offsets, rng.integers(0, vocab, int(offsets[-1]), dtype=np.uint16)
 
 
-def gpu_or_smoke(parser, args, name: str) -> bool:
+def add_gpu_args(parser, results_name: str, smoke_help: str = "run on the CPU (a check that the script works)") -> None:
+    """The two options every GPU benchmark has: ``--cpu-smoke`` and ``--out`` (default ``results/<results_name>``)."""
+    parser.add_argument("--cpu-smoke", action="store_true", help=smoke_help)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / results_name)
+
+
+def gpu_device(parser, args, name: str):
     """What a GPU benchmark checks first: ``--cpu-smoke`` (a run on the CPU that only shows the script works) never
-    writes the default results file; without CUDA and without it, nothing is measured (a message, then False)."""
+    writes the default results file; without CUDA and without it, nothing is measured (a message, then None). Else
+    the device to run on: the GPU, or the CPU for a smoke run."""
     import torch
 
     if args.cpu_smoke and args.out == parser.get_default("out"):
         parser.error("--cpu-smoke needs an --out other than the results file")
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print(f"{name}: no CUDA GPU here; nothing measured.")
-        return False
-    return True
+        return None
+    return torch.device("cuda" if torch.cuda.is_available() and not args.cpu_smoke else "cpu")
