@@ -178,8 +178,7 @@ class StreamedMembers:
     def fetch(self, m: int, before: int | None) -> bool:
         """Fetch, check and map member ``m``. ``before``: a prefetch for plan position ``before``, which evicts only
         members next used later than that and gives up (False) when they do not make room."""
-        murl = uri.member_url(self.url, self.coll.members[m].path, file=f"{self.url}/{F.MANIFEST}",
-                              field=f"members[{m}].path")
+        murl = self._member_url(m)
         f = self.fetcher
         with storage_errors(murl, f.so, f.root):
             fs, rpath = uri.filesystem(murl, f.so)
@@ -285,9 +284,13 @@ class StreamedMembers:
             index.release_shard(m)
         pin.close()
         if files:
-            _forget_unless_held(self.fetcher.root, files[0].parent, files,
-                                then=lambda: [index.punch_shard(m, self._exclusive) for index in self.sharded])
+            _forget_unless_held(self.fetcher.root, files[0].parent, files, then=lambda: self._punch(m))
         self.used -= size
+
+    def _punch(self, m: int) -> None:
+        """Member ``m``'s rows of each index read shard by shard punched out of the cache (no process holds it)."""
+        for index in self.sharded:
+            index.punch_shard(m, self._exclusive)
 
     @contextmanager
     def _exclusive(self, members: list):
@@ -297,22 +300,18 @@ class StreamedMembers:
         fds, got = [], set()
         try:
             for j in members:
-                murl = uri.member_url(self.url, self.coll.members[j].path, file=f"{self.url}/{F.MANIFEST}",
-                                      field=f"members[{j}].path")
-                state = V.state_dir(self.fetcher.root, self.fetcher.mirror(murl))
-                state.mkdir(parents=True, exist_ok=True)
-                fd = os.open(state / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                fds.append(fd)
-                got.add(j)
+                fd = _lock_pin(self.fetcher.root, self.fetcher.mirror(self._member_url(j)))
+                if fd is not None:
+                    fds.append(fd)
+                    got.add(j)
             yield got
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _member_url(self, m: int) -> str:
+        return uri.member_url(self.url, self.coll.members[m].path, file=f"{self.url}/{F.MANIFEST}",
+                              field=f"members[{m}].path")
 
     def resident_bytes(self) -> int:
         with self.cond:
@@ -332,16 +331,27 @@ def _forget_unless_held(root: Path, local: Path, files: list, then=None) -> None
     """Remove a member's files unless another process (a DataLoader worker, another job) holds its pin: that process
     counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule). ``then``:
     called too, under the same lock, when they are removed (the member's rows of a sharded index punched out)."""
-    V.state_dir(root, local).mkdir(parents=True, exist_ok=True)
-    fd = os.open(V.state_dir(root, local) / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock_pin(root, local)
+    if fd is None:
+        return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return
         for path in files:
             V.forget(root, path)
         if then is not None:
             then()
     finally:
         os.close(fd)  # (closing releases the lock)
+
+
+def _lock_pin(root: Path, local: Path) -> int | None:
+    """An exclusive lock on the pin of the mirrored member ``local``, when no process holds it (this one included: a
+    pin it holds is another open file): the descriptor holding it (closing it releases the lock); else None."""
+    state = V.state_dir(root, local)
+    state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
