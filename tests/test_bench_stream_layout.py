@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_runner import run_benchmark
 
 
 def test_stream_layout_bench_runs_tiny(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.setenv("BENCH_TMP", str(tmp_path))
-    import bench_stream_layout
-
     out = tmp_path / "r.json"
-    try:
-        assert bench_stream_layout.main(["--docs", "20000", "--members", "4", "--repeat", "1", "--capacity", "64",
-                                         "--shard-bytes", "16KiB", "--in-process", "--out", str(out)]) == 0
-    finally:
-        sys.modules.pop("bench_stream_layout", None)
-        sys.modules.pop("bench_stream_open", None)
+    rc, _ = run_benchmark(monkeypatch, "bench_stream_layout", [
+        "--docs", 20000, "--members", 4, "--repeat", 1, "--capacity", 64, "--shard-bytes", "16KiB", "--in-process",
+        "--out", out], env={"BENCH_TMP": tmp_path})
+    assert rc == 0
     rec = json.loads(out.read_text())
     rows = {(r["stage"], r["balance"]): r for r in rec["rows"]}
     assert set(rows) == {("ready", "-")} | {(s, b) for s in ("sampler", "first batch") for b in ("none", "tokens")}

@@ -3,29 +3,22 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_runner import run_benchmark
 
 
 def test_stream_open_bench_runs_tiny(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.setenv("BENCH_TMP", str(tmp_path))
-    import bench_stream_open
-
     out = tmp_path / "r.json"
-    try:
-        assert bench_stream_open.main(["--docs", "400", "--members", "4", "--repeat", "1", "--capacity", "64",
-                                       "--in-process", "--out", str(out)]) == 0
-    finally:
-        sys.modules.pop("bench_stream_open", None)
+    rc, bench = run_benchmark(monkeypatch, "bench_stream_open", [
+        "--docs", 400, "--members", 4, "--repeat", 1, "--capacity", 64, "--in-process", "--out", out],
+        env={"BENCH_TMP": tmp_path})
+    assert rc == 0
     rec = json.loads(out.read_text())
     rows = {(r["mode"], r["stage"]): r for r in rec["rows"]}
-    assert set(rows) == {(m, s) for m in bench_stream_open.MODES for s in bench_stream_open.STAGES}
+    assert set(rows) == {(m, s) for m in bench.MODES for s in bench.STAGES}
     coll = rec["collections"][0]
     assert coll["documents"] == 400 and coll["pack0_members"] < 4
-    assert all(rows[("local", s)]["fetched_mb"] == 0 for s in bench_stream_open.STAGES)
+    assert all(rows[("local", s)]["fetched_mb"] == 0 for s in bench.STAGES)
     b = coll["bytes"]
     fetched = {k: round(r["fetched_mb"] * 2**20) for k, r in rows.items()}
     assert fetched["cached", "open"] == b["members"] + b["collection_own"] + b["pack_index"]  # all of it
