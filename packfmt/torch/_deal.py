@@ -11,10 +11,13 @@ written once.
   first permutes the ``G`` groups, cut into windows of ``K`` consecutive groups, then draws a sort
   key ``permutation(N)`` for every pack: the order lists the packs by (window, key). A streamed
   collection so reads about ``K`` members at a time, each about once per epoch.
-- A *deal* over ``R`` ranks begins at a global position ``start`` (0, unless the epoch was
-  resumed with another world size) and covers ``order[start:]``: cut to a multiple of ``R``
-  with ``drop_last``, else padded to one with the first packs of the epoch's order
-  (``order[0], order[1], ...``, cyclically), then cut into rounds of ``R`` consecutive packs.
+- A *deal* over ``R`` ranks on ``Q`` nodes (``L = R / Q`` ranks a node; rank ``r`` on node ``r // L``) covers a
+  sequence of the order's packs: ``order[start:]`` for the epoch's first deal (``start`` 0, unless the epoch was
+  resumed with another world size), less what each earlier deal of the epoch consumed (``remaining``), ``t``
+  packs a rank. Each node takes one consecutive part of the sequence (``node_parts``; with ``drop_last`` the
+  last ``len mod R`` are dropped), padded to ``L * t`` entries (one node: with the epoch's first packs, as in
+  READER 1.0-1.5; several: with the node's own last packs), and deals it in rounds of ``L``, one entry to each
+  of its ranks. With ``Q = 1`` that is rounds of ``R`` consecutive entries of the padded sequence.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["epoch_order", "window_order", "group_runs", "deal_size", "deal_rounds", "deal_balanced", "done_positions"]
+__all__ = ["epoch_order", "window_order", "group_runs", "deal_size", "deal_rounds", "deal_balanced", "done_positions",
+           "node_parts", "consumed_mask", "consumed_count", "remaining", "rest_after", "check_nodes"]
 
 
 def epoch_order(num_packs: int, seed: int, epoch: int, shuffle: bool, window: int | None = None,
@@ -126,30 +130,106 @@ def _by_window_then_key(key, win, n_windows, like):  # pragma: no cover - numba
     return out
 
 
-def deal_size(num_packs: int, start: int, num_replicas: int, drop_last: bool) -> int:
-    """Indices a deal beginning at ``start`` hands out over all ranks (a multiple of ``num_replicas``)."""
-    rest, r = num_packs - start, num_replicas
+def check_nodes(num_replicas: int, nodes: int) -> None:
+    """``nodes`` divides ``num_replicas`` (every node the same number of ranks), else a ``ValueError`` naming both."""
+    if isinstance(nodes, bool) or not isinstance(nodes, (int, np.integer)) or nodes < 1 or num_replicas % nodes:
+        raise ValueError(f"nodes: expected an integer >= 1 that divides num_replicas ({num_replicas}): every node runs "
+                         f"num_replicas / nodes ranks, rank r on node r // (num_replicas / nodes); found {nodes!r}")
+
+
+def deal_size(rest: int, num_replicas: int, drop_last: bool) -> int:
+    """Entries a deal of a sequence of ``rest`` packs hands out over all ranks (a multiple of ``num_replicas``)."""
+    r = num_replicas
     return (rest // r) * r if drop_last else -(-rest // r) * r
 
 
-def deal_rounds(order: np.ndarray, start: int, num_replicas: int, drop_last: bool) -> np.ndarray:
-    """int64 ``(rounds, num_replicas)``: the deal of ``order[start:]`` in rounds (before any balancing)."""
-    size = deal_size(order.shape[0], start, num_replicas, drop_last)
-    seq = order[start:start + size]
-    if size > seq.shape[0]:  # the padding: the epoch's first packs, cyclically
-        seq = np.concatenate([seq, np.resize(order, size - seq.shape[0])])
-    return seq.reshape(-1, num_replicas)
+def node_parts(rest: int, num_replicas: int, nodes: int, drop_last: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(begin, size)``: the part of a deal's sequence of ``rest`` packs each node takes, as positions of it.
+
+    With ``drop_last`` node ``q`` takes ``[q * L * t, (q + 1) * L * t)`` (the last ``rest mod R`` are dropped);
+    otherwise the sequence is cut into ``nodes`` consecutive parts of ``floor(rest / nodes)`` packs, the first
+    ``rest mod nodes`` of them one more, each then padded to ``L * t`` entries (at most ``L``: its last round)."""
+    q = np.arange(nodes, dtype=np.int64)
+    t = deal_size(rest, num_replicas, drop_last) // num_replicas
+    if drop_last:
+        size = num_replicas // nodes * t
+        return q * size, np.full(nodes, size, dtype=np.int64)
+    size = rest // nodes + (q < rest % nodes)
+    return np.concatenate([[0], np.cumsum(size)[:-1]]).astype(np.int64), size
 
 
-def done_positions(num_packs: int, start: int, yielded: int, num_replicas: int, drop_last: bool) -> int:
-    """Positions of the global order done after every rank took ``yielded`` packs of a deal at ``start``.
+def deal_rounds(seq: np.ndarray, order: np.ndarray, num_replicas: int, drop_last: bool, nodes: int = 1) -> np.ndarray:
+    """int64 ``(t, num_replicas)``: the deal of ``seq`` (before any balancing): column ``r`` holds rank ``r``'s packs.
 
-    A finished deal finishes the epoch (its padding repeats, its dropped tail is dropped): ``num_packs``.
-    Before that every round holds ``num_replicas`` packs of the order: ``start + yielded * num_replicas``.
-    """
-    if yielded * num_replicas >= deal_size(num_packs, start, num_replicas, drop_last):
+    Node ``q`` takes its part of ``seq`` (``node_parts``), padded to ``L * t`` entries (``L = num_replicas //
+    nodes``), in rounds of ``L``: entry ``l`` of each round to rank ``q * L + l``. The padding: on one node the
+    epoch's first packs, ``order[0], order[1], ...`` cyclically (READER 1.0-1.5); on several, the node's own last
+    packs again (what it read last, still in its cache), or the epoch's first packs for a node with no part."""
+    size = deal_size(seq.shape[0], num_replicas, drop_last)
+    t, per_node = size // num_replicas, num_replicas // nodes
+    if nodes == 1:
+        entries = seq[:size]
+        if size > entries.shape[0]:  # the padding: the epoch's first packs, cyclically
+            entries = np.concatenate([entries, np.resize(order, size - entries.shape[0])])
+        return np.ascontiguousarray(entries.reshape(t, num_replicas))
+    blocks = np.empty((nodes, per_node * t), dtype=np.int64)
+    for q, (begin, real) in enumerate(zip(*node_parts(seq.shape[0], num_replicas, nodes, drop_last))):
+        part = seq[begin:begin + real]
+        blocks[q, :real] = part
+        pad = per_node * t - real
+        if pad:
+            blocks[q, real:] = part[(real - pad + np.arange(pad)) % real] if real else np.resize(order, pad)
+    return np.ascontiguousarray(blocks.reshape(nodes, t, per_node).transpose(1, 0, 2).reshape(t, num_replicas))
+
+
+def consumed_mask(rest: int, num_replicas: int, nodes: int, yielded: int, drop_last: bool) -> np.ndarray:
+    """bool ``(rest,)``: the positions of a deal's sequence of ``rest`` packs consumed once every rank took
+    ``yielded`` packs of it: the first ``yielded * L`` of each node's part (no padding is dealt before a node's last
+    round); all of them once the deal is done (its padding is then dealt, or its dropped tail dropped: a finished
+    deal finishes the epoch)."""
+    t = deal_size(rest, num_replicas, drop_last) // num_replicas
+    if yielded >= t:
+        return np.ones(rest, dtype=bool)
+    mask = np.zeros(rest, dtype=bool)
+    for begin in node_parts(rest, num_replicas, nodes, drop_last)[0].tolist():
+        mask[begin:begin + yielded * (num_replicas // nodes)] = True
+    return mask
+
+
+def remaining(order: np.ndarray, start: int, deals, drop_last: bool) -> np.ndarray:
+    """The sequence the next deal of an epoch covers: ``order[start:]`` less what each of ``deals`` (the epoch's
+    earlier deals, ``(num_replicas, nodes, yielded)`` in turn, each over what the ones before left) consumed; the
+    packs keep their order."""
+    seq = order[start:]
+    for num_replicas, nodes, yielded in deals:
+        seq = seq[~consumed_mask(seq.shape[0], num_replicas, nodes, yielded, drop_last)]
+    return seq
+
+
+def consumed_count(rest: int, num_replicas: int, nodes: int, yielded: int, drop_last: bool) -> int:
+    """How many positions ``consumed_mask`` marks, without making it (a deal's length, ``len(sampler)``, stays O(nodes))."""
+    t = deal_size(rest, num_replicas, drop_last) // num_replicas
+    if yielded >= t:
+        return rest
+    return int(np.minimum(node_parts(rest, num_replicas, nodes, drop_last)[1], yielded * (num_replicas // nodes)).sum())
+
+
+def rest_after(num_packs: int, start: int, deals, drop_last: bool) -> int:
+    """``len(remaining(...))``, counted: the packs of the epoch that ``start`` and ``deals`` leave to the next deal."""
+    rest = num_packs - start
+    for num_replicas, nodes, yielded in deals:
+        rest -= consumed_count(rest, num_replicas, nodes, yielded, drop_last)
+    return rest
+
+
+def done_positions(num_packs: int, rest: int, yielded: int, num_replicas: int, drop_last: bool,
+                   nodes: int = 1) -> int:
+    """Positions of the epoch's order done once every rank took ``yielded`` packs of a deal of ``rest`` packs: the
+    ``num_packs - rest`` the earlier deals consumed, plus this deal's consumed entries that are not padding;
+    ``num_packs`` once the deal is done."""
+    if yielded >= deal_size(rest, num_replicas, drop_last) // num_replicas:
         return num_packs
-    return start + yielded * num_replicas
+    return num_packs - rest + consumed_count(rest, num_replicas, nodes, yielded, drop_last)
 
 
 def deal_balanced(rounds: np.ndarray, weights: np.ndarray) -> np.ndarray:

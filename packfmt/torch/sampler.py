@@ -13,29 +13,20 @@ on W ranks, loaded on W' ranks, re-deals the rest of the epoch's global order ov
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+import os
+from typing import Any, Iterator
 
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from ..errors import PackfmtError
-from ._deal import deal_balanced, deal_rounds, deal_size, done_positions, epoch_order, group_runs
+from ._deal import check_nodes, deal_balanced, deal_rounds, deal_size, done_positions, epoch_order, group_runs, remaining
+from ._state import STATE_KEYS, Position, SamplerStateError, check_state, lockstep_state, next_position
 
 __all__ = ["DistributedPackSampler", "PackSampler", "SamplerStateError", "BALANCE_MODES", "lockstep_state"]
 
 BALANCE_MODES = ("tokens", "images", "none")
-# keys a state must hold; "start" and "consumed" (READER.md 1.4) may both be absent: start 0
-STATE_KEYS = ("epoch", "yielded", "seed", "shuffle", "drop_last", "balance", "num_replicas", "rank",
-              "num_packs", "fingerprint")
-_DATA_KEYS = ("fingerprint", "num_packs")                    # which dataset and pack index
-_CONFIG_KEYS = ("seed", "shuffle", "window", "drop_last", "balance")  # which order and deal
-# keys a state may lack: the value a state of an earlier revision means (READER.md 1.0-1.4: no window)
-_OPTIONAL = {"window": None}
-
-
-class SamplerStateError(PackfmtError, ValueError):
-    """A saved sampler state does not belong to this dataset/index or sampler configuration."""
 
 
 class DistributedPackSampler(Sampler[int]):
@@ -57,6 +48,11 @@ class DistributedPackSampler(Sampler[int]):
     once per epoch. The index's packs of each member must be consecutive (pack-ordered shards:
     ``packfmt pack COLL --capacity N --shards OUT``, or any pack index in document order).
 
+    With ``nodes=Q`` (ranks ``r`` on node ``r // (num_replicas / Q)``, as torchrun numbers them) each node takes
+    one contiguous block of the deal and deals it round by round to its own ranks, so with ``window`` every
+    member is read by one node in an epoch (a streamed collection: each node fetches its share, once, into its
+    own cache), except the members of the windows a block boundary cuts.
+
     Args:
         dataset: a ``PackedDataset`` (for its size, pack weights and fingerprint).
         num_replicas, rank: default to the initialised process group, else 1 and 0.
@@ -64,12 +60,15 @@ class DistributedPackSampler(Sampler[int]):
         balance: ``"tokens"``, ``"images"`` or ``"none"`` (plain strided split).
         window: ``None`` (a permutation of all packs) or the number of groups (members) per
             window of the window shuffle (needs ``shuffle=True``).
+        nodes: how many nodes the ranks run on (it divides ``num_replicas``); ``None``: ``WORLD_SIZE /
+            LOCAL_WORLD_SIZE`` as torchrun sets them when ``num_replicas`` is ``WORLD_SIZE``, else 1 (one block).
     """
 
     STATE_KEYS = STATE_KEYS
 
     def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None, *, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = False, balance: str = "tokens", window: int | None = None) -> None:
+                 seed: int = 0, drop_last: bool = False, balance: str = "tokens", window: int | None = None,
+                 nodes: int | None = None) -> None:
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if rank is None:
@@ -79,6 +78,9 @@ class DistributedPackSampler(Sampler[int]):
         if balance not in BALANCE_MODES:
             raise ValueError(f"balance: expected one of {BALANCE_MODES}, found {balance!r}")
         self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.nodes = _default_nodes(self.num_replicas) if nodes is None else nodes
+        check_nodes(self.num_replicas, self.nodes)
+        self.nodes = int(self.nodes)
         self.shuffle, self.seed, self.drop_last, self.balance = bool(shuffle), int(seed), bool(drop_last), balance
         self.num_packs = len(dataset)
         self.fingerprint = getattr(dataset, "fingerprint", None)
@@ -86,11 +88,11 @@ class DistributedPackSampler(Sampler[int]):
         self._weights = self._pack_weights(dataset, balance)
         self.epoch = 0
         self._epoch_set = False  # set_epoch was called on this sampler
-        self._resume: tuple[int, int, int] | None = None  # (epoch, start, position) for the next __iter__ of that epoch
+        self._resume: tuple[int, Position, int] | None = None  # (epoch, deal, yielded) for the next __iter__ of that epoch
         self._iter_epoch = 0     # epoch of the newest iterator
-        self._iter_start = 0     # global position its deal begins at
+        self._iter_at = Position()  # where its deal begins
         self._yielded = 0        # indices that iterator handed out (its position in the deal)
-        self._cache: tuple[tuple[int, int], np.ndarray] | None = None  # ((epoch, start), its assignment)
+        self._cache: tuple[tuple[int, Position], np.ndarray] | None = None  # ((epoch, deal), its assignment)
 
     @staticmethod
     def _pack_weights(dataset, balance: str) -> np.ndarray | None:
@@ -128,7 +130,8 @@ class DistributedPackSampler(Sampler[int]):
     @property
     def total_size(self) -> int:
         """Indices dealt over all ranks in the current epoch's deal (the whole epoch unless resumed elsewhere)."""
-        return deal_size(self.num_packs, self._position()[0], self.num_replicas, self.drop_last)
+        at, _ = self._position()
+        return deal_size(at.rest(self.num_packs, self.drop_last), self.num_replicas, self.drop_last)
 
     def __len__(self) -> int:
         return self.total_size // self.num_replicas
@@ -143,8 +146,9 @@ class DistributedPackSampler(Sampler[int]):
         self._epoch_set = True
 
     # ------------------------------------------------------------------ order
-    def epoch_indices(self, epoch: int | None = None, start: int = 0) -> np.ndarray:
-        """int64 ``(len,)``: this rank's packs for ``epoch``, in order, dealt from global position ``start``."""
+    def epoch_indices(self, epoch: int | None = None, start: int | Position = 0) -> np.ndarray:
+        """int64 ``(len,)``: this rank's packs for ``epoch``, in order, dealt from ``start`` (a global position, or
+        the ``Position`` of a resumed deal)."""
         return self.assignment(epoch, start)[:, self.rank]
 
     def pending_indices(self) -> np.ndarray:
@@ -152,28 +156,34 @@ class DistributedPackSampler(Sampler[int]):
         position ``load_state_dict`` loaded (a resume, on this or another number of ranks), else the whole epoch.
         What a streamed dataset's prefetch should plan after a resume: ``prefetch(ds, sampler.pending_indices(),
         batch_size=B)`` (``epoch_indices()`` is the whole epoch, which the resumed loop does not read from its start)."""
-        start, position = 0, 0
+        at, yielded = Position(), 0
         if self._resume is not None and self._resume[0] == self.epoch:
-            _, start, position = self._resume
-        return self.epoch_indices(start=start)[position:]
+            _, at, yielded = self._resume
+        return self.epoch_indices(start=at)[yielded:]
 
-    def assignment(self, epoch: int | None = None, start: int = 0) -> np.ndarray:
+    def assignment(self, epoch: int | None = None, start: int | Position = 0) -> np.ndarray:
         """int64 ``(rounds, num_replicas)``: column r holds rank r's packs for ``epoch``.
 
-        ``start``: the global position the deal begins at (0: the whole epoch; a resume on
-        another number of ranks deals from the position the saved run had reached).
+        ``start``: where the deal begins: a global position (0: the whole epoch; a resume on another number of
+        ranks deals from the position the saved run had reached) or a ``Position`` (a prefix and earlier deals).
         """
-        epoch, start = (self.epoch if epoch is None else int(epoch)), int(start)
-        if not 0 <= start <= self.num_packs:
-            raise ValueError(f"start: expected in [0, {self.num_packs}] (a position of the epoch's order), found {start}")
-        if self._cache is not None and self._cache[0] == (epoch, start):
+        epoch = self.epoch if epoch is None else int(epoch)
+        at = start if isinstance(start, Position) else Position(int(start))
+        if not 0 <= at.start <= self.num_packs:
+            raise ValueError(f"start: expected in [0, {self.num_packs}] (a position of the epoch's order), found "
+                             f"{at.start}")
+        if self._cache is not None and self._cache[0] == (epoch, at):
             return self._cache[1]  # (prefetch(ds, sampler.epoch_indices()) and iter(sampler): one order, made once)
         order = epoch_order(self.num_packs, self.seed, epoch, self.shuffle, self.window, self._runs)
-        out = deal_rounds(order, start, self.num_replicas, self.drop_last)
-        if self._weights is not None and self.num_replicas > 1:
-            out = deal_balanced(out, self._weights[out])
+        seq = remaining(order, at.start, at.deals, self.drop_last)
+        out = deal_rounds(seq, order, self.num_replicas, self.drop_last, self.nodes)
+        per_node = self.num_replicas // self.nodes
+        if self._weights is not None and per_node > 1:  # balanced among the ranks of each node
+            for q in range(0, self.num_replicas, per_node):
+                block = out[:, q:q + per_node]
+                out[:, q:q + per_node] = deal_balanced(block, self._weights[block])
         out.flags.writeable = False  # shared by every call for this epoch: nobody's edit reaches another's order
-        self._cache = ((epoch, start), out)
+        self._cache = ((epoch, at), out)
         return out
 
     def __iter__(self) -> Iterator[int]:
@@ -182,13 +192,13 @@ class DistributedPackSampler(Sampler[int]):
         The start is fixed when ``iter()`` is called (not at the first ``next()``), and a
         loaded position serves one iterator only: after a finished epoch the next one starts at 0.
         """
-        start, position = 0, 0
+        at, yielded = Position(), 0
         if self._resume is not None and self._resume[0] == self.epoch:
-            _, start, position = self._resume
+            _, at, yielded = self._resume
         self._resume = None
-        indices = self.epoch_indices(start=start)
-        self._iter_epoch, self._iter_start, self._yielded = self.epoch, start, position
-        return self._iterate(indices, position)
+        indices = self.epoch_indices(start=at)
+        self._iter_epoch, self._iter_at, self._yielded = self.epoch, at, yielded
+        return self._iterate(indices, yielded)
 
     def _iterate(self, indices: np.ndarray, start: int) -> Iterator[int]:
         for j in range(start, indices.shape[0]):
@@ -206,29 +216,30 @@ class DistributedPackSampler(Sampler[int]):
                 it calls ``state_dict()`` right after drawing each batch's indices and keeps the
                 snapshot that matches the batch the loop last received.
         Returns:
-            ``{epoch, start, yielded, consumed, ...}`` (spec/READER.md §6): the deal of ``epoch``
-            began at global position ``start``, every rank took ``yielded`` of its packs, so
-            ``consumed`` positions of the epoch's global order are done.
+            ``{epoch, start, deals, yielded, consumed, nodes, ...}`` (spec/READER.md §6): the deal of ``epoch``
+            began after the order's first ``start`` packs and the epoch's earlier ``deals``, every rank took
+            ``yielded`` of its packs, so ``consumed`` positions of the epoch's global order are done.
         """
-        start, yielded = self._position()
+        at, yielded = self._position()
         if num_consumed is not None:
             yielded = int(num_consumed)
         if not 0 <= yielded <= len(self):
             raise ValueError(f"num_consumed: expected in [0, {len(self)}], found {yielded}")
-        return {"epoch": self.epoch, "start": start, "yielded": yielded,
-                "consumed": done_positions(self.num_packs, start, yielded, self.num_replicas, self.drop_last),
+        rest = at.rest(self.num_packs, self.drop_last)
+        return {"epoch": self.epoch, "start": at.start, "deals": [list(d) for d in at.deals], "yielded": yielded,
+                "consumed": done_positions(self.num_packs, rest, yielded, self.num_replicas, self.drop_last,
+                                           self.nodes),
                 "seed": self.seed, "shuffle": self.shuffle, "window": self.window, "drop_last": self.drop_last,
-                "balance": self.balance,
-                "num_replicas": self.num_replicas, "rank": self.rank, "num_packs": self.num_packs,
-                "fingerprint": self.fingerprint}
+                "balance": self.balance, "num_replicas": self.num_replicas, "nodes": self.nodes, "rank": self.rank,
+                "num_packs": self.num_packs, "fingerprint": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``__iter__`` of the saved epoch yields this rank's share of what is left.
 
-        Saved on as many ranks as this sampler has: the same deal continues after ``yielded``
+        Saved on as many ranks and nodes as this sampler has: the same deal continues after ``yielded``
         (exactly the packs the uninterrupted run would have yielded). Saved on another number
-        of ranks (any rank's state; ranks consume in lockstep): the positions of the global
-        order not yet consumed (``consumed`` onwards) are dealt anew over this sampler's ranks.
+        of ranks or nodes (any rank's state; ranks consume in lockstep): the packs of the epoch's
+        order not yet consumed are dealt anew over this sampler's ranks and nodes.
 
         Strict: raises ``SamplerStateError`` if the state belongs to another dataset, pack index
         or sampler configuration, or its positions do not add up. A mid-epoch state also selects
@@ -237,93 +248,33 @@ class DistributedPackSampler(Sampler[int]):
         ``set_epoch(e + 1)`` and then restores a StatefulDataLoader checkpoint taken after epoch
         ``e`` runs epoch ``e + 1`` in full; if that is still epoch ``e``, it yields nothing more.
         """
-        epoch, start, yielded, saved_replicas, done = self._check_state(state)
-        if saved_replicas == self.num_replicas:
-            self._resume = (epoch, start, yielded)      # continue the saved deal
-        else:
-            self._resume = (epoch, done, 0)             # deal the rest of the epoch anew
+        epoch, at, yielded, replicas, nodes, done = check_state(self, state)
+        if (replicas, nodes) == (self.num_replicas, self.nodes):
+            self._resume = (epoch, at, yielded)  # continue the saved deal
+        else:  # deal the rest of the epoch anew
+            self._resume = (epoch, next_position(at, self.num_packs, replicas, nodes, yielded, self.drop_last), 0)
         if done < self.num_packs or not self._epoch_set:
             self.epoch = epoch
         # else: the saved epoch is complete, and set_epoch already chose the epoch that comes next
         # (StatefulDataLoader loads the state inside iter(loader), after the loop's set_epoch).
 
-    def _check_state(self, state: dict[str, Any]) -> tuple[int, int, int, int, int]:
-        """(epoch, start, yielded, num_replicas, consumed) of a state that belongs to this sampler."""
-        missing = [k for k in STATE_KEYS if k not in state]
-        if ("start" in state) != ("consumed" in state):
-            missing.append("consumed" if "start" in state else "start")
-        if missing:
-            raise SamplerStateError(field=f"state[{missing[0]!r}]", expected="present", found="missing")
-        for key in _DATA_KEYS + _CONFIG_KEYS:
-            saved = state.get(key, _OPTIONAL.get(key))
-            if saved != getattr(self, key):
-                fix = ("the state belongs to another pack index or dataset: build the sampler on the dataset and "
-                       "index the checkpoint was saved with, or start this run without loading the state"
-                       if key in _DATA_KEYS else
-                       f"the state belongs to another sampler configuration: construct the sampler with "
-                       f"{key}={saved!r}")
-                raise SamplerStateError(
-                    f"sampler state: {key}: expected {getattr(self, key)!r} (this sampler), found {saved!r} "
-                    f"(saved); {fix}", field=key, expected=getattr(self, key), found=saved)
-        n = self.num_packs
-        replicas = _state_int(state, "num_replicas", 1, None)
-        _state_int(state, "rank", 0, replicas - 1)
-        epoch = _state_int(state, "epoch", 0, None)
-        start = _state_int(state, "start", 0, n) if "start" in state else 0
-        length = deal_size(n, start, replicas, self.drop_last) // replicas
-        yielded = _state_int(state, "yielded", 0, length)
-        done = done_positions(n, start, yielded, replicas, self.drop_last)
-        if "consumed" in state and state["consumed"] != done:
-            raise SamplerStateError(
-                f"sampler state: consumed: expected {done} (start {start} + yielded {yielded} x num_replicas "
-                f"{replicas}, or num_packs once the deal is done), found {state['consumed']!r}; the state was "
-                f"edited or written by another program: load a state that state_dict() wrote",
-                field="consumed", expected=done, found=state["consumed"])
-        return epoch, start, yielded, replicas, done
-
-    def _position(self) -> tuple[int, int]:
-        """(start, yielded): where ``self.epoch``'s deal begins and how many of its indices are handed out."""
+    def _position(self) -> tuple[Position, int]:
+        """(where ``self.epoch``'s deal begins, how many of its indices are handed out)."""
         if self._resume is not None and self._resume[0] == self.epoch:
             return self._resume[1], self._resume[2]
         if self._iter_epoch == self.epoch:
-            return self._iter_start, self._yielded
-        return 0, 0
+            return self._iter_at, self._yielded
+        return Position(), 0
 
 
-def lockstep_state(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The one position that the sampler states of every rank of a run, saved at one step, describe.
-
-    Ranks consume in lockstep, so any rank's state lets a run on any number of ranks resume;
-    this checks that assumption on a checkpoint that kept every rank's state (ranks
-    ``0 .. num_replicas-1``, each once, at one epoch and one position) and returns one of them
-    to load. Raises ``SamplerStateError`` naming the first disagreement.
-    """
-    states = list(states)
-    if not states:
-        raise SamplerStateError(field="states", expected="the sampler state of every rank", found="none")
-    first = states[0]
-    for s in states:
-        for k in STATE_KEYS + ("start", "consumed", "window"):
-            if k != "rank" and s.get(k) != first.get(k):
-                raise SamplerStateError(
-                    f"sampler states: {k}: rank {first.get('rank')!r} saved {first.get(k)!r}, rank {s.get('rank')!r} "
-                    f"saved {s.get(k)!r}; ranks consume in lockstep, so these states come from different steps or "
-                    f"runs: load the states that one checkpoint step saved",
-                    field=k, expected=first.get(k), found=s.get(k))
-    ranks = sorted(s.get("rank") for s in states)
-    if ranks != list(range(first["num_replicas"])):
-        raise SamplerStateError(field="rank", expected=f"each of 0..{first['num_replicas'] - 1} once", found=ranks)
-    return dict(first)
-
-
-def _state_int(state: dict[str, Any], key: str, low: int, high: int | None) -> int:
-    """``state[key]`` as an int in ``[low, high]`` (no upper bound when ``high`` is None)."""
-    value = state[key]
-    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not is_int or value < low or (high is not None and value > high):
-        raise SamplerStateError(field=key, expected=f"an integer in [{low}, {'inf' if high is None else high}]",
-                                found=repr(value))
-    return int(value)
+def _default_nodes(num_replicas: int) -> int:
+    """Nodes the ranks run on, as torchrun (and most launchers) set the environment: ``WORLD_SIZE /
+    LOCAL_WORLD_SIZE`` when ``num_replicas`` is ``WORLD_SIZE`` and the division is exact; else 1."""
+    try:
+        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return 1
+    return world // local if world == num_replicas and local >= 1 and world % local == 0 else 1
 
 
 class PackSampler(DistributedPackSampler):
