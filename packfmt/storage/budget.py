@@ -1,0 +1,218 @@
+"""A node's cache budget for one dataset read item by item, shared by every process of the node (README "Remote data").
+
+The processes of a node that stream one dataset (its ranks, their DataLoader workers) share the node's cache folder,
+so they share one budget: ``cache_limit`` bytes of the folder, for the dataset's fixed files (manifests, pack
+indexes, logs: ``fixed``), whatever else the folder held when the ledger was made (``other``), and its items (the
+members of a collection, each with its bookkeeping and its rows of a layout's index). The ledger is one small file
+that every process maps (``Budget``); every change to it is made inside ``transaction()``, under an exclusive
+``flock`` of that file, so the count is the node's, not a process's:
+
+- an item is ``ABSENT``, ``RESERVED`` (a process is fetching it: its bytes counted before the first byte is
+  written, so an in-flight download is inside the bound) or ``PRESENT`` (on disk, counted once however many
+  processes read it);
+- ``used`` = ``fixed + other + `` the bytes of every reserved or present item; a reservation that would pass
+  ``limit`` must first make room (the caller evicts items no process holds, inside the same transaction);
+- a reservation belongs to a process *slot*: a lock file the process holds for its lifetime. A slot whose lock is
+  free belongs to a dead process, and its reservations are given back (``reclaim``), so a killed process never
+  leaks budget; the items a dead process left on disk stay ``PRESENT`` (adopted: any process may use them or
+  evict them).
+
+Nothing here knows what an item is: ``remote`` decides what to fetch and what to evict, and deletes the files.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ABSENT", "RESERVED", "PRESENT", "Budget", "Transaction", "disk_bytes"]
+
+ABSENT, RESERVED, PRESENT = 0, 1, 2
+_MAGIC = b"PFBUDGT1"
+_HEADER = 64  # magic, items, fixed, other, clock (int64 each after the magic), padding
+_SLOTS = 4096  # processes of one node reading one dataset at once, at most
+
+
+def disk_bytes(paths) -> int:
+    """Bytes the file system allocated to ``paths`` (files or folders, not followed): ``st_blocks * 512`` each, what
+    ``du`` counts and what the bound is about (a 100-byte marker takes a 4 KiB block)."""
+    n = 0
+    for p in paths:
+        try:
+            n += os.lstat(p).st_blocks * 512
+        except OSError:
+            pass
+    return n
+
+
+class Budget:
+    """The ledger at ``path`` for ``items`` items under ``limit`` bytes (None: no bound, the counts still kept)."""
+
+    def __init__(self, path: Path, items: int, limit: int | None) -> None:
+        self.path, self.items, self.limit = Path(path), int(items), limit
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.pid = os.getpid()
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = _HEADER + self.items * (1 + 2 + 8 + 8)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            head = os.pread(self.fd, _HEADER, 0)
+            self.fresh = (len(head) < 16 or head[:8] != _MAGIC
+                          or int.from_bytes(head[8:16], "little") != self.items or os.fstat(self.fd).st_size != size)
+            if self.fresh:  # new, or another dataset's: begin again (remote adopts what is on disk)
+                os.ftruncate(self.fd, 0)
+                os.ftruncate(self.fd, size)
+                os.pwrite(self.fd, _MAGIC + self.items.to_bytes(8, "little"), 0)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        mm = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(size,))
+        n = self.items
+        self._head = mm[:_HEADER].view(np.int64)  # [magic, items, fixed, other, clock, ...]
+        at = _HEADER
+        self.state = mm[at:at + n]
+        at += n
+        self.slot_of = mm[at:at + 2 * n].view(np.int16)
+        at += 2 * n
+        self.nbytes = mm[at:at + 8 * n].view(np.int64)
+        at += 8 * n
+        self.last = mm[at:at + 8 * n].view(np.int64)
+        self._mm = mm
+        self.slot, self._slot_fd = self._take_slot()
+
+    # -- process slots
+    def _slot_path(self, k: int) -> Path:
+        return self.path.with_name(f"{self.path.name}.slots") / str(k)
+
+    def _take_slot(self) -> tuple[int, int]:
+        """The first slot no live process holds, held (exclusive ``flock``) for as long as this object lives."""
+        folder = self._slot_path(0).parent
+        folder.mkdir(exist_ok=True)
+        for k in range(_SLOTS):
+            fd = os.open(self._slot_path(k), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return k, fd
+        raise OSError(f"{folder}: {_SLOTS} processes already read this dataset from this cache folder")
+
+    def alive(self, k: int) -> bool:
+        """Whether some live process holds slot ``k`` (this one included)."""
+        if k == self.slot:
+            return True
+        try:
+            fd = os.open(self._slot_path(k), os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    # -- the one way in
+    @contextmanager
+    def transaction(self):
+        """The ledger locked for this process (other processes wait): a ``Transaction`` to read and change it."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield Transaction(self)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self, _close=os.close) -> None:  # _close: still bound at interpreter shutdown
+        fd, self._slot_fd = getattr(self, "_slot_fd", None), None
+        if fd is not None:
+            _close(fd)  # (lets go of the slot)
+        fd, self.fd = getattr(self, "fd", None), None
+        if fd is not None:
+            _close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Transaction:
+    """What one process may read and change of the ledger while it holds its lock (``Budget.transaction``)."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.b = budget
+
+    @property
+    def fixed(self) -> int:
+        return int(self.b._head[2])
+
+    @fixed.setter
+    def fixed(self, n: int) -> None:
+        self.b._head[2] = max(int(n), 0)
+
+    @property
+    def other(self) -> int:
+        return int(self.b._head[3])
+
+    @other.setter
+    def other(self, n: int) -> None:
+        self.b._head[3] = max(int(n), 0)
+
+    def used(self) -> int:
+        """Bytes the node's cache holds for this dataset, reserved downloads included, plus ``fixed`` and ``other``."""
+        b = self.b
+        return self.fixed + self.other + int(b.nbytes[b.state != ABSENT].sum())
+
+    def room(self) -> int | None:
+        """Bytes that may still be reserved (None: no limit)."""
+        return None if self.b.limit is None else self.b.limit - self.used()
+
+    def state(self, item: int) -> int:
+        return int(self.b.state[item])
+
+    def fetching_elsewhere(self, item: int) -> bool:
+        """Item ``item`` is reserved by another live process (it is downloading it)."""
+        b = self.b
+        return b.state[item] == RESERVED and int(b.slot_of[item]) != b.slot and b.alive(int(b.slot_of[item]))
+
+    def reclaim(self) -> list[int]:
+        """Give back the reservations of dead processes; the items they were fetching (now ``ABSENT``: their partial
+        files are the caller's to remove)."""
+        b = self.b
+        out = []
+        for item in np.flatnonzero(b.state == RESERVED).tolist():
+            if not b.alive(int(b.slot_of[item])):
+                b.state[item], b.nbytes[item] = ABSENT, 0
+                out.append(item)
+        return out
+
+    def reserve(self, item: int, nbytes: int) -> None:
+        """Count ``nbytes`` for ``item`` (reserved by this process; more bytes for an item it reserved already)."""
+        b = self.b
+        b.state[item], b.slot_of[item], b.nbytes[item] = RESERVED, b.slot, int(nbytes)
+
+    def commit(self, item: int, nbytes: int) -> None:
+        """``item`` is on disk, taking ``nbytes``."""
+        b = self.b
+        b.state[item], b.nbytes[item] = PRESENT, int(nbytes)
+        self.touch([item])
+
+    def drop(self, item: int) -> None:
+        """``item`` is no longer on disk (evicted, or its fetch failed)."""
+        b = self.b
+        b.state[item], b.nbytes[item] = ABSENT, 0
+
+    def touch(self, items) -> None:
+        """``items`` were used now (the node's least recently used order)."""
+        b = self.b
+        b._head[4] += 1
+        b.last[np.asarray(items, dtype=np.int64)] = b._head[4]
+
+    def present(self) -> np.ndarray:
+        """int64: the items on disk, least recently used first."""
+        b = self.b
+        items = np.flatnonzero(b.state == PRESENT)
+        return items[np.argsort(b.last[items], kind="stable")]

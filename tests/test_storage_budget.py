@@ -1,0 +1,130 @@
+"""The node's cache budget (``packfmt.storage.budget``): one ledger shared by the processes of a node.
+
+Real processes (fork) reserve, commit and drop items of one ledger at once; the count they keep never passes the
+limit, every item is counted once however many processes use it, and a killed process's reservation comes back.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+from packfmt.storage.budget import ABSENT, PRESENT, RESERVED, Budget, disk_bytes
+
+LIMIT = 10_000
+
+
+def _worker(path, items, seed, rounds, out):
+    """Take random items like a reader: present ones are used as they are; absent ones reserved (evicting the least
+    recently used present ones first when the limit says so), then committed. Records every `used` it sees."""
+    b = Budget(path, items, LIMIT)
+    rng = np.random.default_rng(seed)
+    seen = []
+    for _ in range(rounds):
+        item, size = int(rng.integers(items)), int(rng.integers(500, 3000))
+        with b.transaction() as tx:
+            if tx.state(item) == PRESENT:
+                tx.touch([item])
+                continue
+            if tx.fetching_elsewhere(item):
+                continue
+            for victim in tx.present().tolist():
+                if tx.room() >= size:
+                    break
+                tx.drop(victim)
+            if tx.room() < size:
+                continue
+            tx.reserve(item, size)
+            seen.append(tx.used())
+        with b.transaction() as tx:  # (the download happens between the two)
+            tx.commit(item, size)
+            seen.append(tx.used())
+    out.put(max(seen) if seen else 0)
+
+
+def test_processes_sharing_a_ledger_stay_inside_the_limit(tmp_path):
+    path = tmp_path / "ledger"
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(path, 40, s, 300, out)) for s in range(4)]
+    for p in procs:
+        p.start()
+    peaks = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert 0 < max(peaks) <= LIMIT
+    b = Budget(path, 40, LIMIT)
+    with b.transaction() as tx:
+        assert not tx.reclaim()  # every reservation was committed
+        assert tx.used() == int(b.nbytes[b.state == PRESENT].sum()) <= LIMIT
+
+
+def _reserve_and_die(path):
+    b = Budget(path, 8, LIMIT)
+    with b.transaction() as tx:
+        tx.reserve(3, 4000)
+    os._exit(0)  # killed mid-download: no commit, no cleanup
+
+
+def test_a_dead_processs_reservation_comes_back(tmp_path):
+    path = tmp_path / "ledger"
+    b = Budget(path, 8, LIMIT)
+    with b.transaction() as tx:
+        tx.reserve(1, 1000)
+        tx.commit(1, 1200)
+    p = mp.get_context("fork").Process(target=_reserve_and_die, args=(path,))
+    p.start()
+    p.join(60)
+    with b.transaction() as tx:
+        assert tx.state(3) == RESERVED and tx.used() == 5200
+        assert not tx.fetching_elsewhere(1)
+        assert tx.reclaim() == [3]  # its slot's lock died with it
+        assert tx.state(3) == ABSENT and tx.used() == 1200 and tx.state(1) == PRESENT  # what it left stays
+
+
+def test_a_live_processs_reservation_is_its_own(tmp_path):
+    path = tmp_path / "ledger"
+    a, b = Budget(path, 4, LIMIT), Budget(path, 4, LIMIT)
+    assert a.slot != b.slot
+    with a.transaction() as tx:
+        tx.reserve(2, 100)
+    with b.transaction() as tx:
+        assert tx.fetching_elsewhere(2) and not tx.reclaim()
+    a.close()
+    with b.transaction() as tx:
+        assert not tx.fetching_elsewhere(2) and tx.reclaim() == [2]
+
+
+def test_a_ledger_of_other_items_begins_again(tmp_path):
+    path = tmp_path / "ledger"
+    b = Budget(path, 4, LIMIT)
+    with b.transaction() as tx:
+        tx.fixed, tx.other = 300, 50
+        tx.reserve(0, 10)
+        tx.commit(0, 10)
+    assert not Budget(path, 4, LIMIT).fresh
+    again = Budget(path, 5, LIMIT)
+    assert again.fresh
+    with again.transaction() as tx:
+        assert tx.used() == 0 and (tx.state(0), tx.fixed) == (ABSENT, 0)
+
+
+def test_least_recently_used_first(tmp_path):
+    b = Budget(tmp_path / "ledger", 6, None)
+    with b.transaction() as tx:
+        for i in (4, 1, 5):
+            tx.reserve(i, 1)
+            tx.commit(i, 1)
+        tx.touch([4])
+        assert tx.present().tolist() == [1, 5, 4] and tx.room() is None
+
+
+@pytest.mark.parametrize("size", [0, 1, 4097])
+def test_disk_bytes_counts_allocated_blocks(tmp_path, size):
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * size)
+    assert disk_bytes([f]) == os.stat(f).st_blocks * 512 and disk_bytes([tmp_path / "missing"]) == 0
