@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("opening", "collection.stream", "collection.streamed", "collection.shard_index"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
     ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
-     "megatron", "sources", "workers", "pipeline", "engines", "build"),
+     "megatron", "sources", "workers", "pipeline", "engines", "build", "report_paths"),
     # 6. frameworks
     ("torch", "ray"),
     # 7. the command line
