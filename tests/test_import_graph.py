@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
     # 2. one store read or written; its pack indexes; what every dataset is
     ("reader", "writer", "index", "dataset"),
     # 3. many stores read as one (a store is a collection of one)
-    ("collection.reader", "collection.member_checks", "collection.arrays", "collection.vmap",
+    ("collection.reader", "collection.member_checks", "collection.arrays", "collection.images", "collection.vmap",
      "collection.lazy_members"),
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
     ("opening", "collection.stream", "collection.streamed", "collection.shard_index"),
