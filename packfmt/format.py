@@ -24,8 +24,7 @@ FORMAT_VERSION = (1, 0)
 FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
 #: The newest version this reader knows: 1.1 added collections (spec/COLLECTION.md). Stores and
 #: their pack indexes are still written as 1.0; a collection's pack indexes as 1.1; a collection
-#: itself as 1.3 (``collection.manifest.COLLECTION_VERSION``: 1.2 added ``unified``, 1.3 ``layout`` and
-#: ``doc_lengths.bin``).
+#: itself as 1.3, or 2.0 with a member table (``collection.versions``: its own versions, majors 1 and 2).
 KNOWN_VERSION = (1, 1)
 #: The newest pack index version this reader knows: 1.2 added a layout's per-shard digests (COLLECTION.md §9.4).
 KNOWN_INDEX_VERSION = (1, 2)
