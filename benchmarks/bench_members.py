@@ -13,7 +13,7 @@ that over the store's whole open. ``coll_manifests_read_s`` is reading every mem
 offsets) in plain Python: the floors of validate's per-member cost. ``--process`` also times each command as a
 whole process (``open``: a process that opens the data set and reads its lengths). Members are written by
 ``packfmt.torch.testing.write_split_stores``. ``--forms array,table``: the same members listed as the manifest's
-JSON array (collection format 1.3) and as a member table (1.4, spec/COLLECTION.md §2.5), side by side.
+JSON array (collection format 1.3) and as a member table (2.0, spec/COLLECTION.md §2.5), side by side.
 
     python benchmarks/bench_members.py [--cases 1000x2,10000x2,1000x1000] [--repeat 3] [--full] [--forms array,table]
         [--out NAME]
@@ -79,7 +79,7 @@ def measure(path: Path, repeat: int) -> dict:
 
 def measure_table(path: Path, repeat: int) -> float | None:
     """Reading and checking the member table alone (``read_table``: both files hashed, C1 of every entry), the floor
-    of a 1.4 collection's open: what it costs beyond the store's; None for a collection whose members are an array."""
+    of a 2.0 collection's open: what it costs beyond the store's; None for a collection whose members are an array."""
     obj = json.loads((path / F.MANIFEST).read_bytes())
     if obj.get("members") != "table":
         return None
@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--full", action="store_true", help="also 100000x2")
     ap.add_argument("--forms", default="auto", help="comma separated: array (JSON, format 1.3), table (member table, "
-                    "1.4), auto (the writer's choice)")
+                    "2.0), auto (the writer's choice)")
     ap.add_argument("--process", action="store_true", help="also time `packfmt pack/validate/inspect` as whole "
                     "processes, store against collection")
     ap.add_argument("--out", default="bench_members.json", help="file name under benchmarks/results/")

@@ -32,6 +32,7 @@ import numpy as np
 
 from ._io import publish_dir, remove_stale_temps, temp_sibling
 from .errors import DatasetExistsError, InputError
+from .report_paths import report_path
 
 __all__ = ["export_webdataset", "ExportResult", "DEFAULT_SHARD_BYTES", "CODEC_EXTENSIONS"]
 
@@ -236,7 +237,8 @@ def export_webdataset(dataset, out: str | os.PathLike, *, index: str | None = No
         for p in range(idx.num_packs):
             writer.write(f"{p:09d}", pack_sample(gather, idx, p))
         writer.close()
-        summary = {"format": "webdataset", "source": str(Path(store.path).resolve()), "index": idx.name,
+        source = getattr(store, "url", None) or report_path(store.path, target)  # never a host path (SECURITY A15)
+        summary = {"format": "webdataset", "source": source, "index": idx.name,
                    "packs": idx.num_packs, "has_loss_mask": bool(store.has_loss_mask),
                    "token_dtype": np.dtype(store.np_token_dtype).name, "shards": writer.shards}
         (tmp / "export.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -24,8 +24,7 @@ FORMAT_VERSION = (1, 0)
 FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
 #: The newest version this reader knows: 1.1 added collections (spec/COLLECTION.md). Stores and
 #: their pack indexes are still written as 1.0; a collection's pack indexes as 1.1; a collection
-#: itself as 1.3 (``collection.manifest.COLLECTION_VERSION``: 1.2 added ``unified``, 1.3 ``layout`` and
-#: ``doc_lengths.bin``).
+#: itself as 1.3, or 2.0 with a member table (``collection.versions``: its own versions, majors 1 and 2).
 KNOWN_VERSION = (1, 1)
 #: The newest pack index version this reader knows: 1.2 added a layout's per-shard digests (COLLECTION.md §9.4).
 KNOWN_INDEX_VERSION = (1, 2)
@@ -95,16 +94,19 @@ def canonical_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
-def parse_version(value: Any, *, file: str, field: str = "format_version") -> tuple[int, int]:
+def parse_version(value: Any, *, file: str, field: str = "format_version", majors: tuple[int, ...] = (FORMAT_VERSION[0],),
+                  supported: str | None = None) -> tuple[int, int]:
+    """``"MAJOR.MINOR"`` as ``(major, minor)``; a major not in ``majors`` is refused by the number (spec/README.md
+    "Versioning"), ``supported`` naming what this reader reads (default: format 1.0's major)."""
     if not isinstance(value, str) or not re.fullmatch(r"(0|[1-9]\d*)\.(0|[1-9]\d*)", value):
         raise FormatError(file=file, field=field, expected='"MAJOR.MINOR" string, e.g. "1.0"', found=repr(value))
     major, minor = (int(x) for x in value.split("."))
-    if major != FORMAT_VERSION[0]:
+    if major not in majors:
+        supported = supported or f"major version {FORMAT_VERSION[0]} (format {FORMAT_VERSION_STR})"
         raise UnsupportedVersionError(
-            f"{file}: {field}: this reader supports major version {FORMAT_VERSION[0]} "
-            f"(format {FORMAT_VERSION_STR}); found {value}. "
-            + ("Upgrade packfmt to read it." if major > FORMAT_VERSION[0] else "Convert it with an older packfmt."),
-            file=file, field=field, expected=f"{FORMAT_VERSION[0]}.x", found=value,
+            f"{file}: {field}: this reader supports {supported}; found {value}. "
+            + ("Upgrade packfmt to read it." if major > max(majors) else "Convert it with an older packfmt."),
+            file=file, field=field, expected=" or ".join(f"{m}.x" for m in majors), found=value,
         )
     return major, minor
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from .errors import InputError, PackfmtError
+from .report_paths import build_report_paths
 from .skips import Tally
 from .sources import Raw
 from .writer import DatasetWriter
@@ -300,7 +301,7 @@ def run_build(
                 bar.set_postfix_str(f"{tally.tokens / secs:,.0f} tok/s, skipped {sum(tally.skipped.values())}",
                                     refresh=False)
         seconds = time.perf_counter() - start
-        writer.build_report = {
+        writer.build_report = build_report_paths({  # no path of this host in the manifest (SECURITY A15)
             **report_base,
             "records_read": tally.read,
             "documents_written": tally.written,
@@ -313,7 +314,7 @@ def run_build(
             "tokenizer": enc.identity,
             "on_error": on_error,
             "workers": workers,
-        }
+        }, out)
         if tally.written == 0:
             raise tally.nothing_written(str(out), report_base.get("sources", []))
         path = writer.finalize()

@@ -95,7 +95,7 @@ def reference_write_shards(dataset, index: str | None, out: str | os.PathLike, *
             members.append((Member(f"{k:05d}", str(path), w.num_documents, w.num_tokens, w.num_images,
                                    checksum_file(path / F.MANIFEST)), path, shared))
         manifest, own = collection_manifest(members, tmp, files=write_lengths(tmp, seg_len + ahead))  # doc s: L_s
-        write_own_files(tmp, own)  # the member table (COLLECTION §2.5, format 1.4) from 256 shards on
+        write_own_files(tmp, own)  # the member table (COLLECTION §2.5, format 2.0) from 256 shards on
         _check_counts(manifest, segs, seg_len, ahead, 0 if spans is None else int((last_image - first_image).sum()))
         binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
         _write_index(tmp, pm, idx.name, seg_len, po, binding, time.perf_counter() - t0, cuts)

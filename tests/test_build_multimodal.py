@@ -274,7 +274,7 @@ def test_truncated_shard_is_counted_never_lost(tmp_path, cut):
     assert r["skipped"] == {"truncated_shard": 1}, r["skipped_examples"]
     assert r["records_read"] == 4 == r["documents_written"] + sum(r["skipped"].values())  # s0, s1 (cut), t0, t1
     example = r["skipped_examples"][0]
-    assert (example["file"], example["line"]) == (str(shard), 2)  # sample s1: the one being read
+    assert (example["file"], example["line"]) == (f"../{shard.name}", 2)  # s1, the one being read; named from ds
     assert f"ends at byte {size}" in example["message"] and "'s1'" in example["message"]
     assert packfmt.open(result.path).num_images == 3
     with pytest.raises(InputError) as info:  # on_error="fail" (the default): the shard and the byte offset

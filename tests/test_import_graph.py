@@ -29,13 +29,13 @@ FLOORS: list[tuple[str, ...]] = [
     # 2. one store read or written; its pack indexes; what every dataset is
     ("reader", "writer", "index", "dataset"),
     # 3. many stores read as one (a store is a collection of one)
-    ("collection.reader", "collection.member_checks", "collection.arrays", "collection.vmap",
+    ("collection.reader", "collection.member_checks", "collection.arrays", "collection.images", "collection.vmap",
      "collection.lazy_members"),
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
     ("opening", "collection.stream", "collection.streamed", "collection.shard_index"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
     ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
-     "megatron", "sources", "workers", "pipeline", "engines", "build"),
+     "megatron", "sources", "workers", "pipeline", "engines", "build", "report_paths"),
     # 6. frameworks
     ("torch", "ray"),
     # 7. the command line

@@ -1,4 +1,4 @@
-"""The member table (spec/COLLECTION.md §2.5, format 1.4): the member list of a large collection in two files.
+"""The member table (spec/COLLECTION.md §2.5, format 2.0): the member list of a large collection in two files.
 
 A table reads exactly as the JSON array it replaces (same entries, lengths, packs and items); its vectorised
 checks accept exactly what the per-entry checks of the array accept (a property test over random entries and
@@ -28,7 +28,7 @@ from packfmt.collection.member_table import (
     table_record,
 )
 from packfmt.collection.reader import Collection
-from packfmt.errors import ChecksumError, FormatError
+from packfmt.errors import ChecksumError, FormatError, UnsupportedVersionError
 from packfmt.packindex import build_pack_index
 from packfmt.torch.testing import write_split_stores
 from packfmt.validate import validate
@@ -65,7 +65,7 @@ def _rewrite(root, name: str, data: bytes) -> None:
 def test_a_table_reads_exactly_as_the_array(pair):
     t, a = Collection(pair[0]), Collection(pair[1])
     raw = json.loads((pair[0] / F.MANIFEST).read_text())
-    assert raw["format_version"] == "1.4" and raw["members"] == "table"
+    assert raw["format_version"] == "2.0" and raw["members"] == "table"
     assert json.loads((pair[1] / F.MANIFEST).read_text())["format_version"] == "1.3"
     assert set(raw["files"]) == {"doc_lengths.bin", TABLE_FILE, NAMES_FILE}
     assert list(t.members) == list(a.members) and len(t.members) == 12
@@ -173,12 +173,77 @@ def test_table_files_listed_beside_an_array_are_refused(tmp_path, pair):
     root = tmp_path / "c"
     shutil.copytree(pair[1], root)
     obj = json.loads((root / F.MANIFEST).read_text())
-    obj["format_version"] = "1.4"
+    obj["format_version"] = "2.0"
     obj["files"][TABLE_FILE] = dict(obj["files"]["doc_lengths.bin"])
     (root / F.MANIFEST).write_bytes(F.canonical_json(obj))
     with pytest.raises(FormatError) as exc:
         Collection(root)
     assert exc.value.field == f"files.{TABLE_FILE}"
+
+
+
+def _with_manifest(tmp_path, src, change):
+    """A copy of the collection ``src`` whose manifest ``change(obj)`` edited, beside ``src`` (its member paths hold)."""
+    import shutil
+
+    root = src.parent / tmp_path.name
+    shutil.copytree(src, root)
+    obj = json.loads((root / F.MANIFEST).read_text())
+    change(obj)
+    (root / F.MANIFEST).write_bytes(F.canonical_json(obj))
+    return root
+
+
+def test_a_table_is_a_new_major_that_a_1x_reader_refuses_by_its_number(pair):
+    """spec/README.md "Versioning": the table is not something a 1.3 reader may ignore, so it is major 2. What a
+    deployed 1.x reader checks first (``F.parse_version`` with its one major, the check of every packfmt before this
+    one) refuses it by the number, naming the file and both versions; the array stays 1.3, read by every 1.3 reader."""
+    raw = json.loads((pair[0] / F.MANIFEST).read_text())
+    with pytest.raises(UnsupportedVersionError) as exc:
+        F.parse_version(raw["format_version"], file="manifest.json")
+    assert exc.value.found == "2.0" and "Upgrade packfmt" in str(exc.value)
+    assert F.parse_version(json.loads((pair[1] / F.MANIFEST).read_text())["format_version"], file="m") == (1, 3)
+
+
+def test_a_withdrawn_1_4_table_collection_still_reads(tmp_path, pair):
+    """Collections written as "1.4" (the table's first, withdrawn, version) read as before: same entries, and the
+    pack indexes bound to them still open (the binding hashes the table's files, not the manifest)."""
+    build_pack_index(pair[0], capacity=64, algorithm="ffd", name="p", overwrite=True)
+    root = _with_manifest(tmp_path, pair[0], lambda o: o.update(format_version="1.4"))
+    old, new = Collection(root), Collection(pair[0])
+    assert old.manifest.version == (1, 4) and list(old.members) == list(new.members)
+    assert np.array_equal(np.asarray(old.pack_index("p").segments), np.asarray(new.pack_index("p").segments))
+    assert validate(root, deep=True).ok
+
+
+@pytest.mark.parametrize("version", ["3.0", "0.9"])
+def test_a_collection_of_another_major_is_refused_by_its_number(tmp_path, pair, version):
+    root = _with_manifest(tmp_path, pair[1], lambda o: o.update(format_version=version))
+    with pytest.raises(UnsupportedVersionError) as exc:
+        Collection(root)
+    assert exc.value.field == "format_version" and exc.value.found == version
+    assert "1.1-1.4 and 2.x" in str(exc.value)
+    problems = validate(root).errors
+    assert problems and problems[0].field == "format_version"
+    if version == "3.0":
+        assert "Upgrade packfmt" in problems[0].message and "1.x or 2.x" in problems[0].message
+
+
+@pytest.mark.parametrize("version,reads", [("1.5", True), ("2.1", True), ("1.4", False), ("2.0", False)])
+def test_an_unknown_file_is_ignored_only_in_a_newer_minor_of_its_major(tmp_path, pair, version, reads):
+    """A minor only adds what an older reader of its major may ignore (spec/README.md "Versioning"): a file listed in
+    ``files`` that this reader does not know is ignored in 1.5 and 2.1, an error in 1.4 and 2.0, which it knows."""
+    def change(obj):
+        obj["format_version"] = version
+        obj["files"]["later.bin"] = dict(obj["files"]["doc_lengths.bin"])
+
+    root = _with_manifest(tmp_path, pair[0], change)
+    if reads:
+        assert list(Collection(root).members) == list(Collection(pair[0]).members)
+    else:
+        with pytest.raises(FormatError) as exc:
+            Collection(root)
+        assert exc.value.field == "files"
 
 
 # -- the vectorised checks accept exactly what the per-entry checks accept
@@ -256,7 +321,7 @@ def test_cli_merge_member_table_flag(tmp_path, capsys):
     from packfmt.cli import main
 
     paths = _stores(tmp_path, 3)
-    for flag, members, version in (("yes", "table", "1.4"), ("no", None, "1.3"), ("auto", None, "1.3")):
+    for flag, members, version in (("yes", "table", "2.0"), ("no", None, "1.3"), ("auto", None, "1.3")):
         out = tmp_path / f"c-{flag}"
         assert main(["merge", *map(str, paths), "-o", str(out), "--member-table", flag]) == 0
         raw = json.loads((out / F.MANIFEST).read_text())

@@ -354,3 +354,28 @@ def test_extra_is_kept_only_when_every_member_has_the_same(tmp_path):
     same = [store("a", {"lang": "en"}), store("b", {"lang": "en"})]
     assert merge_physical(same, tmp_path / "m1").manifest.raw["extra"] == {"lang": "en"}
     assert "extra" not in merge_physical([*same, store("c", {"lang": "fr"})], tmp_path / "m2").manifest.raw
+
+
+def test_members_of_a_newer_store_minor_are_listed_but_not_physically_merged(tmp_path):
+    """A member is a store of any 1.x (COLLECTION §2.2): a collection lists a 1.5 store and reads it as a store of that
+    version; a physical merge, which writes a 1.0 store, refuses it naming its manifest and version, writing nothing."""
+    from packfmt.errors import UnsupportedVersionError, WriteError
+    from packfmt.torch.testing import write_split_stores
+
+    tokens = np.arange(1, 41, dtype=np.uint16)
+    a, b = map(Path, write_split_stores(tmp_path / "s", tokens, np.array([0, 10, 25, 40]), np.array([0, 2, 3]),
+                                        vocab_size=100))
+    obj = json.loads((b / F.MANIFEST).read_text())
+    obj["format_version"] = "1.5"
+    (b / F.MANIFEST).write_bytes(F.canonical_json(obj))
+    coll = write_collection(tmp_path / "c", [(None, a), (None, b)])
+    assert coll.member(1).manifest.version == (1, 5)
+    assert np.array_equal(np.concatenate([coll.document(g) for g in range(3)]), tokens)
+    with pytest.raises(WriteError) as exc:
+        merge_physical([tmp_path / "c"], tmp_path / "one")
+    assert exc.value.field == "format_version" and exc.value.found == "1.5" and "s/m000001/manifest.json" in str(exc.value)
+    assert not (tmp_path / "one").exists()
+    obj["format_version"] = "2.0"  # another major: not a member at all (a store of it is refused)
+    (b / F.MANIFEST).write_bytes(F.canonical_json(obj))
+    with pytest.raises(UnsupportedVersionError):
+        Collection(tmp_path / "c").member(1)

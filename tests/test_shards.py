@@ -479,10 +479,10 @@ def test_property_labels_and_positions_survive_sharding(tmp_path_factory, data):
 
 def test_a_shard_per_pack_is_listed_as_a_member_table(mix, out, tmp_path):  # out: mix packed as NAME
     """One pack per shard (shard_bytes=1) makes hundreds of shards: their list is a member table (COLLECTION §2.5,
-    format 1.4), the bytes are the reference writer's, and every pack reads as the source's."""
+    format 2.0), the bytes are the reference writer's, and every pack reads as the source's."""
     many = write_shards(mix, NAME, tmp_path / "many", shard_bytes=1)
     assert len(many.members) >= 256 and many.manifest.raw["members"] == "table"
-    assert many.manifest.raw["format_version"] == "1.4" and many.manifest.raw["layout"]["member_packs"] == [1] * len(
+    assert many.manifest.raw["format_version"] == "2.0" and many.manifest.raw["layout"]["member_packs"] == [1] * len(
         many.members)
     reference_write_shards(mix, NAME, tmp_path / "ref", shard_bytes=1)
     assert_same_bytes(many.path, tmp_path / "ref")

@@ -133,3 +133,42 @@ def test_every_invariant_is_tagged_where_it_is_checked():
         tagged |= {int(n) for n in re.findall(r"\bV(\d+)\b", path.read_text("utf-8"))}
     missing = [f"V{n}" for n, _ in invariant_rows() if n not in tagged]
     assert not missing, f"no check in packfmt/ carries the tag of {missing} (add a `# V<n>` comment at the check)"
+
+
+# ----------------------------------------------------------------------------- revisions
+_REVISION = re.compile(r"Document revision (\d+\.\d+)")
+
+
+def listed_revisions() -> dict[str, str]:
+    """README.md's table: document -> its revision."""
+    rows = re.findall(r"^\|\s*\[([\w.]+\.md)\]\(\1\)\s*\|\s*(\d+\.\d+)\s*\|", _text("README.md"), re.M)
+    return dict(rows)
+
+
+def test_readme_lists_every_document_with_the_revision_its_header_states():
+    """spec/README.md "Versioning" rule 4: each document states its revision in its first lines, and README.md's table
+    lists every document with that same revision."""
+    listed = listed_revisions()
+    assert set(listed) == set(DOCS) - {"README.md"}, sorted(set(DOCS) ^ set(listed))
+    stated = {}
+    for name in listed:
+        head = "\n".join(_text(name).splitlines()[:12])
+        found = _REVISION.findall(head)
+        assert len(found) == 1, f"{name}: its first lines state no revision as 'Document revision X.Y' ({found})"
+        stated[name] = found[0]
+    assert stated == listed, {n: (stated[n], listed[n]) for n in listed if stated[n] != listed[n]}
+
+
+@pytest.mark.parametrize("name", sorted(set(DOCS) - {"README.md"}))
+def test_every_document_refers_to_the_one_versioning_rule(name):
+    """The rule is written once (README.md "Versioning") and referenced, not restated, by every document."""
+    assert "README.md#versioning" in "\n".join(_text(name).splitlines()[:12]), name
+
+
+def test_the_changes_name_the_current_revisions():
+    """The newest entry of README.md "Changes" that names a document names its current revision."""
+    changes = _text("README.md").split("## Changes", 1)[1]
+    for name, revision in listed_revisions().items():
+        named = re.findall(rf"\b{re.escape(name)} (\d+\.\d+)", changes)
+        if named:
+            assert named[0] == revision, f"README.md Changes: {name} {named[0]} first, but it is {revision}"

@@ -172,7 +172,7 @@ def test_streamed_residency_bounded_by_open_files():
 
 def test_member_changed_in_a_mirrored_table_collection_is_refused(tmp_path):
     """A local open of a mirror (a DataLoader worker re-opening what its parent fetched) hashes again every member file
-    whose stat moved. For a collection whose members are in a member table (format 1.4, from 256 members) the members
+    whose stat moved. For a collection whose members are in a member table (format 2.0, from 256 members) the members
     were not looked at, and a changed byte was served."""
     _collection(tmp_path / "src", 300)
     url = _to_memory(tmp_path / "src", "mirrortable")

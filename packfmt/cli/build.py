@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..images import IMAGE_ENCODINGS
+from ..report_paths import shown_message
 from ..sources import FORMATS
 
 
@@ -314,7 +315,7 @@ def print_report(result, *, as_json: bool = False, skip_log: str | None = None) 
         shown = examples.get(reason, [])
         print(f"    skipped {n:,} x {reason}" + (", e.g.:" if shown else ""))
         for ex in shown:
-            print(f"      {ex['message']}")
+            print(f"      {shown_message(ex, result.path)}")  # the report names it from the dataset (A15)
         if n > len(shown):
             print(f"      ... {n - len(shown):,} more" + (f" (every one is in {skip_log})" if skip_log else
                                                              " (pass --skip-log FILE to list every one)"))

@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..collection import Collection
     from ..inspect import format_summary, summarize, tokenizer_mismatch
     from ..opening import open_dataset
     from ..plot import plot_summary
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     store = open_dataset(args.path)
-    if args.plot and not hasattr(store, "images"):
+    if args.plot and isinstance(store, Collection):
         print(f"packfmt inspect: error: --plot draws a single store; {args.path} is a collection: inspect it without "
               "--plot, or plot one of its members (listed by `packfmt inspect` without --plot)", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
                    help="write one contiguous store (tokens, offsets, masks and images copied); the pack indexes "
                         "of a single source collection are carried, those of member stores are not")
     p.add_argument("--member-table", choices=("auto", "yes", "no"), default="auto",
-                   help="keep the member list in members.bin + member_names.txt (collection format 1.4, "
+                   help="keep the member list in members.bin + member_names.txt (collection format 2.0, "
                         "spec/COLLECTION.md §2.5: read in one pass, for many members) instead of the manifest's JSON "
                         "array (format 1.3, readable by 1.3 readers); auto: from 256 members on")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
@@ -74,7 +74,7 @@ def _physical(args: argparse.Namespace, sources) -> int:
         print("  pack indexes carried (rebound to the new store): " + ", ".join(indexes["carried"]))
     for name, why in indexes["not_carried"].items():
         print(f"  pack index {name} not carried: {why}")
-    member_indexes = sum(len(list_pack_indexes(Path(m["path"]))) for m in report["members"])
+    member_indexes = sum(len(list_pack_indexes(Path(store.path) / m["path"])) for m in report["members"])  # relative
     if member_indexes:
         print(f"  {member_indexes:,} pack index(es) of member stores not carried (their document ids are the "
               "member's own)")

@@ -20,13 +20,13 @@ __all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "layout_of", "
 #: The one kind of layout 1.3 defines: members hold the packs of one index, in pack order.
 LAYOUT_KIND = "pack-ordered"
 #: ``layout`` was added in collection format 1.3; a collection with one is written as 1.3.
-from .versions import COLLECTION_VERSION, LAYOUT_VERSION  # noqa: E402
+from .versions import LAYOUT_VERSION, newer_minor  # noqa: E402
 LAYOUT_VERSION_STR = "1.3"
 
 
 def parse_layout(obj: dict, version: tuple[int, int], *, file: str) -> dict | None:
-    """C1 of ``layout``: None when absent (or, in a collection of a minor version newer than 1.3, of a
-    kind this reader does not know: it reads the data the same and checks that index by FORMAT §4.3)."""
+    """C1 of ``layout``: None when absent (or, in a collection of a minor version newer than this reader knows, of a
+    kind it does not know: it reads the data the same and checks that index by FORMAT §4.3)."""
     if "layout" not in obj:
         return None
     raw = obj["layout"]
@@ -37,7 +37,7 @@ def parse_layout(obj: dict, version: tuple[int, int], *, file: str) -> dict | No
         raise FormatError(file=file, field="layout", expected="an object", found=repr(raw)[:200])
     kind = F.require(raw, "kind", str, file=file, prefix="layout.")
     if kind != LAYOUT_KIND:
-        if version > COLLECTION_VERSION:
+        if newer_minor(version):
             return None
         raise FormatError(file=file, field="layout.kind", expected=repr(LAYOUT_KIND), found=repr(kind))
     index = F.require(raw, "index", str, file=file, prefix="layout.")

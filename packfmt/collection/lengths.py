@@ -23,12 +23,12 @@ from .. import format as F
 from ..errors import FormatError
 from ..mapped import map_bytes
 from .member_table import TABLE_FILES
-from .versions import COLLECTION_VERSION, FILES_VERSION, TABLE_VERSION
+from .versions import FILES_VERSION, newer_minor, table_allowed
 
 __all__ = ["LENGTHS_FILE", "LENGTHS_DTYPE", "parse_collection_files", "lengths_record",
            "read_lengths", "check_record", "check_lengths", "member_lengths_problem", "store_lengths"]
 
-#: The one file a collection's ``files`` table may list in format 1.3 (1.4 adds the member table's two, §2.5).
+#: The one file a collection's ``files`` table may list in format 1.3 (2.0 adds the member table's two, §2.5).
 LENGTHS_FILE = "doc_lengths.bin"
 #: ``i8`` little-endian, as ``doc_offsets.bin`` (FORMAT.md §3.2).
 LENGTHS_DTYPE = F.OFFSET_DTYPE
@@ -37,7 +37,7 @@ LENGTHS_DTYPE = F.OFFSET_DTYPE
 def parse_collection_files(obj: Mapping, version: tuple[int, int], documents: int, *, file: str = F.MANIFEST,
                            table: bool = False) -> dict[str, F.FileEntry]:
     """C1 of ``files``: {} when absent; the known entries else: ``doc_lengths.bin`` (of ``8 * documents`` bytes) and,
-    in format 1.4, the member table's ``members.bin`` and ``member_names.txt`` (§2.5), listed exactly when ``table``
+    in format 2.0 (and the withdrawn 1.4), the member table's ``members.bin`` and ``member_names.txt`` (§2.5), listed exactly when ``table``
     (the manifest's ``members`` is ``"table"``). A name this reader does not know is an error in a collection of a
     version it knows and ignored in a newer minor."""
     if "files" not in obj:
@@ -49,9 +49,9 @@ def parse_collection_files(obj: Mapping, version: tuple[int, int], documents: in
         raise FormatError(file=file, field="files", expected=f"absent in a collection of format {version[0]}.{version[1]} "
                           "(added in 1.3)", found=repr(obj["files"])[:200])
     files = F.parse_files_table(obj, file=file)
-    known = {LENGTHS_FILE, *TABLE_FILES} if version >= TABLE_VERSION else {LENGTHS_FILE}
+    known = {LENGTHS_FILE, *TABLE_FILES} if table_allowed(version) else {LENGTHS_FILE}
     unknown = sorted(set(files) - known)
-    if unknown and version <= COLLECTION_VERSION:
+    if unknown and not newer_minor(version):
         raise FormatError(file=file, field="files", expected=f"only {sorted(known)} (collection format "
                           f"{version[0]}.{version[1]})", found=repr(unknown))
     listed = [name for name in TABLE_FILES if name in files]

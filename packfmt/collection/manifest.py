@@ -14,12 +14,18 @@ import xxhash
 from .. import format as F
 from ..errors import FormatError, UnsupportedVersionError
 from .layout import parse_layout
-from .versions import COLLECTION_VERSION, OLDEST_COLLECTION_VERSION
 from .lengths import parse_collection_files
 from .member_entry import NAME_RE, Member, check_member_name, check_member_path
 from .member_table import TABLE_FILES, TABLE_VALUE, MemberList, MemberTable, read_table
 from .unify import SHARED_KEYS, parse_unified
-from .versions import TABLE_VERSION
+from .versions import (
+    ARRAY_VERSION,
+    COLLECTION_VERSION,
+    OLDEST_COLLECTION_VERSION,
+    parse_collection_version,
+    table_allowed,
+    version_str,
+)
 
 __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
            "parse_collection_manifest", "member_list_checksum", "check_member_name", "check_member_path",
@@ -27,8 +33,8 @@ __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_S
 
 COLLECTION_FORMAT_NAME = "packfmt-collection"
 #: What this writer writes for a collection whose member list is a JSON array (readable by every 1.3 reader); one
-#: with a member table (§2.5) is written as ``TABLE_VERSION`` (1.4). Versions: ``collection.versions``.
-ARRAY_VERSION_STR = "1.3"
+#: with a member table (§2.5) is written as ``versions.TABLE_VERSION`` (2.0). Versions: ``collection.versions``.
+ARRAY_VERSION_STR = version_str(ARRAY_VERSION)
 COLLECTION_VERSION_STR = ARRAY_VERSION_STR
 
 
@@ -107,10 +113,7 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST, read=None) -
     fmt = obj.get("format")
     if fmt != COLLECTION_FORMAT_NAME:
         raise UnsupportedVersionError(file=file, field="format", expected=repr(COLLECTION_FORMAT_NAME), found=repr(fmt))
-    version = F.parse_version(F.require(obj, "format_version", str, file=file), file=file)
-    if version < OLDEST_COLLECTION_VERSION:
-        raise FormatError(file=file, field="format_version", expected=">= 1.1 (collections were added in 1.1)",
-                          found=obj["format_version"])
+    version = parse_collection_version(F.require(obj, "format_version", str, file=file), file=file)
     producer = F.require(obj, "producer", dict, file=file)
     F.require(producer, "name", str, file=file, prefix="producer.")
     F.require(producer, "version", str, file=file, prefix="producer.")
@@ -130,7 +133,7 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST, read=None) -
     totals = {k: _count(counts, k, file=file, prefix="counts.") for k in ("members", "documents", "tokens", "images")}
     documents = totals["documents"]
     raw_members = obj.get("members")
-    if raw_members == TABLE_VALUE and version >= TABLE_VERSION:  # §2.5: the member list is two files
+    if raw_members == TABLE_VALUE and table_allowed(version):  # §2.5: the member list is two files
         files = parse_collection_files(obj, version, documents, file=file, table=True)
         if read is None:
             raise FormatError(file=file, field="members", expected="an array (this caller reads no member table)",
@@ -140,7 +143,7 @@ def parse_collection_manifest(obj: dict, *, file: str = F.MANIFEST, read=None) -
                 "tokens": _column_sum(members.tokens), "images": _column_sum(members.images)}
     else:
         if not isinstance(raw_members, list):
-            expected = 'an array, or "table" (format 1.4 or newer, §2.5)' if version >= TABLE_VERSION else "list"
+            expected = 'an array, or "table" (format 2.0, or the withdrawn 1.4; §2.5)' if table_allowed(version) else "list"
             raise FormatError(file=file, field="members", expected=expected, found=repr(raw_members)[:200])
         members = MemberList(_parse_member_array(raw_members, file))
         files = None  # after the sums: a wrong count is named as such, not as a wrong doc_lengths.bin size

@@ -1,4 +1,4 @@
-"""A collection's member list as a table of two files (spec/COLLECTION.md §2.5, format 1.4).
+"""A collection's member list as a table of two files (spec/COLLECTION.md §2.5, format 2.0).
 
 Floor 0 like ``collection.lengths``: bytes and the checks on them, nothing opened but the two files.
 At 10^5 members the ``members`` array is most of a collection's manifest, and parsing and checking it

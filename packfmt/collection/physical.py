@@ -24,9 +24,10 @@ import numpy as np
 from .. import checks
 from .. import format as F
 from .._io import CHUNK_BYTES, HashedFile, publish_dir, temp_sibling, write_durably
-from ..errors import FormatError
+from ..errors import FormatError, WriteError
 from ..mapped import check_files_table
 from ..reader import Store
+from ..report_paths import report_path
 from ..version import __version__
 from .manifest import is_collection
 from .streams import VerifiedReader, bad_offsets, copy_verified
@@ -56,6 +57,13 @@ def _head(path: str | os.PathLike) -> _Head:
                           file=str(path / F.MANIFEST), field="format", expected="'packfmt' (a store)",
                           found="'packfmt-collection'")
     manifest = F.parse_manifest(obj, file=str(path / F.MANIFEST))
+    if manifest.version > F.KNOWN_VERSION:  # what it adds (a codec id, a file) has no meaning in the 1.0 store written
+        known = "%d.%d" % F.KNOWN_VERSION
+        raise WriteError(f"{path / F.MANIFEST}: format_version: a store of format {obj['format_version']}, newer than "
+                         f"this packfmt's {known}: a physical merge writes a {F.FORMAT_VERSION_STR} store and cannot "
+                         "carry what a newer minor adds (spec/COLLECTION.md §2.2); list it in a collection (`packfmt "
+                         "merge` without --physical), or merge with a newer packfmt", file=str(path / F.MANIFEST),
+                         field="format_version", expected=f"<= {known}", found=obj["format_version"])
     check_files_table(path, manifest.files, F.expected_layout(manifest), where=f"{path}/")
     return _Head(path, manifest, raw)
 
@@ -267,7 +275,7 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
             "loss_mask": shared["loss_mask"], "checksum_algorithm": F.CHECKSUM_ALGORITHM, "files": files,
             "build_report": {
                 "source": "merge --physical",
-                "members": [m.to_json() for m, _, _ in members],
+                "members": [{**m.to_json(), "path": report_path(m.path, dst)} for m, _, _ in members],  # A15
                 "pack_indexes": {"carried": carried, "not_carried": not_carried},
                 "bytes_copied": merger.copied,
                 "seconds": round(time.perf_counter() - t0, 3),

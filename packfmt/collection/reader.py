@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,8 @@ from .. import format as F
 from ..dataset import Dataset, running_sum
 from ..errors import FormatError
 from ..reader import Store
+from .arrays import whole_array
+from .images import CollectionImages
 from .lengths import member_lengths_problem, read_lengths
 from .manifest import (
     CollectionManifest,
@@ -44,19 +47,25 @@ DEFAULT_OPEN_MEMBERS = 64
 
 
 class Collection(Dataset):
-    """A packfmt collection directory opened for reading.
+    """A packfmt collection directory opened for reading: the store a physical merge of its members would be
+    (spec/COLLECTION.md §6), with every public attribute of ``Store`` (``tests/test_collection_as_store.py``).
 
     Attributes:
         path: the collection directory.
-        manifest: the parsed ``CollectionManifest``.
+        manifest: the parsed ``CollectionManifest``; ``manifest_bytes`` its ``manifest.json`` as read.
         doc_start, token_start, image_start: int64 ``(members + 1,)`` running sums: member ``m``
             holds collection documents ``doc_start[m]:doc_start[m + 1]``, and so on.
+        tokens, loss_mask: every token and mask bit in collection order (``arrays.MemberArray``: read member by
+            member as indexed, a slice inside one member a view of its memmap; loss_mask None without one).
+        images: a ``CollectionImages`` (``ImageStore``'s interface, collection-wide ids), or None without images.
     """
 
     def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS) -> None:
         path = Path(path)
-        self._init(path, parse_collection_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST,
+        raw = F.read_json_bytes(path / F.MANIFEST, file=F.MANIFEST)
+        self._init(path, parse_collection_manifest(F.parse_json(raw, file=F.MANIFEST), file=F.MANIFEST,
                                                    read=collection_reader(path)), max_open_members)
+        self._manifest_bytes = raw
 
     @classmethod
     def _of_manifest(cls, path: Path, manifest: CollectionManifest) -> "Collection":
@@ -79,6 +88,7 @@ class Collection(Dataset):
         self._binding: str | None = None
         #: ``doc_lengths.bin``, once read and checked (``doc_lengths``); every member opened since is compared with it.
         self._lengths: np.ndarray | None = None
+        self._manifest_bytes: bytes | None = None  # read at open by __init__, else on first use
 
     def __getstate__(self) -> dict:
         return {"path": str(self.path), "max_open_members": self.max_open_members}
@@ -103,6 +113,30 @@ class Collection(Dataset):
         if self._binding is None:  # the canonical JSON of every member entry: computed once per open collection
             self._binding = member_list_checksum(self.members)
         return {"collection": self._binding}
+
+    @property
+    def manifest_bytes(self) -> bytes:
+        """The bytes of the collection's ``manifest.json`` (as read at open; read now for one opened from a parsed
+        manifest, ``_of_manifest``)."""
+        if self._manifest_bytes is None:
+            self._manifest_bytes = F.read_json_bytes(self.path / F.MANIFEST, file=F.MANIFEST)
+        return self._manifest_bytes
+
+    # -- collection-wide arrays: the physical merge's, read from the members (COLLECTION §6)
+    @cached_property
+    def tokens(self):
+        """Every token in collection order, indexable by collection-wide token offset (``arrays.whole_array``)."""
+        return whole_array(self, "tokens")
+
+    @cached_property
+    def loss_mask(self):
+        """Every mask bit in collection order (ones for a member without a mask, §6), or None without a loss mask."""
+        return whole_array(self, "loss_mask")
+
+    @cached_property
+    def images(self):
+        """The images, collection-wide (``CollectionImages``), or None when the collection has none."""
+        return CollectionImages(self) if self.num_images > 0 else None
 
     # -- members
     def member_path(self, m: int) -> Path:

@@ -139,7 +139,7 @@ def write_shards(dataset, index: str | None, out: str | os.PathLike, *, shard_by
             a = b
         shards.close(int(po.shape[0]) - 1)
         manifest, own = collection_manifest(shards.members, tmp, files={LENGTHS_FILE: files.lengths.close()})
-        write_own_files(tmp, own)  # a member table (§2.5) from 256 shards on; the manifest says 1.3 or 1.4
+        write_own_files(tmp, own)  # a member table (§2.5) from 256 shards on; the manifest says 1.3 or 2.0
         _check_counts(manifest, {"documents": n, "tokens": files.tokens, "images": files.images})
         binding = member_list_checksum(parse_collection_manifest(manifest, read=collection_reader(tmp)).members)
         files.finish(idx.manifest, po, binding, time.perf_counter() - t0, shards.member_packs, idx.pack_lengths)

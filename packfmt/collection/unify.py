@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import FormatError, WriteError
-from .versions import COLLECTION_VERSION
+from .versions import newer_minor
 
 __all__ = ["SHARED_KEYS", "UNIFIABLE", "unify", "parse_unified", "member_differences", "same_identity", "ones_needed", "MEANING"]
 
@@ -129,7 +129,7 @@ def parse_unified(obj: dict, names: list[str], shared: dict, version: tuple[int,
     out = {}
     for key, listed in raw.items():
         if key not in UNIFIABLE:
-            if version > COLLECTION_VERSION:  # 1.3 (layout, §9) and 1.4 (member table) added no key here
+            if newer_minor(version):  # 1.3 (layout, §9) and 2.0 (member table) added no key here
                 continue
             raise FormatError(file=file, field=f"unified.{key}", expected=f"one of {list(UNIFIABLE)}", found=repr(key))
         field = f"unified.{key}"

@@ -16,7 +16,6 @@ from ..version import __version__
 from .lengths import LENGTHS_DTYPE, LENGTHS_FILE, lengths_record, store_lengths
 from .manifest import (
     COLLECTION_FORMAT_NAME,
-    COLLECTION_VERSION_STR,
     Member,
     check_member_name,
     collection_reader,
@@ -26,7 +25,7 @@ from .manifest import (
 from .layout import refuse_laid_out
 from .member_table import DEFAULT_TABLE_MIN, TABLE_VALUE, table_record
 from .reader import Collection
-from .versions import TABLE_VERSION, version_str
+from .versions import ARRAY_VERSION, TABLE_VERSION, version_str
 from .unify import SHARED_KEYS, unify
 
 __all__ = ["write_collection", "collection_manifest", "parse_source", "resolve_members", "check_members_agree",
@@ -125,7 +124,8 @@ def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path, *,
 
     ``files``: the table listing its ``doc_lengths.bin`` (``write_lengths``, or ``lengths.lengths_record`` where it
     is uploaded), which every writer writes (§2.4). ``table``: keep the member list as a member table (§2.5,
-    format 1.4); None: from ``DEFAULT_TABLE_MIN`` members on, when every path can be a line of it."""
+    format 2.0; an array's collection says 1.3, which every 1.3 reader reads); None: from ``DEFAULT_TABLE_MIN``
+    members on, when every path can be a line of it."""
     if set(files) != {LENGTHS_FILE} or files[LENGTHS_FILE]["bytes"] != LENGTHS_DTYPE.itemsize * sum(
             m.documents for m, _, _ in members):
         raise ValueError(f"collection_manifest: files must list {LENGTHS_FILE} of every member's documents")
@@ -140,7 +140,7 @@ def collection_manifest(members: list[tuple[Member, Path, dict]], base: Path, *,
         listed[name] = {"bytes": len(data), "checksum": "xxh3_64:" + xxhash.xxh3_64_hexdigest(data)}
     manifest = {
         "format": COLLECTION_FORMAT_NAME,
-        "format_version": version_str(TABLE_VERSION) if table else COLLECTION_VERSION_STR,
+        "format_version": version_str(TABLE_VERSION if table else ARRAY_VERSION),
         "producer": {"name": "packfmt", "version": __version__},
         **shared,
         "counts": {"members": len(entries), "documents": sum(e.documents for e in entries),
@@ -192,7 +192,7 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
     id mix, recorded in ``unified`` (§2.3); names must be unique (give ``NAME=PATH``).
     Every document's length is recorded in ``doc_lengths.bin`` (§2.4), so that packing and opening it read
     no member. ``member_table``: keep the member list in ``members.bin`` and ``member_names.txt`` (§2.5, format
-    1.4; read in vectorised passes, not as JSON); None: from ``DEFAULT_TABLE_MIN`` (256) members on. The
+    2.0; read in vectorised passes, not as JSON); None: from ``DEFAULT_TABLE_MIN`` (256) members on. The
     manifest is written last, in a temporary sibling renamed into place: a killed merge leaves nothing that
     opens as a collection.
     """

@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 from .._io import publish_dir, remove_stale_temps, temp_sibling
 from ..engines import register
 from ..errors import DatasetExistsError, InputError
+from ..report_paths import build_report_paths
 from ..skips import Tally
 from ..storage.uri import is_remote, local_file
 from .context import Job, ray_context
@@ -204,7 +205,7 @@ def run_ray_build(
             tally.end_batch()  # on_error="fail": the first bad record in input order stops the build
             if tally.written == 0:
                 raise tally.nothing_written(str(out), report_base.get("sources", []))
-            report = {
+            report = build_report_paths({  # no path of this host in the manifest (SECURITY A15)
                 **report_base,
                 "records_read": tally.read, "documents_written": tally.written,
                 "skipped": dict(sorted(tally.skipped.items())), "skipped_examples": tally.examples,
@@ -214,7 +215,7 @@ def run_ray_build(
                 "engine": "ray",
                 "ray": {**job.describe(), "units": len(units), "records_per_member": records_per_member,
                         "actor_pool": pool},
-            }
+            }, out)
             if remote_out:
                 path = commit_remote(out, storage_options, returns, report, replacing=job.replacing)
             else:

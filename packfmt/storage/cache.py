@@ -186,10 +186,11 @@ class _Fetcher:
         those files left in the bucket for now (a streamed open, which reads no ``doc_lengths.bin``)."""
         from ..collection.lengths import parse_collection_files
         from ..collection.manifest import collection_reader, parse_collection_manifest
+        from ..collection.versions import parse_collection_version
 
         label = f"{url}/{F.MANIFEST}"
         try:  # the files table alone (C1 of the whole manifest follows, from the mirrored files)
-            version = F.parse_version(obj.get("format_version"), file=label)
+            version = parse_collection_version(obj.get("format_version"), file=label)
             files = parse_collection_files(obj, version, int(obj["counts"]["documents"]), file=label,
                                            table=obj.get("members") == "table")
         except (FormatError, KeyError, TypeError, ValueError):

@@ -116,10 +116,11 @@ def _version_problem(exc: UnsupportedVersionError, out: _Collector, file: str) -
     """A clear message for a newer (or older) major version; other format mismatches as they are."""
     if exc.field == "format_version" and isinstance(exc.found, str):
         major = int(exc.found.split(".")[0])
-        if major > F.FORMAT_VERSION[0]:
-            out.add(file, "format_version", f"{F.FORMAT_VERSION[0]}.x", exc.found,
+        reads = exc.expected if isinstance(exc.expected, str) else f"{F.FORMAT_VERSION[0]}.x"  # a collection: 1.x or 2.x
+        if major > max(int(x.split(".")[0]) for x in reads.split(" or ")):
+            out.add(file, "format_version", reads, exc.found,
                     detail=f"written by a newer major version of the format ({exc.found}); this packfmt reads "
-                           f"{F.FORMAT_VERSION[0]}.x. Upgrade packfmt to read it.")
+                           f"{reads}. Upgrade packfmt to read it.")
             return
     out.from_error(exc, file)
 
