@@ -42,7 +42,7 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
     if is_remote(path):
         return open_url(path, storage_options, cache_dir, cache_limit, cache_verify)
     path = Path(local_file(path))
-    from .storage.verify import check_mirror
+    from .remote import check_mirror
 
     check_mirror(path, cache_verify)  # a mirror in the remote cache: changed files hashed again (packfmt.storage)
     if (path / F.MANIFEST).is_file() and is_collection(F.read_json(path / F.MANIFEST, file=F.MANIFEST)):
@@ -55,7 +55,7 @@ def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify
 
     ``verify``: ``"stat"`` (default) or ``"full"`` (hash every cached file on every open); ``$PACKFMT_CACHE_VERIFY``.
     """
-    from .storage import fetch_dataset
+    from .remote import fetch_dataset
     from .storage.verify import FETCHED
 
     fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit, verify)

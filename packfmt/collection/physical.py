@@ -232,7 +232,7 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     sources = [s if isinstance(s, tuple) else (None, s) for s in sources]
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
         from ..opening import open_dataset
-        from ..storage.upload import merge_remote
+        from ..remote.merge import merge_remote
 
         refuse_laid_out_sources(sources, storage_options)  # from the manifests, before any source is fetched (§9.2)
         done = merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,

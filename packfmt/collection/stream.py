@@ -38,8 +38,9 @@ import numpy as np
 from .. import format as F
 from ..storage import uri
 from ..storage import verify as V
-from ..storage.cache import Fetched, _Fetcher
-from ..storage.pack_mirror import mirror_pack, refuse_materialized
+from ..remote.mirror import mirror_collection_files, mirror_dataset
+from ..remote.pack_mirror import mirror_pack, refuse_materialized
+from ..storage.cache import Fetcher
 from ..storage.errors import StorageError, storage_errors
 from . import lazy_members
 
@@ -49,7 +50,7 @@ __all__ = ["StreamedMembers", "resident_bound"]
 class StreamedMembers:
     """Which members of a collection are local and mapped; fetches, pins and evicts them (thread-safe)."""
 
-    def __init__(self, coll, url: str, fetcher: _Fetcher, limit: int | None) -> None:
+    def __init__(self, coll, url: str, fetcher: Fetcher, limit: int | None) -> None:
         from .vmap import Reserved
 
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
@@ -83,7 +84,7 @@ class StreamedMembers:
             f = self.fetcher
             with storage_errors(self.url, f.so, f.root):
                 fs, rpath = uri.filesystem(self.url, f.so)
-                f.collection_files(fs, rpath, self.url, self.coll.path, {name: entry})
+                mirror_collection_files(f, fs, rpath, self.url, self.coll.path, {name: entry})
 
     def mirror_pack(self, name: str) -> None:
         """Pack index ``name`` fetched into the mirror and verified (once per process; the cache's markers make a
@@ -235,11 +236,10 @@ class StreamedMembers:
         (a member with images: its image arrays too, V14, V15, V19)."""
         from ..reader import Store
 
-        f = _Fetcher(self.fetcher.so, self.fetcher.root, None, self.fetcher.mode)  # one per fetch: threads share none
-        f.result = Fetched(path=Path(), root=f.root)
+        f = Fetcher(self.fetcher.so, self.fetcher.root, None, self.fetcher.mode)  # one per fetch: threads share none
         try:
             with storage_errors(murl, f.so, f.root):
-                local = f.dataset(murl, packs=False, raw=raw)  # every file hashed while it streams, then the manifest
+                local = mirror_dataset(f, murl, packs=False, raw=raw)  # every file hashed while it streams, then the manifest
             store = Store(local)  # its offsets checked (V13)
             self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
         except BaseException:

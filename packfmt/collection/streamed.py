@@ -6,15 +6,15 @@ mirror whose members (``collection.stream.StreamedMembers``, attached as ``coll.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 
 from .. import format as F
 from ..storage import uri
-from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
+from ..remote.mirror import mirror_collection_manifest
+from ..remote.pack_mirror import drop_gone, remote_pack_manifests
+from ..storage.cache import Fetcher, Pin, parse_limit
 from ..storage.errors import storage_errors
-from ..storage.pack_mirror import drop_gone, remote_pack_manifests
 from .lengths import LENGTHS_FILE
 from .manifest import is_collection
 from .reader import Collection
@@ -27,8 +27,7 @@ __all__ = ["open_streamed", "StreamedCollection"]
 def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
     """The collection at ``url`` with lazy members (see the module doc); None when ``url`` holds a store."""
     url = url.rstrip("/")
-    f = _Fetcher(storage_options, cache_dir, None, verify)  # no LRU pass: this object evicts its own members
-    f.result = Fetched(path=Path(), root=f.root)
+    f = Fetcher(storage_options, cache_dir, None, verify)  # no LRU pass: this object evicts its own members
     try:
         with storage_errors(url, storage_options, f.root):
             fs, rpath = uri.filesystem(url, storage_options)
@@ -41,7 +40,7 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
             f.result.pins.append(Pin(f.root, local))
             # its own files (a member table) mirrored; not doc_lengths.bin (8 bytes a document: 8 GB at 10^9), which
             # a streamed read never reads (StreamedCollection.doc_lengths fetches it if something asks)
-            f.collection_manifest(fs, rpath, url, local, json.loads(raw), leave=(LENGTHS_FILE,))
+            mirror_collection_manifest(f, fs, rpath, url, local, json.loads(raw), leave=(LENGTHS_FILE,))
             packs = remote_pack_manifests(fs, rpath)  # listed; each mirrored when pack_index first opens it
             drop_gone(f.root, local, set(packs))
             f.write_atomic(local / F.MANIFEST, raw)
