@@ -29,12 +29,12 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
     ``storage_options`` go to fsspec (credentials, ``endpoint_url`` ...). A cached file is hashed again when its
     stat changed since it was verified; ``cache_verify="full"`` (or ``$PACKFMT_CACHE_VERIFY=full``) on every open.
     ``stream=True`` (a remote collection): fetch its manifest and pack indexes only, and each member when a read
-    first needs it, at most ``cache_limit`` bytes of members at once (``packfmt.collection.stream``).
+    first needs it, at most ``cache_limit`` bytes of members at once (``packfmt.remote``).
     """
     from .storage import is_remote, local_file
 
     if is_remote(path) and stream:
-        from .collection.streamed import open_streamed
+        from .remote.streamed import open_streamed
 
         streamed = open_streamed(path, storage_options, cache_dir, cache_limit, cache_verify)
         if streamed is not None:
@@ -42,7 +42,7 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
     if is_remote(path):
         return open_url(path, storage_options, cache_dir, cache_limit, cache_verify)
     path = Path(local_file(path))
-    from .remote import check_mirror
+    from .remote.mirror import check_mirror
 
     check_mirror(path, cache_verify)  # a mirror in the remote cache: changed files hashed again (packfmt.storage)
     if (path / F.MANIFEST).is_file() and is_collection(F.read_json(path / F.MANIFEST, file=F.MANIFEST)):
@@ -55,7 +55,7 @@ def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify
 
     ``verify``: ``"stat"`` (default) or ``"full"`` (hash every cached file on every open); ``$PACKFMT_CACHE_VERIFY``.
     """
-    from .remote import fetch_dataset
+    from .remote.mirror import fetch_dataset
     from .storage.verify import FETCHED
 
     fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit, verify)
@@ -76,7 +76,7 @@ def as_dataset(dataset, *, storage_options: dict | None = None, **open_options) 
 
 def whole_dataset(dataset, what: str, instead: str, *, storage_options: dict | None = None) -> Dataset:
     """``as_dataset(dataset)`` for a command that reads every member (an export, shards): a collection opened with
-    ``stream=True`` fetches members one batch at a time (``collection.stream``), so it is refused with a
+    ``stream=True`` fetches members one batch at a time (``remote.members``), so it is refused with a
     ``WriteError`` that says ``what`` could not be done and the way that works, ``instead`` (its URL, fetched
     whole first)."""
     from .errors import WriteError

@@ -32,7 +32,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("collection.reader", "collection.member_checks", "collection.arrays", "collection.vmap",
      "collection.lazy_members"),
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
-    ("opening", "remote", "collection.stream", "collection.streamed", "collection.shard_index"),
+    ("opening", "remote"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
     ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
      "megatron", "sources", "workers", "pipeline", "engines", "build"),

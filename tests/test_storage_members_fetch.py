@@ -159,7 +159,7 @@ def test_streamed_residency_bounded_by_open_files():
     """A streamed collection keeps each resident member's pin open: at most a quarter of the soft limit on open
     files stay resident (10,000 tiny members under a large cache_limit used to pass a limit of 1,024)."""
     from packfmt.collection import lazy_members
-    from packfmt.collection.stream import resident_bound
+    from packfmt.remote.eviction import resident_bound
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = _open_fds() + 400

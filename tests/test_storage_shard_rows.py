@@ -1,5 +1,5 @@
 """A pack-ordered layout read streamed through a real S3-protocol server (moto on 127.0.0.1), its index a shard at a
-time (spec/COLLECTION.md §9.4; ``collection.shard_index``): the open fetches ``index.json`` and ``shard_digests.bin``
+time (spec/COLLECTION.md §9.4; ``remote.shard_index``): the open fetches ``index.json`` and ``shard_digests.bin``
 only, each shard's rows of ``pack_offsets.bin`` and ``segments.bin`` arrive (by ranged GETs, checked against their
 digests) when a batch first touches the shard, every pack reads as the layout read locally, and rows changed in the
 bucket or in the cache are never used."""
@@ -17,7 +17,7 @@ import packfmt
 from packfmt import format as F
 from packfmt._io import checksum_file
 from packfmt.collection import write_collection
-from packfmt.collection.shard_index import ShardedIndex
+from packfmt.remote.shard_index import ShardedIndex
 from packfmt.collection.shards import write_shards
 from packfmt.errors import FormatError
 from packfmt.index import PackIndex
@@ -201,9 +201,9 @@ def test_a_layout_index_without_the_digests_is_fetched_whole(layout, cache, s3_s
 
 
 def test_the_prefetch_plan_from_the_record_is_the_plan_from_the_segments(layout, cache):  # noqa: F811
-    """``prefetch.Plan`` takes each pack's shard from ``layout.member_packs`` (no segment read); it is the plan the
+    """``remote.plan.Plan`` takes each pack's shard from ``layout.member_packs`` (no segment read); it is the plan the
     segments give (every pack of a layout inside one member)."""
-    from packfmt.torch.prefetch import Plan
+    from packfmt.remote.plan import Plan
 
     out, url = layout
     ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)

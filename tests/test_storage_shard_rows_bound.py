@@ -1,5 +1,5 @@
-"""A layout's index rows read shard by shard live inside ``cache_limit`` (``collection.shard_index``,
-``collection.stream``): shard k's rows count with member k, leave with it, and when no process holds member k
+"""A layout's index rows read shard by shard live inside ``cache_limit`` (``remote.shard_index``,
+``remote.members``): shard k's rows count with member k, leave with it, and when no process holds member k
 their whole pages are punched out of the sparse files; every pack still reads as the local layout, in one process
 and in DataLoader workers that share the cache (a real S3-protocol server: moto on 127.0.0.1)."""
 
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 import packfmt
 from packfmt import format as F
 from packfmt.collection import write_collection
-from packfmt.collection.shard_index import ShardedIndex, punch_hole
+from packfmt.remote.shard_index import ShardedIndex, punch_hole
 from packfmt.collection.shards import write_shards
 from packfmt.packindex import build_pack_index
 from packfmt.storage.upload import upload_tree

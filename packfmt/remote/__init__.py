@@ -6,10 +6,16 @@ The one room that knows both the dataset format and object storage (``packfmt.st
   checked again (``check_mirror``).
 * ``pack_mirror``: a remote dataset's pack indexes, listed and mirrored one by one.
 * ``merge``: a collection written where a source or the destination is a URL.
+* ``streamed``: a remote collection opened with ``stream=True`` (``open_streamed``, ``StreamedCollection``).
+* ``members``: its members fetched, checked and mapped as reads need them (``StreamedMembers``).
+* ``eviction``: which resident member leaves to make room (Belady from the plan, else least recently used).
+* ``shard_index``: a layout's pack index, its rows fetched a shard at a time (``ShardedIndex``).
+* ``plan``: the sampler's order as the members' next uses, and the threads that fetch ahead (``Plan``).
 """
 
 from __future__ import annotations
 
 from .mirror import check_mirror, fetch_dataset
+from .streamed import StreamedCollection, open_streamed
 
-__all__ = ["fetch_dataset", "check_mirror"]
+__all__ = ["fetch_dataset", "check_mirror", "open_streamed", "StreamedCollection"]

@@ -18,7 +18,7 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 def _token_source(source):
     """Tokens, mask and document table the kernels read (``_kernels.doc_span``): every member of the
     dataset mapped end to end (``packfmt.collection.vmap``; a store is its own one member), or the members mapped
-    as batches need them (``Concatenated.members``): those of a remote collection (``packfmt.collection.stream``),
+    as batches need them (``Concatenated.members``): those of a remote collection (``packfmt.remote.members``),
     and those of a local one with more members than a process may map at once (``collection.lazy_members``)."""
     if getattr(source, "_stream", None) is not None:
         return source._stream.source()

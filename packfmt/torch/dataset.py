@@ -124,7 +124,7 @@ class PackedDataset(Dataset):
         if input_ids_dtype is not None and input_ids_dtype != "native" and input_ids_dtype not in INDEX_DTYPES:
             raise ValueError(f"input_ids_dtype: expected None, torch.int64, torch.int32 or 'native', "
                              f"found {input_ids_dtype!r}")
-        # stream=True: a remote collection's members fetched as batches need them (collection.stream, prefetch)
+        # stream=True: a remote collection's members fetched as batches need them (remote.members, prefetch)
         store = as_dataset(path_or_store, storage_options=storage_options, cache_dir=cache_dir,
                            cache_limit=cache_limit, stream=stream)
         self._stream_args = ((store.url, storage_options, cache_dir, cache_limit) if getattr(store, "_stream", None)
@@ -256,7 +256,7 @@ class PackedDataset(Dataset):
             return self._item(a, i)
 
     def _rows(self, packs):
-        """An index read shard by shard (``collection.shard_index``): the shards of ``packs`` held, their rows
+        """An index read shard by shard (``remote.shard_index``): the shards of ``packs`` held, their rows
         checked, while the block plans and reads them; otherwise nothing to do."""
         held = self._arrays["held"]
         return nullcontext() if held is None else held(packs)
@@ -357,7 +357,7 @@ class PackedDataset(Dataset):
 
     def _hold(self, packs: np.ndarray):
         """A streamed collection (``stream=True``), or a local one too large to map whole: the members ``packs``
-        touch, local, mapped and pinned while the block runs (``collection.stream``, ``collection.lazy_members``);
+        touch, local, mapped and pinned while the block runs (``remote.members``, ``collection.lazy_members``);
         otherwise nothing to do."""
         a = self._arrays
         if a["stream"] is None:

@@ -1,6 +1,6 @@
 """A pack-ordered layout's index read shard by shard from a bucket (spec/COLLECTION.md §9.4; README "Remote data").
 
-A streamed collection (``collection.streamed``) whose ``layout`` names an index of format 1.2 opens that index as a
+A streamed collection (``streamed``) whose ``layout`` names an index of format 1.2 opens that index as a
 ``ShardedIndex``: it fetches ``index.json`` and ``shard_digests.bin`` (16 bytes a shard, verified whole as every
 cached file is), not ``segments.bin`` (24 bytes a document) nor ``pack_offsets.bin``. Those two are mapped from
 sparse files of their full size in the cache, and shard ``k``'s rows of both are filled when something first reads
@@ -38,6 +38,8 @@ import xxhash
 
 from .. import format as F
 from .. import index_format as IF
+from ..collection import shard_rows as R
+from ..collection.layout import layout_of
 from ..errors import FormatError
 from ..index import PackIndex
 from ..mapped import map_file
@@ -46,7 +48,6 @@ from ..storage import verify as V
 from ..storage.cache import LOG
 from ..storage.errors import storage_errors
 from ..storage.ranges import read_range
-from . import shard_rows as R
 
 __all__ = ["ShardedIndex", "sharded", "punch_hole"]
 
@@ -89,8 +90,6 @@ def _fallocate():
 def sharded(coll, name: str, raw: bytes) -> bool:
     """Whether index ``name`` of streamed collection ``coll`` (its ``index.json`` bytes ``raw``) is read shard by
     shard: the one its ``layout`` names, listing the two files of §9.4 (else it is fetched whole)."""
-    from .layout import layout_of
-
     layout = layout_of(coll.manifest)
     if layout is None or layout["index"] != name:
         return False
@@ -104,8 +103,6 @@ class ShardedIndex(PackIndex):
     """``PackIndex`` of a layout in a bucket, its rows fetched and checked a shard at a time (see the module doc)."""
 
     def __init__(self, coll, name: str, raw: bytes) -> None:
-        from .layout import layout_of
-
         stream = coll._stream
         self.store, self.name, self._stream = coll, IF.check_index_name(name), stream
         self._label = f"{F.PACKS_DIR}/{name}/"

@@ -1,6 +1,6 @@
 """A remote collection opened with ``stream=True`` (README "Remote data"): ``open_streamed`` fetches the collection's
 manifest and member table, lists its pack indexes, and returns a ``StreamedCollection``: the ``Collection`` over the
-mirror whose members (``collection.stream.StreamedMembers``, attached as ``coll._stream``), pack indexes and
+mirror whose members (``members.StreamedMembers``, attached as ``coll._stream``), pack indexes and
 ``doc_lengths.bin`` are fetched, verified, only when something first reads them."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import numpy as np
 
 from .. import format as F
 from ..storage import uri
-from ..remote.mirror import mirror_collection_manifest
-from ..remote.pack_mirror import drop_gone, remote_pack_manifests
+from ..collection.lengths import LENGTHS_FILE
+from ..collection.manifest import is_collection
+from ..collection.reader import Collection
 from ..storage.cache import Fetcher, Pin, parse_limit
 from ..storage.errors import storage_errors
-from .lengths import LENGTHS_FILE
-from .manifest import is_collection
-from .reader import Collection
+from .members import StreamedMembers
+from .mirror import mirror_collection_manifest
+from .pack_mirror import drop_gone, remote_pack_manifests
 from .shard_index import ShardedIndex, sharded
-from .stream import StreamedMembers
 
 __all__ = ["open_streamed", "StreamedCollection"]
 
