@@ -30,7 +30,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("reader", "writer", "index", "dataset"),
     # 3. many stores read as one (a store is a collection of one)
     ("collection.reader", "collection.member_checks", "collection.arrays", "collection.vmap",
-     "collection.lazy_members"),
+     "collection.lazy_members", "collection.resident"),
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
     ("opening", "remote"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build

@@ -62,7 +62,7 @@ def test_more_members_than_open_files_allowed(tmp_path):
     try:
         ds = packfmt.open(url, cache_dir=tmp_path / "cache")
         assert len(ds.members) == 300
-        assert len(ds._storage_pins) == 2  # the collection's folder, and the one holding it and its members
+        assert len(ds.origin.pins) == 2  # the collection's folder, and the one holding it and its members
         assert int(ds.document(599).sum()) >= 0 and ds.num_documents == 600
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -209,13 +209,13 @@ def test_the_prefetch_plan_from_the_record_is_the_plan_from_the_segments(layout,
     ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
     whole = out.pack_index("p")
     order = np.random.default_rng(1).permutation(len(ds))[: len(ds) // 2]
-    a = Plan(ds.store._stream, order, None, None, ds.index.shard_of)
-    b = Plan(ds.store._stream, order, np.asarray(whole.pack_offsets), np.asarray(whole.segments))
+    a = Plan(ds.store.resident_members(), order, None, None, ds.index.shard_of)
+    b = Plan(ds.store.resident_members(), order, np.asarray(whole.pack_offsets), np.asarray(whole.segments))
     for key in ("member", "pos", "starts", "pos_sorted", "member_by_pos"):
         assert np.array_equal(getattr(a, key), getattr(b, key)), key
     assert not ds.index._ready.any()  # planned without a row
     with pytest.raises(IndexError, match="pack ids"):
-        Plan(ds.store._stream, np.array([len(ds)]), None, None, ds.index.shard_of)
+        Plan(ds.store.resident_members(), np.array([len(ds)]), None, None, ds.index.shard_of)
 
 
 @pytest.mark.parametrize("saved,resumed", [(4, 3), (2, 4)])

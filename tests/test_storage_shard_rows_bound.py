@@ -61,7 +61,7 @@ def test_rows_leave_the_cache_with_their_member(layout, cache):  # noqa: F811
     del probe, idx
     limit = 2 * max(r + b for r, b in zip(rows, member)) + 1  # two shards and their rows, not three
     ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
-    stream = ds.store._stream
+    stream = ds.store.resident_members()
     seg = ds.index.path / F.SEGMENTS
     full = seg.stat().st_size
     for epoch in range(2):  # in order: each shard fetched, read, evicted; the second epoch fetches its rows again

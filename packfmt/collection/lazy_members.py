@@ -19,6 +19,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
+from .resident import ResidentMembers
 from .vmap import Reserved, batch_segments
 
 __all__ = ["LocalMembers", "MAP_BUDGET", "MAPS_PER_MEMBER", "MAX_MAPPED", "maps_needed"]
@@ -39,7 +40,7 @@ def maps_needed(coll) -> int:
     return MAPS_PER_MEMBER * int(coll.num_members)
 
 
-class LocalMembers:
+class LocalMembers(ResidentMembers):
     """The members of a local collection mapped while batches hold them (thread-safe): ``source()`` for the kernels,
     ``hold(...)`` around each batch, ``images(m)`` for a member's images."""
 

@@ -25,6 +25,7 @@ from .. import format as F
 from ..dataset import Dataset, running_sum
 from ..errors import FormatError
 from ..reader import Store
+from . import lazy_members
 from .lengths import member_lengths_problem, read_lengths
 from .manifest import (
     CollectionManifest,
@@ -53,10 +54,12 @@ class Collection(Dataset):
             holds collection documents ``doc_start[m]:doc_start[m + 1]``, and so on.
     """
 
-    def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS) -> None:
+    def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS, origin=None) -> None:
+        """``origin``: where a collection opened from a URL came from (``storage.cache.Origin``; ``packfmt.open``)."""
         path = Path(path)
         self._init(path, parse_collection_manifest(F.read_json(path / F.MANIFEST, file=F.MANIFEST), file=F.MANIFEST,
                                                    read=collection_reader(path)), max_open_members)
+        self.origin = origin
 
     @classmethod
     def _of_manifest(cls, path: Path, manifest: CollectionManifest) -> "Collection":
@@ -97,6 +100,13 @@ class Collection(Dataset):
 
     def _shared(self) -> dict:
         return self.manifest.shared
+
+    def resident_members(self):
+        """A new ``lazy_members.LocalMembers`` (each reader maps its own) when mapping every member at once would take
+        more than ``lazy_members.MAP_BUDGET`` kernel mappings; else None (``vmap.concatenate_members`` maps them all)."""
+        if self.num_members > 1 and lazy_members.maps_needed(self) > lazy_members.MAP_BUDGET:
+            return lazy_members.LocalMembers(self)
+        return None
 
     def index_binding(self) -> dict:
         """What a pack index of this collection records to bind to it (spec/COLLECTION.md §4)."""

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import format as F
+from ..collection.resident import ResidentMembers
 from ..collection.vmap import Reserved, batch_segments
 from ..errors import FormatError
 from ..reader import Store
@@ -43,10 +44,10 @@ from .pack_mirror import mirror_pack, refuse_materialized
 __all__ = ["StreamedMembers"]
 
 
-class StreamedMembers(Eviction):
+class StreamedMembers(Eviction, ResidentMembers):
     """Which members of a collection are local and mapped; fetches, pins and evicts them (thread-safe)."""
 
-    def __init__(self, coll, url: str, fetcher: Fetcher, limit: int | None) -> None:
+    def __init__(self, coll, url: str, fetcher: Fetcher, limit: int | None, packs: dict[str, bytes]) -> None:
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
         self.pid = os.getpid()  # a forked DataLoader worker opens its own (``PackedDataset._views``)
         self.most = resident_bound()
@@ -62,10 +63,12 @@ class StreamedMembers(Eviction):
         self.clock = 0
         self.plan = None  # plan.Plan: next use of each member
         self.failed: dict[int, BaseException] = {}
-        self.packs: dict[str, bytes] = {}  # pack index name -> its index.json in the bucket (open_streamed)
+        self.packs = packs  # pack index name -> its index.json in the bucket (listed by open_streamed)
         self.mirrored: set[str] = set()  # those fetched and verified by this process
         self.pack_lock = threading.Lock()  # not ``cond``: batches go on while an index is fetched
         self.sharded: list = []  # indexes read shard by shard (``shard_index``): member k's fetch readies shard k
+        self.prefetchers: list = []  # the threads fetching ahead of the plan (``plan.start``)
+        self.claimed: set[int] = set()  # members a prefetch thread is fetching (from before their manifest is read)
 
     def fetch_own(self, name: str) -> None:
         """The collection's own file ``name`` (listed in its ``files``) fetched into the mirror and verified, as the
@@ -106,7 +109,7 @@ class StreamedMembers(Eviction):
         rows, seg = batch_segments(packs, pack_offsets, segments)
         member = self.coll.member_of(seg[:, 0])
         members = [int(m) for m in np.unique(member)]
-        self._pin(members)
+        self.pin(members)
         try:
             for m in members:
                 self.ensure(m)
@@ -123,27 +126,28 @@ class StreamedMembers(Eviction):
                                       found=int(seg[bad[0], 2]))
             yield
         finally:
-            self._unpin(members, packs)
+            self.unpin(members, packs)
 
     @contextmanager
     def images(self, m: int):
         """The ``ImageStore`` of member ``m`` (one with images), local and not evicted while the block runs. Inside
         ``hold`` of a pack of ``m`` it is resident and pinned already; outside, this fetches it (the plan unmoved)."""
-        self._pin([m])
+        self.pin([m])
         try:
             self.ensure(m)
             with self.cond:
                 store = self.stores[m]
             yield store.images
         finally:
-            self._unpin([m], None)
+            self.unpin([m], None)
 
-    def _pin(self, members: list) -> None:
+    def pin(self, members: list) -> None:
+        """Hold ``members`` (not evicted) until ``unpin``."""
         with self.cond:
             for m in members:
                 self.pinned[m] = self.pinned.get(m, 0) + 1
 
-    def _unpin(self, members: list, packs: np.ndarray | None) -> None:
+    def unpin(self, members: list, packs: np.ndarray | None) -> None:
         """Release ``members``; ``packs``: the batch just read, which moves the plan (None: a read outside the plan)."""
         with self.cond:
             for m in members:

@@ -100,10 +100,7 @@ def start(stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndar
         stream.plan = Plan(stream, order, pack_offsets, segments, shard_of)
         stream.cond.notify_all()
     with stream.cond:
-        running = getattr(stream, "_threads", None)
-        if running is None:
-            running = stream._threads = []
-            stream._claimed = set()  # members a prefetch thread is fetching (from before their manifest is read)
+        running = stream.prefetchers
         for _ in range(threads - len(running)):
             running.append(threading.Thread(target=_run, args=(stream, lookahead), daemon=True, name="packfmt-prefetch"))
             running[-1].start()
@@ -118,10 +115,10 @@ def _run(stream, lookahead: int) -> None:
             for p, m in (plan.upcoming(lookahead) if plan is not None else ()):
                 if m in stream.resident or m in stream.fetching or m in stream.failed:
                     continue
-                if m in stream._claimed:  # another thread has not reserved its room yet: nothing past it before
+                if m in stream.claimed:  # another thread has not reserved its room yet: nothing past it before
                     break  # (a smaller later member would fit where it may not, and be evicted for it: fetched twice)
                 todo = (p, m, plan)
-                stream._claimed.add(m)
+                stream.claimed.add(m)
                 break
             if todo is None:
                 stream.cond.wait(timeout=1.0)
@@ -133,7 +130,7 @@ def _run(stream, lookahead: int) -> None:
             done = True
         finally:
             with stream.cond:
-                stream._claimed.discard(m)
+                stream.claimed.discard(m)
                 stream.cond.notify_all()
         if not done:
             with stream.cond:

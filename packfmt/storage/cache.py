@@ -52,7 +52,7 @@ from . import verify as V
 from .download import download
 from .errors import require_bucket
 
-__all__ = ["LOG", "Fetched", "Fetcher", "Pin", "cache_root", "evict", "mark_verified", "mirror_path", "parse_limit"]
+__all__ = ["LOG", "Fetched", "Fetcher", "Origin", "Pin", "cache_root", "evict", "mark_verified", "mirror_path", "parse_limit"]
 
 LOG = "downloads.log"
 
@@ -101,6 +101,17 @@ class Fetched:
     pins: list = field(default_factory=list)
     downloaded: int = 0  # files downloaded by this call
     root: Path | None = None  # the cache folder
+
+
+@dataclass(frozen=True, eq=False)
+class Origin:
+    """Where a dataset opened from a URL came from: handed to its constructor, kept while the object lives (its pins
+    keep the cache from evicting its files), not pickled (a process that unpickles it opens the mirror by path)."""
+
+    url: str  # the URL it was opened from, without a trailing slash
+    storage_options: dict | None  # fsspec's options for it (credentials, endpoint_url ...)
+    cache_root: Path  # the cache folder that mirrors it
+    pins: list = field(default_factory=list)  # the pins held on its mirror (``Pin``)
 
 
 class Fetcher:

@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import format as F
 from ..errors import DatasetExistsError
 from . import uri
-from .cache import cache_root, mark_verified, mirror_path
+from .cache import Origin, cache_root, mark_verified, mirror_path
 from .errors import require_bucket, storage_errors
 
 __all__ = ["remote_output", "upload_tree", "exists"]
@@ -108,10 +108,11 @@ def remote_output(url: str, storage_options: dict | None = None, *, overwrite: b
         mark_verified(local, root)
 
 
-def upload_index(dataset, name: str) -> None:
-    """Upload pack index ``name`` just written into the mirror of a dataset opened from a URL (index.json last)."""
+def upload_index(local: Path, origin: Origin, name: str) -> None:
+    """Upload pack index ``name`` just written into ``local``, the mirror of a dataset opened from ``origin``
+    (index.json last)."""
     sub = f"{F.PACKS_DIR}/{name}"
-    so, root = getattr(dataset, "_storage_options", None), getattr(dataset, "_storage_cache", None)
-    with storage_errors(dataset.url, so, root):
-        upload_tree(dataset.path, dataset.url, so, subdir=sub)
-        mark_verified(Path(dataset.path), root)
+    so, root = origin.storage_options, origin.cache_root
+    with storage_errors(origin.url, so, root):
+        upload_tree(local, origin.url, so, subdir=sub)
+        mark_verified(Path(local), root)

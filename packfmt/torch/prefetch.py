@@ -53,8 +53,7 @@ def start(ds) -> None:
     """In the process that reads (called by the dataset once its arrays are open): this process's plan and threads."""
     spec = getattr(ds, "_stream_plan", None)
     a = ds._views()
-    stream = a.get("stream")
-    if spec is None or stream is None:
+    if spec is None or not ds.store.streamed:  # a local read ignores the plan
         return
     order, batch_size, lookahead, threads = spec
     from torch.utils.data import get_worker_info
@@ -65,7 +64,7 @@ def start(ds) -> None:
             return  # which batches this worker reads is not known: fetch on demand
         b = np.arange(order.shape[0]) // batch_size
         order = order[b % info.num_workers == info.id]
-    P.start(stream, order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]),
+    P.start(a["members"], order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]),
             getattr(ds.index, "shard_of", None), lookahead, threads)
 
 
