@@ -29,7 +29,7 @@ from ..mapped import check_files_table
 from ..reader import Store
 from ..version import __version__
 from .manifest import is_collection
-from .streams import VerifiedReader, bad_offsets, copy_verified
+from .verified_copy import VerifiedReader, bad_offsets, copy_verified
 from .writer import check_members_agree, prepare_destination, refuse_laid_out_sources, resolve_members
 
 __all__ = ["merge_physical", "refuse_laid_out_sources"]
