@@ -16,7 +16,7 @@ set to each of ``--members-in-flight``: ``fetch_s``, ``members_per_s`` and ``spe
 own work costs a member (files hashed, written, fsync'd, markers, locks), ``ms_per_member``, and of it the CPU time
 of this process, ``cpu_ms_per_member`` (steadier than wall time where fsync latency varies, as on this machine).
 ``mirror_open_s``: then ``packfmt.open`` of the mirror's local path, as a DataLoader worker re-opens what its parent
-fetched (every member's cached files checked against their markers, ``verify.check_mirror``).
+fetched (every member's cached files checked against their markers, ``remote.check_mirror``).
 
     python benchmarks/bench_fetch.py [--mib 64] [--conn-mbps 8] [--mbps 64] [--in-flight 1,2,4,8] [--repeat 2]
     python benchmarks/bench_fetch.py --members 200 [--member-kib 4] [--latency-ms 20] [--members-in-flight 1,4,8,16]

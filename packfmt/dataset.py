@@ -7,17 +7,22 @@ walks its members, never asking which of the two it holds.
 
 A subclass sets ``path``, ``manifest`` (with ``num_documents``, ``num_tokens``, ``num_images``),
 the three running sums and ``all_trained``, and gives ``_shared()``, ``member(m)`` and
-``index_binding()``.
+``index_binding()``. A dataset opened from a URL holds its ``origin`` (``storage.cache.Origin``), given to
+its constructor.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import format as F
 from .index import PackIndex, list_pack_indexes, open_pack_index
+
+if TYPE_CHECKING:  # (storage is imported only for a URL)
+    from .storage.cache import Origin
 
 __all__ = ["Dataset", "running_sum"]
 
@@ -31,6 +36,10 @@ class Dataset:
             holds documents ``doc_start[m]:doc_start[m + 1]``, and so on.
         all_trained: per member, True when it has no loss mask of its own and reads as all ones
             in a dataset with one (spec/COLLECTION.md §2.3, §6).
+        origin: where a dataset opened from a URL came from (its URL, storage options, cache and pins);
+            None for a local path.
+        streamed: True for a remote collection opened with ``stream=True``: its members are fetched as reads
+            need them, and each segment is checked against its document's length when its member arrives.
     """
 
     path: Path
@@ -38,6 +47,21 @@ class Dataset:
     token_start: np.ndarray
     image_start: np.ndarray
     all_trained: tuple[bool, ...]
+    origin: Origin | None = None
+    streamed: bool = False
+
+    @property
+    def url(self) -> str:
+        """The URL this dataset was opened from (``origin.url``). A dataset opened from a local path has none: an
+        AttributeError, so ``getattr(ds, "url", default)`` and ``hasattr(ds, "url")`` tell the two apart."""
+        if self.origin is None:
+            raise AttributeError("url: this dataset was opened from a local path, not a URL")
+        return self.origin.url
+
+    def resident_members(self):
+        """A ``collection.resident.ResidentMembers`` that maps the members a batch touches while it is read, or None
+        when every member is mapped at once (a store, a collection within the mappings one process may hold)."""
+        return None
 
     def segment_bounds(self) -> tuple[np.ndarray, bool, np.ndarray | None]:
         """What bounds a pack index's segments (V27, ``checks.segments``): ``(doc_offsets, False, None)``;

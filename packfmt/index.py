@@ -8,6 +8,7 @@ opens a dataset itself.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -127,7 +128,7 @@ class PackIndex:
         self._check_binding(source.index_binding(), Path(source.path))
         bounded = getattr(self.store, "segment_bounds", None)
         per_member = bounded is not None and bounded()[2] is not None
-        if per_member and getattr(source, "_stream", None) is None:
+        if per_member and not source.streamed:
             raise ValueError(f"{self._label}{F.SEGMENTS}: this PackIndex was opened on a streamed collection, whose "
                              f"open bounds each segment by its member's tokens only, not by its document; "
                              f"{source.path} reads without checking them again: pass the index by name "
@@ -175,6 +176,18 @@ class PackIndex:
 
     def __len__(self) -> int:
         return self.num_packs
+
+    def pack_members(self) -> np.ndarray:
+        """int64 ``(num_packs,)``: the member holding each pack's first segment's document (zeros for a store); the
+        groups of the samplers' ``window`` shuffle. (An index read shard by shard takes them from its layout record,
+        reading no segment: ``remote.shard_index``.)"""
+        return np.asarray(self.store.member_of(np.asarray(self.segments)[np.asarray(self.pack_offsets)[:-1], 0]),
+                          dtype=np.int64)
+
+    def held(self, packs):
+        """A context the reader plans and reads packs ``packs`` inside: nothing to hold for an index mapped whole (one
+        read shard by shard holds the shards of ``packs``, their rows checked: ``remote.shard_index``)."""
+        return nullcontext()
 
     def pack_segments(self, p: int) -> np.ndarray:
         """Segments of pack ``p``: view of shape ``(k, 3)``."""

@@ -29,25 +29,31 @@ def open_dataset(path: str | os.PathLike, *, storage_options: dict | None = None
     ``storage_options`` go to fsspec (credentials, ``endpoint_url`` ...). A cached file is hashed again when its
     stat changed since it was verified; ``cache_verify="full"`` (or ``$PACKFMT_CACHE_VERIFY=full``) on every open.
     ``stream=True`` (a remote collection): fetch its manifest and pack indexes only, and each member when a read
-    first needs it, at most ``cache_limit`` bytes of members at once (``packfmt.collection.stream``).
+    first needs it, at most ``cache_limit`` bytes of members at once (``packfmt.remote``).
     """
     from .storage import is_remote, local_file
 
     if is_remote(path) and stream:
-        from .collection.streamed import open_streamed
+        from .remote.streamed import open_streamed
 
         streamed = open_streamed(path, storage_options, cache_dir, cache_limit, cache_verify)
         if streamed is not None:
             return streamed  # else a store: fetched whole, as without stream
     if is_remote(path):
         return open_url(path, storage_options, cache_dir, cache_limit, cache_verify)
-    path = Path(local_file(path))
-    from .storage.verify import check_mirror
+    return _open_local(local_file(path), cache_verify)
 
-    check_mirror(path, cache_verify)  # a mirror in the remote cache: changed files hashed again (packfmt.storage)
+
+def _open_local(path, cache_verify: str | None, origin=None):
+    """The store or collection at local ``path`` (a mirror in the remote cache: its changed files hashed again first,
+    ``remote.check_mirror``); ``origin``: where it was fetched from (``storage.cache.Origin``), for a URL's mirror."""
+    from .remote.mirror import check_mirror
+
+    path = Path(path)
+    check_mirror(path, cache_verify)
     if (path / F.MANIFEST).is_file() and is_collection(F.read_json(path / F.MANIFEST, file=F.MANIFEST)):
-        return Collection(path)
-    return Store(path)
+        return Collection(path, origin=origin)
+    return Store(path, origin=origin)
 
 
 def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
@@ -55,16 +61,13 @@ def open_url(url, storage_options=None, cache_dir=None, cache_limit=None, verify
 
     ``verify``: ``"stat"`` (default) or ``"full"`` (hash every cached file on every open); ``$PACKFMT_CACHE_VERIFY``.
     """
-    from .storage import fetch_dataset
+    from .remote.mirror import fetch_dataset
+    from .storage.cache import Origin
     from .storage.verify import FETCHED
 
     fetched = fetch_dataset(url, storage_options, cache_dir, cache_limit, verify)
-    ds = open_dataset(fetched.path, cache_verify=FETCHED)  # its files were just checked as `verify` says
-    ds._storage_pins = fetched.pins
-    ds._storage_options = storage_options
-    ds._storage_cache = fetched.root
-    ds.url = url.rstrip("/")
-    return ds
+    origin = Origin(url.rstrip("/"), storage_options, fetched.root, fetched.pins)
+    return _open_local(fetched.path, FETCHED, origin)  # its files were just checked as `verify` says
 
 
 def as_dataset(dataset, *, storage_options: dict | None = None, **open_options) -> Dataset:
@@ -76,13 +79,13 @@ def as_dataset(dataset, *, storage_options: dict | None = None, **open_options) 
 
 def whole_dataset(dataset, what: str, instead: str, *, storage_options: dict | None = None) -> Dataset:
     """``as_dataset(dataset)`` for a command that reads every member (an export, shards): a collection opened with
-    ``stream=True`` fetches members one batch at a time (``collection.stream``), so it is refused with a
+    ``stream=True`` fetches members one batch at a time (``remote.members``), so it is refused with a
     ``WriteError`` that says ``what`` could not be done and the way that works, ``instead`` (its URL, fetched
     whole first)."""
     from .errors import WriteError
 
     ds = as_dataset(dataset, storage_options=storage_options)
-    if getattr(ds, "_stream", None) is not None:
+    if ds.streamed:
         raise WriteError(f"{ds.url}: a collection opened with stream=True cannot be {what}: its members are fetched "
                          f"one batch at a time, and this reads every member; pass the URL instead ({instead}), which "
                          "fetches it whole first", field="dataset", expected="a store, or a collection opened without "

@@ -251,10 +251,10 @@ def build_pack_index(
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if getattr(store, "url", None):  # opened from a URL: upload the index, index.json last (packfmt.storage)
+    if store.origin is not None:  # opened from a URL: upload the index, index.json last (packfmt.storage)
         from .storage.upload import upload_index
 
-        upload_index(store, name)
+        upload_index(store.path, store.origin, name)
     lost = lost_tokens(stats, num_tokens, max_lost_fraction)
     if lost["exceeded"]:
         warnings.warn(LostTokensWarning(

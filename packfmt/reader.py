@@ -41,8 +41,10 @@ class Store(Dataset):
     As a ``Dataset`` it is a collection of one: ``member(0)`` is the store itself.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, origin=None) -> None:
+        """``origin``: where a store opened from a URL came from (``storage.cache.Origin``; ``packfmt.open``)."""
         self.path = Path(path)
+        self.origin = origin
         if not self.path.is_dir():
             raise FormatError(f"{self.path}: not a directory (expected a packfmt dataset directory)",
                               file=str(self.path), expected="directory", found="missing" if not self.path.exists() else "file")

@@ -48,7 +48,7 @@ def validate(path: str | os.PathLike, deep: bool = False, progress: bool = False
 
     if is_remote(path):  # fetched whole into the cache; a file that fails the cache's check is reported, not served
         from .errors import PackfmtError
-        from .storage import fetch_dataset
+        from .remote import fetch_dataset
 
         try:
             fetched = fetch_dataset(path, storage_options)

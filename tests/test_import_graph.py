@@ -30,9 +30,9 @@ FLOORS: list[tuple[str, ...]] = [
     ("reader", "writer", "index", "dataset"),
     # 3. many stores read as one (a store is a collection of one)
     ("collection.reader", "collection.member_checks", "collection.arrays", "collection.images", "collection.vmap",
-     "collection.lazy_members"),
+     "collection.lazy_members", "collection.resident"),
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
-    ("opening", "collection.stream", "collection.streamed", "collection.shard_index"),
+    ("opening", "remote"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
     ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
      "megatron", "sources", "workers", "pipeline", "engines", "build", "report_paths"),
@@ -53,18 +53,28 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _from_target(node: ast.ImportFrom, package: str) -> str | None:
+    """The packfmt module (relative to ``packfmt``) a ``from X import ...`` in ``package`` names; None outside packfmt."""
+    if node.level:
+        base = package.split(".") if package else []
+        base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+        return ".".join(base + ([node.module] if node.module else []))
+    if (node.module or "").startswith("packfmt"):
+        return node.module.removeprefix("packfmt").lstrip(".")
+    return None
+
+
+def _package(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = _package(name, path)
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".") if package else []
-                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-                target = ".".join(base + ([node.module] if node.module else []))
-            elif (node.module or "").startswith("packfmt"):
-                target = node.module.removeprefix("packfmt").lstrip(".")
-            else:
+            target = _from_target(node, package)
+            if target is None:
                 continue
             subs = [f"{target}.{a.name}" if target else a.name for a in node.names]
             hit = [s for s in subs if s in modules]
@@ -145,6 +155,34 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+#: Rooms ``storage`` never enters: it knows bytes at URLs and the cache's mechanics, never a dataset (``remote`` is the
+#: one room that knows both).
+STORAGE_NEVER_IMPORTS = ("collection", "reader", "index", "remote", "torch")
+
+
+def test_storage_knows_bytes_only():
+    found = sorted(f"{importer} imports {target}" for importer, targets in _graph().items()
+                   if importer == "storage" or importer.startswith("storage.")
+                   for target in targets
+                   if any(target == room or target.startswith(room + ".") for room in STORAGE_NEVER_IMPORTS))
+    assert not found, "storage imports a dataset room (move that code to packfmt/remote):\n" + "\n".join(found)
+
+
+def test_no_private_name_of_storage_is_imported_from_outside():
+    """``storage``'s contract is its public names: nothing outside it imports one spelled private (``_x``)."""
+    private = []
+    for name, path in _modules().items():
+        if name == "storage" or name.startswith("storage."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = _from_target(node, _package(name, path))
+            if target is not None and (target == "storage" or target.startswith("storage.")):
+                private += [f"{name} imports {target}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not private, "private names of storage imported from outside (make them public there):\n" + "\n".join(private)
 
 
 @pytest.mark.parametrize("importer,imported,allowed", [("collection", "collection.reader", True),

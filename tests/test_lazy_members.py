@@ -54,12 +54,12 @@ def _member_maps(root: Path) -> int:
 def test_lazily_mapped_members_read_exactly_as_all_mapped(coll, monkeypatch):
     reference = PackedDataset(coll, "p")
     want = {int(x["pack_id"]): x for x in reference.__getitems__(np.arange(len(reference)))}
-    assert reference._views()["stream"] is None  # 180 mappings fit the default budget: all mapped at once
+    assert reference._views()["members"] is None  # 180 mappings fit the default budget: all mapped at once
     del reference
     monkeypatch.setattr(L, "MAP_BUDGET", BUDGET)
     monkeypatch.setattr(L, "MAX_MAPPED", BUDGET // 3)
     ds = PackedDataset(Collection(coll, max_open_members=OPEN), "p")
-    members = ds._views()["stream"]
+    members = ds._views()["members"]
     assert isinstance(members, L.LocalMembers) and members.max_mapped == BUDGET // 3
     assert not members.mapped and _member_maps(coll) == 0  # nothing opened or mapped before a batch
     order = np.random.default_rng(1).permutation(len(ds))
@@ -108,4 +108,4 @@ def test_a_bad_member_is_refused_when_a_batch_first_touches_it(tmp_path, monkeyp
     with pytest.raises(FormatError, match="m007") as exc:
         ds.__getitems__(np.array(touches[:1]))
     assert "manifest" in str(exc.value)
-    assert 7 not in ds._views()["stream"].mapped
+    assert 7 not in ds._views()["members"].mapped

@@ -62,7 +62,7 @@ def test_more_members_than_open_files_allowed(tmp_path):
     try:
         ds = packfmt.open(url, cache_dir=tmp_path / "cache")
         assert len(ds.members) == 300
-        assert len(ds._storage_pins) == 2  # the collection's folder, and the one holding it and its members
+        assert len(ds.origin.pins) == 2  # the collection's folder, and the one holding it and its members
         assert int(ds.document(599).sum()) >= 0 and ds.num_documents == 600
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -159,7 +159,7 @@ def test_streamed_residency_bounded_by_open_files():
     """A streamed collection keeps each resident member's pin open: at most a quarter of the soft limit on open
     files stay resident (10,000 tiny members under a large cache_limit used to pass a limit of 1,024)."""
     from packfmt.collection import lazy_members
-    from packfmt.collection.stream import resident_bound
+    from packfmt.remote.eviction import resident_bound
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = _open_fds() + 400

@@ -1,5 +1,5 @@
 """A pack-ordered layout read streamed through a real S3-protocol server (moto on 127.0.0.1), its index a shard at a
-time (spec/COLLECTION.md §9.4; ``collection.shard_index``): the open fetches ``index.json`` and ``shard_digests.bin``
+time (spec/COLLECTION.md §9.4; ``remote.shard_index``): the open fetches ``index.json`` and ``shard_digests.bin``
 only, each shard's rows of ``pack_offsets.bin`` and ``segments.bin`` arrive (by ranged GETs, checked against their
 digests) when a batch first touches the shard, every pack reads as the layout read locally, and rows changed in the
 bucket or in the cache are never used."""
@@ -17,7 +17,7 @@ import packfmt
 from packfmt import format as F
 from packfmt._io import checksum_file
 from packfmt.collection import write_collection
-from packfmt.collection.shard_index import ShardedIndex
+from packfmt.remote.shard_index import ShardedIndex
 from packfmt.collection.shards import write_shards
 from packfmt.errors import FormatError
 from packfmt.index import PackIndex
@@ -201,21 +201,21 @@ def test_a_layout_index_without_the_digests_is_fetched_whole(layout, cache, s3_s
 
 
 def test_the_prefetch_plan_from_the_record_is_the_plan_from_the_segments(layout, cache):  # noqa: F811
-    """``prefetch.Plan`` takes each pack's shard from ``layout.member_packs`` (no segment read); it is the plan the
+    """``remote.plan.Plan`` takes each pack's shard from ``layout.member_packs`` (no segment read); it is the plan the
     segments give (every pack of a layout inside one member)."""
-    from packfmt.torch.prefetch import Plan
+    from packfmt.remote.plan import Plan
 
     out, url = layout
     ds = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
     whole = out.pack_index("p")
     order = np.random.default_rng(1).permutation(len(ds))[: len(ds) // 2]
-    a = Plan(ds.store._stream, order, None, None, ds.index.shard_of)
-    b = Plan(ds.store._stream, order, np.asarray(whole.pack_offsets), np.asarray(whole.segments))
+    a = Plan(ds.store.resident_members(), order, None, None, ds.index.shard_of)
+    b = Plan(ds.store.resident_members(), order, np.asarray(whole.pack_offsets), np.asarray(whole.segments))
     for key in ("member", "pos", "starts", "pos_sorted", "member_by_pos"):
         assert np.array_equal(getattr(a, key), getattr(b, key)), key
     assert not ds.index._ready.any()  # planned without a row
     with pytest.raises(IndexError, match="pack ids"):
-        Plan(ds.store._stream, np.array([len(ds)]), None, None, ds.index.shard_of)
+        Plan(ds.store.resident_members(), np.array([len(ds)]), None, None, ds.index.shard_of)
 
 
 @pytest.mark.parametrize("saved,resumed", [(4, 3), (2, 4)])

@@ -1,5 +1,5 @@
-"""A layout's index rows read shard by shard live inside ``cache_limit`` (``collection.shard_index``,
-``collection.stream``): shard k's rows count with member k, leave with it, and when no process holds member k
+"""A layout's index rows read shard by shard live inside ``cache_limit`` (``remote.shard_index``,
+``remote.members``): shard k's rows count with member k, leave with it, and when no process holds member k
 their whole pages are punched out of the sparse files; every pack still reads as the local layout, in one process
 and in DataLoader workers that share the cache (a real S3-protocol server: moto on 127.0.0.1)."""
 
@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 import packfmt
 from packfmt import format as F
 from packfmt.collection import write_collection
-from packfmt.collection.shard_index import ShardedIndex, punch_hole
+from packfmt.remote.shard_index import ShardedIndex, punch_hole
 from packfmt.collection.shards import write_shards
 from packfmt.packindex import build_pack_index
 from packfmt.storage.upload import upload_tree
@@ -61,7 +61,7 @@ def test_rows_leave_the_cache_with_their_member(layout, cache):  # noqa: F811
     del probe, idx
     limit = 2 * max(r + b for r, b in zip(rows, member)) + 1  # two shards and their rows, not three
     ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
-    stream = ds.store._stream
+    stream = ds.store.resident_members()
     seg = ds.index.path / F.SEGMENTS
     full = seg.stat().st_size
     for epoch in range(2):  # in order: each shard fetched, read, evicted; the second epoch fetches its rows again

@@ -120,7 +120,7 @@ def test_stream_maps_at_most_max_mapped_members(remote, cache, monkeypatch):
     monkeypatch.setattr(lazy_members, "MAX_MAPPED", 6)
     reference = PackedDataset(local, "p")
     ds = PackedDataset(url, "p", stream=True, cache_dir=cache)
-    members = ds._views()["stream"]
+    members = ds._views()["members"]
     _epoch(ds, np.arange(len(ds)), reference, cache, total)
     assert 0 < len(members.resident) <= 6
 

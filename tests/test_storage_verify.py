@@ -1,6 +1,6 @@
-"""Remote bytes are verified on every read (packfmt/storage/cache.py, verify.py), against a real S3-protocol
-server (moto on 127.0.0.1): a bad object is refused on every open path, cold or after clearing the cache;
-a byte changed in the cache is hashed again and re-fetched, never served; the cache's bookkeeping stays
+"""Remote bytes are verified on every read (packfmt/storage/cache.py, verify.py; packfmt/remote/mirror.py), against a
+real S3-protocol server (moto on 127.0.0.1): a bad object is refused on every open path, cold or after clearing the
+cache; a byte changed in the cache is hashed again and re-fetched, never served; the cache's bookkeeping stays
 out of the mirror (validate sees the dataset only); a collection cannot reach outside its bucket."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from .. import index_format as IF
 from .._io import HashedFile
 from ..index import list_pack_indexes
 from .manifest import collection_reader, is_collection, member_list_checksum, parse_collection_manifest
-from .streams import VerifiedReader, copy_verified
+from .verified_copy import VerifiedReader, copy_verified
 
 __all__ = ["carry_indexes"]
 

@@ -4,7 +4,7 @@
 a ``PackedDataset`` first reads: one kernel mapping per file, and Linux gives a process ``vm.max_map_count``
 mappings (65,530 by default), shared with everything else it maps. Past ``MAP_BUDGET`` mappings (about 10,000
 members with masks) that would fail with ENOMEM, so ``LocalMembers`` reserves the same spans with nothing mapped
-(``vmap.Reserved``) and, as a streamed collection does (``collection.stream``), maps the members a batch touches
+(``vmap.Reserved``) and, as a streamed collection does (``remote.members``), maps the members a batch touches
 while the batch is read (``hold``): each opened and checked as ``Collection.member`` checks it (C2, C3, V13, and
 its lengths against ``doc_lengths.bin``), the least recently used unpinned ones unmapped past ``max_mapped``.
 The kernels read the same arrays and document table; nothing is fetched or copied. Opening is also lazy: a
@@ -19,6 +19,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
+from .resident import ResidentMembers
 from .vmap import Reserved, batch_segments
 
 __all__ = ["LocalMembers", "MAP_BUDGET", "MAPS_PER_MEMBER", "MAX_MAPPED", "maps_needed"]
@@ -39,7 +40,7 @@ def maps_needed(coll) -> int:
     return MAPS_PER_MEMBER * int(coll.num_members)
 
 
-class LocalMembers:
+class LocalMembers(ResidentMembers):
     """The members of a local collection mapped while batches hold them (thread-safe): ``source()`` for the kernels,
     ``hold(...)`` around each batch, ``images(m)`` for a member's images."""
 

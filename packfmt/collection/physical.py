@@ -30,7 +30,7 @@ from ..reader import Store
 from ..report_paths import report_path
 from ..version import __version__
 from .manifest import is_collection
-from .streams import VerifiedReader, bad_offsets, copy_verified
+from .verified_copy import VerifiedReader, bad_offsets, copy_verified
 from .writer import check_members_agree, prepare_destination, refuse_laid_out_sources, resolve_members
 
 __all__ = ["merge_physical", "refuse_laid_out_sources"]
@@ -240,7 +240,7 @@ def merge_physical(sources: Iterable, dst: str | os.PathLike, *, overwrite: bool
     sources = [s if isinstance(s, tuple) else (None, s) for s in sources]
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
         from ..opening import open_dataset
-        from ..storage.upload import merge_remote
+        from ..remote.merge import merge_remote
 
         refuse_laid_out_sources(sources, storage_options)  # from the manifests, before any source is fetched (§9.2)
         done = merge_remote(lambda s, d, **kw: merge_physical(s, d, **kw), sources, dst, overwrite=overwrite,

@@ -28,6 +28,7 @@ from ..errors import FormatError
 from ..reader import Store
 from .arrays import whole_array
 from .images import CollectionImages
+from . import lazy_members
 from .lengths import member_lengths_problem, read_lengths
 from .manifest import (
     CollectionManifest,
@@ -60,12 +61,14 @@ class Collection(Dataset):
         images: a ``CollectionImages`` (``ImageStore``'s interface, collection-wide ids), or None without images.
     """
 
-    def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS) -> None:
+    def __init__(self, path: str | os.PathLike, *, max_open_members: int = DEFAULT_OPEN_MEMBERS, origin=None) -> None:
+        """``origin``: where a collection opened from a URL came from (``storage.cache.Origin``; ``packfmt.open``)."""
         path = Path(path)
         raw = F.read_json_bytes(path / F.MANIFEST, file=F.MANIFEST)
         self._init(path, parse_collection_manifest(F.parse_json(raw, file=F.MANIFEST), file=F.MANIFEST,
                                                    read=collection_reader(path)), max_open_members)
         self._manifest_bytes = raw
+        self.origin = origin
 
     @classmethod
     def _of_manifest(cls, path: Path, manifest: CollectionManifest) -> "Collection":
@@ -107,6 +110,13 @@ class Collection(Dataset):
 
     def _shared(self) -> dict:
         return self.manifest.shared
+
+    def resident_members(self):
+        """A new ``lazy_members.LocalMembers`` (each reader maps its own) when mapping every member at once would take
+        more than ``lazy_members.MAP_BUDGET`` kernel mappings; else None (``vmap.concatenate_members`` maps them all)."""
+        if self.num_members > 1 and lazy_members.maps_needed(self) > lazy_members.MAP_BUDGET:
+            return lazy_members.LocalMembers(self)
+        return None
 
     def index_binding(self) -> dict:
         """What a pack index of this collection records to bind to it (spec/COLLECTION.md §4)."""

@@ -2,7 +2,7 @@
 and the checks a reader runs on them before it uses them.
 
 A streamed read fetches one shard's rows of ``pack_offsets.bin`` and ``segments.bin`` when a batch first touches the
-shard (``collection.shard_index``), not the whole index (24 bytes a document) before the first batch. The index of
+shard (``remote.shard_index``), not the whole index (24 bytes a document) before the first batch. The index of
 format 1.2 lists ``shard_digests.bin`` (the xxh3_64 of each shard's rows of the two files) and ``pack_tokens.bin``
 (each pack's length, what the token-balanced sampler weighs packs by). ``write_shards`` writes both with this module's
 names and dtypes (hashing each shard's rows as it writes them), ``validate`` recomputes them here (``shard_rows``,

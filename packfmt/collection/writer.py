@@ -200,7 +200,7 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
 
     if is_url(str(dst)) or any(is_url(str(p)) for _, p in sources):  # object storage: packfmt.storage
         from ..opening import open_dataset
-        from ..storage.upload import merge_remote
+        from ..remote.merge import merge_remote
 
         refuse_laid_out_sources(sources, storage_options)  # from the manifests, before any source is fetched (§9.2)
 

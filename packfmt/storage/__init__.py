@@ -1,10 +1,11 @@
 """Object storage: every dataset path may be an fsspec URL (``s3://``, ``gs://``, ``file://`` ...).
 
-Only this package imports fsspec, and only when a URL is given (``pip install 'packfmt[s3]'``).
+Only this package imports fsspec, and only when a URL is given (``pip install 'packfmt[s3]'``). It knows bytes at
+URLs and the cache's mechanics, never a dataset: which files a dataset at a URL has is ``packfmt.remote``'s.
 
 * ``uri``: local path or URL; the fsspec file system of a URL.
 * ``inputs``: build inputs in object storage fetched to a temp dir.
-* ``cache``: remote datasets mirrored whole-file into a verified, locked, bounded node-local cache.
+* ``cache``: files at URLs mirrored into a verified, locked, bounded node-local cache (``Fetcher``, pins, LRU).
 * ``verify``: what the cache knows of each mirrored file (markers bound to its stat), kept outside the mirror.
 * ``errors``: back-end and cache failures as one-line ``StorageError``s naming the URL and the fix.
 * ``upload``: outputs written locally and uploaded with the manifest last.
@@ -15,14 +16,7 @@ from __future__ import annotations
 
 from .uri import MissingExtraError, is_remote, is_url, local_file
 
-__all__ = ["is_url", "is_remote", "local_file", "MissingExtraError", "remote_output", "fetch_dataset",
-           "download_inputs"]
-
-
-def fetch_dataset(url, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
-    from .cache import fetch_dataset as fetch
-
-    return fetch(url, storage_options, cache_dir, cache_limit, verify)
+__all__ = ["is_url", "is_remote", "local_file", "MissingExtraError", "remote_output", "download_inputs"]
 
 
 def remote_output(url, storage_options=None, *, overwrite=False, cache_dir=None):

@@ -50,10 +50,9 @@ from ..errors import FormatError
 from . import uri
 from . import verify as V
 from .download import download
-from .errors import require_bucket, storage_errors
-from .in_flight import in_order, members_in_flight
+from .errors import require_bucket
 
-__all__ = ["Fetched", "Pin", "cache_root", "evict", "fetch_dataset", "mark_verified", "parse_limit"]
+__all__ = ["LOG", "Fetched", "Fetcher", "Origin", "Pin", "cache_root", "evict", "mark_verified", "mirror_path", "parse_limit"]
 
 LOG = "downloads.log"
 
@@ -104,20 +103,40 @@ class Fetched:
     root: Path | None = None  # the cache folder
 
 
-class _Fetcher:
+@dataclass(frozen=True, eq=False)
+class Origin:
+    """Where a dataset opened from a URL came from: handed to its constructor, kept while the object lives (its pins
+    keep the cache from evicting its files), not pickled (a process that unpickles it opens the mirror by path)."""
+
+    url: str  # the URL it was opened from, without a trailing slash
+    storage_options: dict | None  # fsspec's options for it (credentials, endpoint_url ...)
+    cache_root: Path  # the cache folder that mirrors it
+    pins: list = field(default_factory=list)  # the pins held on its mirror (``Pin``)
+
+
+class Fetcher:
+    """Files at URLs into the cache's mirror, each verified against its manifest entry (the module doc's rules).
+
+    It knows bytes, manifest entries and the cache, never a dataset: which files a dataset at a URL has, and in what
+    order they are fetched, is ``packfmt.remote``'s. ``result`` collects what one fetch did: the pins it took and the
+    files it downloaded."""
+
     def __init__(self, storage_options, cache_dir, cache_limit, verify=None) -> None:
         self.so = storage_options
         self.root = cache_root(cache_dir)
         self.limit = parse_limit(cache_limit if cache_limit is not None else os.environ.get("PACKFMT_CACHE_LIMIT"))
         self.mode = V.verify_mode(verify)
-        self.result: Fetched | None = None
+        self.result = Fetched(path=Path(), root=self.root)
         self.count_lock = threading.Lock()
 
     def mirror(self, url: str) -> Path:
+        """Where the cache mirrors ``url`` (``<cache>/<root key>/<bucket>/<path>``)."""
         _, path = uri.filesystem(url, self.so)
         return self.root / uri.root_key(url, self.so) / path.lstrip("/")
 
     def file(self, fs, rpath: str, url: str, local: Path, entry: F.FileEntry, label: str) -> None:
+        """The object ``rpath`` (``url``) at ``local``, verified against ``entry`` (listed by manifest ``label``):
+        served from the cache when its marker is current, else hashed again or downloaded under its file lock."""
         if V.status(self.root, local, entry, self.mode) == V.OK:
             return
         with V.locked(self.root, local):
@@ -139,6 +158,7 @@ class _Fetcher:
             evict(self.root, self.limit)
 
     def manifest(self, fs, rpath: str, url: str) -> bytes:
+        """The bytes of the manifest at ``rpath``, read from the bucket (a commit point: never from the cache)."""
         try:
             return fs.cat_file(rpath)
         except FileNotFoundError:
@@ -146,83 +166,6 @@ class _Fetcher:
             raise FormatError(f"{url}: not a packfmt dataset (no {posixpath.basename(rpath)} there); check the URL, "
                               "or write one with packfmt build / merge", file=url, expected="a manifest",
                               found="missing") from None
-
-    def dataset(self, url: str, *, packs: bool = True, raw: bytes | None = None, pin: bool = True) -> Path:
-        """Mirror the dataset at ``url``; ``raw``: its ``manifest.json`` as the caller just read it from the bucket
-        (None: read here). ``pin``: hold a pin on its mirror folder (a collection's members are covered by the one
-        pin on the folder that holds them all: one descriptor, not one a member, which at 10^5 members would pass
-        the process's limit on open files)."""
-        fs, rpath = uri.filesystem(url, self.so)
-        local = self.mirror(url)
-        if raw is None:
-            raw = self.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
-        if pin:
-            self.result.pins.append(Pin(self.root, local))
-        else:
-            V.ensure_dir(local)
-        V.drop_legacy(local)
-        obj = json.loads(raw)
-        if obj.get("format") == "packfmt-collection":
-            label = f"{url}/{F.MANIFEST}"
-            cm = self.collection_manifest(fs, rpath, url, local, obj)  # its own files first: a member table lists the members
-            urls = [uri.member_url(url, p, file=label, field=f"members[{i}].path") for i, p in enumerate(cm.members.paths)]
-            if pin and urls:  # before any member is fetched: another process's eviction skips them from now on
-                common = Path(os.path.commonpath([local, *{self.mirror(u).parent for u in urls}]))
-                if common != local:
-                    self.result.pins.append(Pin(self.root, common))
-            # a collection reads its own indexes only (packs=False)
-            in_order(lambda i: self.dataset(urls[i], packs=False, pin=False), len(urls), members_in_flight())
-        else:
-            for name, entry in F.parse_manifest(obj, file=f"{url}/{F.MANIFEST}").files.items():
-                self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
-        if packs:
-            self.packs(fs, rpath, url, local)
-        self.write_atomic(local / F.MANIFEST, raw)
-        return local
-
-    def collection_manifest(self, fs, rpath: str, url: str, local: Path, obj: dict, leave: tuple[str, ...] = ()):
-        """The parsed manifest ``obj`` of the collection at ``url``, with the files it lists of its own mirrored and
-        verified first (``collection_files``): a member table (§2.5) is read from the mirror. ``leave``: names of
-        those files left in the bucket for now (a streamed open, which reads no ``doc_lengths.bin``)."""
-        from ..collection.lengths import parse_collection_files
-        from ..collection.manifest import collection_reader, parse_collection_manifest
-        from ..collection.versions import parse_collection_version
-
-        label = f"{url}/{F.MANIFEST}"
-        try:  # the files table alone (C1 of the whole manifest follows, from the mirrored files)
-            version = parse_collection_version(obj.get("format_version"), file=label)
-            files = parse_collection_files(obj, version, int(obj["counts"]["documents"]), file=label,
-                                           table=obj.get("members") == "table")
-        except (FormatError, KeyError, TypeError, ValueError):
-            files = {}  # malformed: parse_collection_manifest names the field
-        self.collection_files(fs, rpath, url, local, {k: v for k, v in files.items() if k not in leave})
-        return parse_collection_manifest(obj, file=label, read=collection_reader(local))
-
-    def collection_files(self, fs, rpath: str, url: str, local: Path, files: dict) -> None:
-        """Mirror the files a collection's manifest lists of its own (``files``, spec/COLLECTION.md §2.4, §2.5),
-        verified as every file, so that packing and opening it read its lengths, not every member. A
-        ``doc_lengths.bin`` missing from the bucket is left out (readers then take the members' own lengths, as the
-        spec allows; validate warns); a member table missing is an error (it is the member list); one that fails
-        its size or checksum is refused like any listed file."""
-        from ..collection.lengths import LENGTHS_FILE
-
-        for name, entry in files.items():
-            try:
-                self.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
-            except FormatError as exc:
-                if exc.found != "missing" or name != LENGTHS_FILE:
-                    raise
-                V.forget(self.root, local / name)
-                (local / name).unlink(missing_ok=True)  # an earlier copy is not this manifest's evidence
-
-    def packs(self, fs, rpath: str, url: str, local: Path) -> None:
-        """Mirror every pack index under ``packs/``; drop mirrored ones the bucket no longer has."""
-        from .pack_mirror import drop_gone, mirror_pack, remote_pack_manifests
-
-        found = remote_pack_manifests(fs, rpath)
-        for name, raw in found.items():
-            mirror_pack(self, fs, rpath, url, local, name, raw)
-        drop_gone(self.root, local, set(found))
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         """``data`` at ``path`` through a rename: a killed process leaves the old file or none, never part of one.
@@ -235,30 +178,8 @@ class _Fetcher:
         os.replace(tmp, path)
 
 
-def fetch_dataset(url: str, storage_options: dict | None = None, cache_dir=None, cache_limit=None,
-                  verify: str | None = None) -> Fetched:
-    """Mirror the dataset (store or collection, with its pack indexes) at ``url`` into the cache; return it pinned.
-
-    ``verify``: ``"stat"`` (default) hashes a cached file again when its stat changed since it was verified,
-    ``"full"`` on every call (also ``$PACKFMT_CACHE_VERIFY``).
-    """
-    url = url.rstrip("/")
-    f = _Fetcher(storage_options, cache_dir, cache_limit, verify)
-    f.result = Fetched(path=Path(), root=f.root)
-    try:
-        with storage_errors(url, storage_options, f.root):
-            f.result.path = f.dataset(url)
-            if f.limit is not None and not f.result.downloaded:  # (after a download, ``file`` evicted already)
-                evict(f.root, f.limit)
-    except BaseException:
-        for pin in f.result.pins:  # nothing was opened: hold nothing (an error's traceback may live long)
-            pin.close()
-        raise
-    return f.result
-
-
 def mirror_path(url: str, storage_options: dict | None = None, cache_dir=None) -> Path:
-    return _Fetcher(storage_options, cache_dir, None).mirror(url.rstrip("/"))
+    return Fetcher(storage_options, cache_dir, None).mirror(url.rstrip("/"))
 
 
 def mark_verified(local: Path, cache_dir=None) -> int:

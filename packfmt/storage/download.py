@@ -1,6 +1,6 @@
-"""One object of a remote dataset downloaded into the cache (``cache._Fetcher.file``): ranged GETs, the bytes hashed
+"""One object of a remote dataset downloaded into the cache (``cache.Fetcher.file``): ranged GETs, the bytes hashed
 and counted in order as they arrive, written to a temp name and renamed into place only when the count and the
-xxh3_64 are the ones its manifest lists. Nothing here decides what to fetch or when (``cache``, ``pack_mirror``)."""
+xxh3_64 are the ones its manifest lists. Nothing here decides what to fetch or when (``cache``, ``packfmt.remote``)."""
 
 from __future__ import annotations
 

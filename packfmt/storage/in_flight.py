@@ -1,10 +1,10 @@
-"""Members of a remote collection fetched several at once (``cache._Fetcher.dataset``), in member order.
+"""Members of a remote collection fetched several at once (``remote.mirror.mirror_dataset``), in member order.
 
 A whole fetch of a collection (``packfmt.open(url)`` without ``stream=True``, ``fetch_dataset``) costs each member a
 few round trips to the object store (its manifest, then each file: one ranged GET for a small one). One after
 another, 1,000 members at a 30 ms round trip wait two minutes for latency alone; ``members_in_flight()`` of them at
 once overlap those waits (``benchmarks/bench_fetch.py --members``). Every file is still fetched, hashed and checked
-as ``cache._Fetcher.file`` does; only the order in which members finish changes. An error is the one a fetch in
+as ``cache.Fetcher.file`` does; only the order in which members finish changes. An error is the one a fetch in
 member order would raise first: the lowest member that fails among those started, after the ones in flight end.
 """
 

@@ -18,7 +18,6 @@ not seen without hashing; ``verify="full"`` (``$PACKFMT_CACHE_VERIFY=full``) has
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import uuid
@@ -30,7 +29,8 @@ from .._io import checksum_file
 from ..errors import ChecksumError
 
 __all__ = ["STATE", "PIN", "OK", "CHANGED", "ABSENT", "state_dir", "marker", "status", "write_marker", "rehash",
-           "forget", "temp_path", "lock_path", "locked", "ensure_dir", "verify_mode", "check_mirror", "drop_legacy"]
+           "forget", "temp_path", "lock_path", "locked", "ensure_dir", "verify_mode", "cache_of", "check_dir",
+           "check_own_files", "drop_legacy"]
 
 STATE, PIN = ".packfmt-state", ".packfmt-pin"
 _KEY = re.compile(r"^[a-z][a-z0-9+.-]*-[0-9a-f]{16}\Z")  # uri.root_key
@@ -161,43 +161,10 @@ def cache_of(path: Path) -> Path | None:
     return None
 
 
-def check_mirror(path: Path, mode: str | None = None) -> None:
-    """A local open of a mirrored dataset (a DataLoader worker re-opening what its parent fetched): every file
-    verified there whose stat changed since is hashed again; one that no longer matches is removed and refused.
-    A collection's own files first, then every member's (listed in its manifest, or in its member table, which has
-    just been checked). Paths outside a cache: nothing to do (a few ``stat`` calls)."""
-    mode = verify_mode(mode)
-    root = None if mode == FETCHED else cache_of(path)
-    if root is None:
-        return
-    top = Path(path).absolute()
-    try:
-        obj = json.loads((top / F.MANIFEST).read_bytes())
-    except (OSError, ValueError):
-        return  # the reader reports an unreadable manifest
-    _check_dir(root, top, mode)
-    if isinstance(obj, dict) and obj.get("format") == "packfmt-collection":
-        for rel in _member_paths(top, obj.get("members")):
-            _check_member(root, os.path.normpath(os.path.join(top, rel)), mode)
-
-
-def _member_paths(top: Path, members) -> list[str]:
-    """The member paths of a collection's manifest or member table (read leniently: the reader checks both next)."""
-    from ..collection.member_table import NAMES_FILE, listed_paths
-
-    def names() -> bytes | None:
-        try:
-            return (top / NAMES_FILE).read_bytes()
-        except OSError:
-            return None  # the reader names the missing table
-
-    return listed_paths(members, names)
-
-
-def _check_member(root: Path, d: str, mode: str) -> None:
-    """``_check_dir`` of a member's mirror folder ``d`` (its own files only: a collection reads no member's pack
-    index), as strings and ``os`` calls: at 10^5 members this runs once a member on every local open of the mirror.
-    A file whose stat moved (or every file, ``mode == "full"``) takes ``_check_dir``'s path."""
+def check_own_files(root: Path, d: str, mode: str) -> None:
+    """``check_dir`` of mirror folder ``d``'s own files (not its pack indexes: a collection reads no member's), as
+    strings and ``os`` calls: at 10^5 members of a collection this runs once a member on every local open of the
+    mirror. A file whose stat moved (or every file, ``mode == "full"``) takes ``check_dir``'s path."""
     rel = os.path.relpath(d, root)
     if rel == os.pardir or rel.startswith(os.pardir + os.sep):  # outside this cache: no marker of it here
         return
@@ -221,10 +188,10 @@ def _check_member(root: Path, d: str, mode: str) -> None:
         if same:
             os.utime(rec)  # last use, for LRU eviction
         else:
-            _check_dir(root, Path(d), mode, only=name)
+            check_dir(root, Path(d), mode, only=name)
 
 
-def _check_dir(root: Path, d: Path, mode: str, only: str | None = None) -> None:
+def check_dir(root: Path, d: Path, mode: str, only: str | None = None) -> None:
     """Every verified file of mirror folder ``d`` (and of its pack indexes) hashed again if its stat moved."""
     try:
         sd = state_dir(root, Path(os.path.normpath(d)))

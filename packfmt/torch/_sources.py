@@ -18,34 +18,34 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 def _token_source(source):
     """Tokens, mask and document table the kernels read (``_kernels.doc_span``): every member of the
     dataset mapped end to end (``packfmt.collection.vmap``; a store is its own one member), or the members mapped
-    as batches need them (``Concatenated.members``): those of a remote collection (``packfmt.collection.stream``),
-    and those of a local one with more members than a process may map at once (``collection.lazy_members``)."""
-    if getattr(source, "_stream", None) is not None:
-        return source._stream.source()
-    from ..collection.lazy_members import MAP_BUDGET, LocalMembers, maps_needed
+    as batches need them (``Concatenated.members``, a ``collection.resident.ResidentMembers``:
+    ``source.resident_members()``): those of a remote collection (``packfmt.remote.members``), and those of a local
+    one with more members than a process may map at once (``collection.lazy_members``)."""
+    members = source.resident_members()
+    if members is not None:
+        return members.source()
     from ..collection.vmap import concatenate_members
 
-    if source.num_members > 1 and maps_needed(source) > MAP_BUDGET:
-        return LocalMembers(source).source()
     return concatenate_members(source)
 
 
 class _ImageIndex:
     """Images of a dataset by dataset-wide id, one member at a time: a member's image table (``doc_image_offsets``,
     spans relative to their document: ``collection.arrays.member_image_table``) is read when a pack first needs
-    it and kept (16 bytes per image, 8 per document); no member is opened before. A streamed collection
-    (``stream=True``) reads a member's table and blobs through ``StreamedMembers.images``: the member a batch holds."""
+    it and kept (16 bytes per image, 8 per document); no member is opened before. Members mapped as batches need them
+    (``members``, a ``collection.resident.ResidentMembers``: a streamed collection's, ``stream=True``) are read
+    through ``members.images(m)``: the member a batch holds."""
 
-    def __init__(self, source) -> None:
-        self.source, self.stream = source, getattr(source, "_stream", None)
+    def __init__(self, source, members=None) -> None:
+        self.source, self.members = source, members
         self.image_start = np.asarray(source.image_start, dtype=np.int64)
         self.doc_start = np.asarray(source.doc_start, dtype=np.int64)
         self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _images(self, m: int):
         """A context giving member ``m``'s ``ImageStore``."""
-        if self.stream is not None:
-            return self.stream.images(m)
+        if self.members is not None:
+            return self.members.images(m)
         return nullcontext(self.source.member(m).images)
 
     def table(self, m: int) -> tuple[np.ndarray, np.ndarray]:

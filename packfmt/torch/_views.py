@@ -30,9 +30,9 @@ def arrays_of(ds) -> dict[str, Any]:
         "tokens": src.tokens, "loss_mask": src.loss_mask,
         "pack_token_offsets": v(idx.pack_token_offsets), "packed_tokens": v(idx.packed_tokens),
         "packed_loss_mask": v(idx.packed_loss_mask), "num_packs": idx.num_packs,
-        "images": _ImageIndex(store) if store.num_images else None,
-        "stream": src.members,  # None, or what maps the members a batch touches while it is read
-        "held": getattr(idx, "held", None),  # an index read shard by shard: its rows held while read
+        "images": _ImageIndex(store, src.members) if store.num_images else None,
+        "members": src.members,  # None, or what maps the members a batch touches while it is read (ResidentMembers)
+        "held": idx.held,  # an index read shard by shard: its rows held while read (else nothing to hold)
     }
     a["mask_or_dummy"] = a["loss_mask"] if a["loss_mask"] is not None else np.zeros(1, dtype=np.uint8)
     a["has_mask"] = a["loss_mask"] is not None

@@ -124,11 +124,10 @@ class PackedDataset(Dataset):
         if input_ids_dtype is not None and input_ids_dtype != "native" and input_ids_dtype not in INDEX_DTYPES:
             raise ValueError(f"input_ids_dtype: expected None, torch.int64, torch.int32 or 'native', "
                              f"found {input_ids_dtype!r}")
-        # stream=True: a remote collection's members fetched as batches need them (collection.stream, prefetch)
+        # stream=True: a remote collection's members fetched as batches need them (remote.members, prefetch)
         store = as_dataset(path_or_store, storage_options=storage_options, cache_dir=cache_dir,
                            cache_limit=cache_limit, stream=stream)
-        self._stream_args = ((store.url, storage_options, cache_dir, cache_limit) if getattr(store, "_stream", None)
-                             is not None else None)
+        self._stream_args = (store.url, storage_options, cache_dir, cache_limit) if store.streamed else None
         idx = index.for_reading(store) if isinstance(index, PackIndex) else store.pack_index(index)
         self.path = str(Path(store.path))
         self.index_name = idx.name
@@ -214,11 +213,7 @@ class PackedDataset(Dataset):
     def pack_groups(self) -> np.ndarray:
         """int64 ``(num_packs,)``: the member holding each pack's first segment's document (zeros for a store);
         the groups of the sampler's ``window`` shuffle."""
-        idx = self.index
-        if hasattr(idx, "pack_members"):  # a layout read shard by shard: from the record, no segment read
-            return idx.pack_members()
-        return np.asarray(self.store.member_of(np.asarray(idx.segments)[np.asarray(idx.pack_offsets)[:-1], 0]),
-                          dtype=np.int64)
+        return self.index.pack_members()  # (a layout read shard by shard: from its record, no segment read)
 
     def pack_num_images(self) -> np.ndarray:
         """int64 ``(num_packs,)``: images whose tokens lie in every pack (zeros for text-only stores)."""
@@ -236,11 +231,12 @@ class PackedDataset(Dataset):
     # ------------------------------------------------------------------ items
     def _views(self) -> dict[str, Any]:
         """Plain ndarray views of the memmaps (no copy): numpy's memmap ``__getitem__`` is Python code."""
-        if self._stream_args is not None and self._store is not None and self._store._stream.pid != os.getpid():
+        if (self._stream_args is not None and self._store is not None
+                and self._store.resident_members().pid != os.getpid()):
             self._store = self._index = self._arrays = None  # a forked DataLoader worker streams its own share
         if self._arrays is None:
             self._arrays = arrays_of(self)
-            if self._arrays["stream"] is not None and getattr(self, "_stream_plan", None) is not None:
+            if self._arrays["members"] is not None and getattr(self, "_stream_plan", None) is not None:
                 from .prefetch import start
 
                 start(self)
@@ -256,10 +252,9 @@ class PackedDataset(Dataset):
             return self._item(a, i)
 
     def _rows(self, packs):
-        """An index read shard by shard (``collection.shard_index``): the shards of ``packs`` held, their rows
-        checked, while the block plans and reads them; otherwise nothing to do."""
-        held = self._arrays["held"]
-        return nullcontext() if held is None else held(packs)
+        """An index read shard by shard (``remote.shard_index``): the shards of ``packs`` held, their rows
+        checked, while the block plans and reads them; otherwise nothing to do (``PackIndex.held``)."""
+        return self._arrays["held"](packs)
 
     def _item(self, a: dict, i: int) -> dict[str, Any]:
         po = a["pack_offsets"]
@@ -351,18 +346,18 @@ class PackedDataset(Dataset):
                                        ar.typed(np.int32), ar.typed(I), ar.typed(J), offsets, a["pad_id"])
             batch = PackBatch(self, ar, packs, lengths, widths, seq_bounds, cols, int(longest), int(kept),
                               padded=self.pad_to_capacity)
-            if a["stream"] is not None and a["images"] is not None:
+            if a["members"] is not None and a["images"] is not None:
                 list(batch)  # every item built now: its images read while the members are held (evicted after)
         return batch
 
     def _hold(self, packs: np.ndarray):
         """A streamed collection (``stream=True``), or a local one too large to map whole: the members ``packs``
-        touch, local, mapped and pinned while the block runs (``collection.stream``, ``collection.lazy_members``);
+        touch, local, mapped and pinned while the block runs (``remote.members``, ``collection.lazy_members``);
         otherwise nothing to do."""
         a = self._arrays
-        if a["stream"] is None:
+        if a["members"] is None:
             return nullcontext()
-        return a["stream"].hold(packs, a["pack_offsets"], a["segments"], str(self.index.path / "segments.bin"))
+        return a["members"].hold(packs, a["pack_offsets"], a["segments"], str(self.index.path / "segments.bin"))
 
     def _images(self, docs, begins, ends, starts) -> dict[str, Any]:
         """Decoded images of the pack and their token spans inside the pack."""

@@ -1,17 +1,8 @@
 """Exact prefetch of a streamed collection's members from the sampler's order (README "Remote data").
 
-The order a process reads packs in is known ahead (``DistributedPackSampler.epoch_indices()``), so
-``prefetch(ds, order)`` gives a ``PackedDataset`` opened with ``stream=True`` a ``Plan``: for every
-member, the positions of the order whose packs touch it. The member cache (``collection.stream``) then
-evicts the resident member whose next use is furthest ahead (Belady), and a background thread fetches
-the members of the coming packs in order, as far ahead as the cache limit allows without evicting a
-member needed sooner than the one it fetches. ``threads`` (default 2) such threads fetch the next members
-at once, each claiming the first coming member no other fetches: a member's requests (its manifest, then
-its files) are round trips, and with several in flight their latency overlaps the transfer of the others
-(one thread spent ~60 ms of round trips per member on moto: ``benchmarks/bench_stream.py --packs
-shards``). They still fetch in the plan's order, so the members in flight are the earliest ones missing,
-which the coming batches need first. Reads never depend on the plan: a batch that is not
-the plan's next packs drops the plan (a warning) and the cache falls back to fetching on demand.
+``prefetch(ds, order)`` gives a ``PackedDataset`` opened with ``stream=True`` the order it will read packs in
+(``DistributedPackSampler.epoch_indices()``); in the process that reads, ``start(ds)`` hands it to the member cache
+as a ``packfmt.remote.plan.Plan`` (Belady eviction, background threads fetching the coming members: see there).
 
 With DataLoader workers, give ``batch_size``: worker ``w`` of ``W`` reads batches ``w, w + W, ...``
 of the order (the DataLoader's round-robin), and each worker plans its own share.
@@ -19,82 +10,13 @@ of the order (the DataLoader's round-robin), and each worker plans its own share
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import numpy as np
 
-__all__ = ["DEFAULT_LOOKAHEAD", "Plan", "prefetch"]
+from ..remote import plan as P
 
-_NEVER = np.iinfo(np.int64).max
-
-
-class Plan:
-    """The packs one process reads, in order, and the members each one touches."""
-
-    def __init__(self, stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray,
-                 shard_of=None) -> None:
-        """``shard_of``: for an index read shard by shard (``collection.shard_index``), each pack's one member from
-        the layout record (no segment read: the rows of most shards are not fetched yet)."""
-        order = np.asarray(order, dtype=np.int64).reshape(-1)
-        self.order, self.cursor = order, 0
-        if shard_of is not None:
-            member = np.asarray(shard_of(order), dtype=np.int64)
-            if member.size and (member.min() < 0 or member.max() >= len(stream.coll.members)):
-                bad = int(order[(member < 0) | (member >= len(stream.coll.members))][0])
-                raise IndexError(f"prefetch: order: expected pack ids of the index (0 .. packs - 1), found {bad}: "
-                                 "pass the sampler's order (sampler.epoch_indices())")
-            by_member = np.argsort(member, kind="stable")  # one member a position: no pair to merge, positions sorted
-            self.member, self.pos = member[by_member], by_member.astype(np.int64, copy=False)
-            self.starts = np.searchsorted(self.member, np.arange(len(stream.coll.members) + 1))
-            self.pos_sorted, self.member_by_pos = np.arange(order.shape[0], dtype=np.int64), member
-            return
-        # (position, member) of every member each pack touches, grouped by member, positions ascending
-        lo, hi = pack_offsets[order], pack_offsets[order + 1]
-        n = hi - lo
-        total = int(n.sum())
-        first = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(total)
-        member = np.asarray(stream.coll.member_of(np.asarray(segments[first, 0], dtype=np.int64)), dtype=np.int64)
-        pos = np.repeat(np.arange(order.shape[0], dtype=np.int64), n)
-        pairs = np.unique(np.stack([member, pos], axis=1), axis=0)  # sorted by member, then position
-        self._pairs(pairs[:, 0], pairs[:, 1], stream)
-
-    def _pairs(self, member: np.ndarray, pos: np.ndarray, stream) -> None:
-        """The (member, position) pairs, distinct, indexed both ways."""
-        by_member = np.lexsort((pos, member))
-        self.member, self.pos = member[by_member], pos[by_member]
-        self.starts = np.searchsorted(self.member, np.arange(len(stream.coll.members) + 1))
-        by_pos = np.lexsort((self.member, self.pos))
-        self.pos_sorted, self.member_by_pos = self.pos[by_pos], self.member[by_pos]
-
-    def next_use(self, members: np.ndarray) -> np.ndarray:
-        """int64: the first position at or after the cursor whose pack touches each member (never: int64 max)."""
-        out = np.full(members.shape[0], _NEVER, dtype=np.int64)
-        for i, m in enumerate(members):
-            p = self.pos[self.starts[m]:self.starts[m + 1]]
-            j = np.searchsorted(p, self.cursor)
-            if j < p.shape[0]:
-                out[i] = p[j]
-        return out
-
-    def upcoming(self, limit: int):
-        """``(position, member)`` pairs from the cursor on, at most ``limit`` of them, in read order."""
-        j = int(np.searchsorted(self.pos_sorted, self.cursor))
-        return zip(self.pos_sorted[j:j + limit].tolist(), self.member_by_pos[j:j + limit].tolist())
-
-    def advance(self, packs: np.ndarray) -> bool:
-        """A batch read ``packs``: True when they were the plan's next packs (the cursor moves past them), else
-        False (a warning: the caller drops the plan)."""
-        packs = np.asarray(packs, dtype=np.int64).reshape(-1)
-        c = self.cursor
-        if np.array_equal(self.order[c:c + packs.shape[0]], packs):
-            self.cursor = c + packs.shape[0]
-            return True
-        warnings.warn("prefetch: the packs read are not the planned order's next ones (another sampler, or "
-                      "prefetch() not called again after set_epoch): fetching members on demand from here",
-                      stacklevel=4)
-        return False
-
+__all__ = ["DEFAULT_LOOKAHEAD", "prefetch"]
 
 #: How many (position, member) pairs of the order, from the next pack read on, the threads look at.
 DEFAULT_LOOKAHEAD = 4096
@@ -128,11 +50,10 @@ def prefetch(ds, order, *, batch_size: int | None = None, lookahead: int | None 
 
 
 def start(ds) -> None:
-    """In the process that reads (called by the dataset once its arrays are open): this process's plan and thread."""
+    """In the process that reads (called by the dataset once its arrays are open): this process's plan and threads."""
     spec = getattr(ds, "_stream_plan", None)
     a = ds._views()
-    stream = a.get("stream")
-    if spec is None or stream is None:
+    if spec is None or not ds.store.streamed:  # a local read ignores the plan
         return
     order, batch_size, lookahead, threads = spec
     from torch.utils.data import get_worker_info
@@ -143,57 +64,15 @@ def start(ds) -> None:
             return  # which batches this worker reads is not known: fetch on demand
         b = np.arange(order.shape[0]) // batch_size
         order = order[b % info.num_workers == info.id]
-    with stream.cond:
-        stream.plan = Plan(stream, order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]),
-                           getattr(ds.index, "shard_of", None))
-        stream.cond.notify_all()
-    with stream.cond:
-        running = getattr(stream, "_threads", None)
-        if running is None:
-            running = stream._threads = []
-            stream._claimed = set()  # members a prefetch thread is fetching (from before their manifest is read)
-        for _ in range(threads - len(running)):
-            running.append(threading.Thread(target=_run, args=(stream, lookahead), daemon=True, name="packfmt-prefetch"))
-            running[-1].start()
-
-
-def _run(stream, lookahead: int) -> None:
-    """Fetch the plan's coming members in order while the limit allows (see the module doc)."""
-    while True:
-        todo = None
-        with stream.cond:
-            plan = stream.plan
-            for p, m in (plan.upcoming(lookahead) if plan is not None else ()):
-                if m in stream.resident or m in stream.fetching or m in stream.failed:
-                    continue
-                if m in stream._claimed:  # another thread has not reserved its room yet: nothing past it before
-                    break  # (a smaller later member would fit where it may not, and be evicted for it: fetched twice)
-                todo = (p, m, plan)
-                stream._claimed.add(m)
-                break
-            if todo is None:
-                stream.cond.wait(timeout=1.0)
-                continue
-        p, m, plan = todo
-        try:
-            done = stream.fetch(m, before=p)
-        except Exception:  # noqa: BLE001 - the batch that needs it fetches it again and reports the error
-            done = True
-        finally:
-            with stream.cond:
-                stream._claimed.discard(m)
-                stream.cond.notify_all()
-        if not done:
-            with stream.cond:
-                if stream.plan is plan:
-                    stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin)
+    P.start(a["members"], order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]),
+            getattr(ds.index, "shard_of", None), lookahead, threads)
 
 
 def open_share(url, storage_options, cache_dir, cache_limit):
     """The streamed collection at ``url`` for this process: in a DataLoader worker with ``cache_limit / num_workers``."""
     from torch.utils.data import get_worker_info
 
-    from ..collection.streamed import open_streamed
+    from ..remote import open_streamed
     from ..storage.cache import parse_limit
 
     info, limit = get_worker_info(), parse_limit(cache_limit)

@@ -1,10 +1,10 @@
 """A remote dataset's pack indexes in the cache's mirror: listed from the bucket, each mirrored when wanted.
 
-The door (``cache._Fetcher.packs``) mirrors every index of a dataset it fetches whole; a streamed
-collection (``collection.stream``) lists them at open and mirrors one only when ``pack_index(name)``
-first opens it, so a collection with several indexes (capacities, mixtures) fetches only the one it
-trains from before its first batch. Each file is fetched and verified as every cached file is
-(``_Fetcher.file``: hashed while it streams, checked against ``index.json``), ``index.json`` last.
+A dataset fetched whole (``mirror.mirror_packs``) mirrors every index; a streamed collection (``streamed``,
+``members``) lists them at open and mirrors one only when ``pack_index(name)`` first opens it, so a collection
+with several indexes (capacities, mixtures) fetches only the one it trains from before its first batch. Each file
+is fetched and verified as every cached file is (``storage.cache.Fetcher.file``: hashed while it streams, checked
+against ``index.json``), ``index.json`` last.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 from .. import format as F
 from .. import index_format as IF
 from ..errors import FormatError
-from . import verify as V
+from ..storage import verify as V
+from ..storage.cache import Fetcher
 
 __all__ = ["remote_pack_manifests", "mirror_pack", "drop_gone", "refuse_materialized"]
 
@@ -42,9 +43,9 @@ def remote_pack_manifests(fs, rpath: str) -> dict[str, bytes]:
     return out
 
 
-def mirror_pack(fetcher, fs, rpath: str, url: str, local: Path, name: str, raw: bytes) -> None:
+def mirror_pack(fetcher: Fetcher, fs, rpath: str, url: str, local: Path, name: str, raw: bytes) -> None:
     """Pack index ``name`` (its ``index.json`` bytes ``raw``) mirrored under ``local/packs/name``: each file it lists
-    fetched and verified by ``fetcher`` (a ``cache._Fetcher``), then ``index.json``, so that a listing of the mirror
+    fetched and verified by ``fetcher``, then ``index.json``, so that a listing of the mirror
     never shows an index whose files are not all there."""
     remote = f"{rpath}/{F.PACKS_DIR}"
     label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"

@@ -1,25 +1,27 @@
-"""A remote collection opened with ``stream=True`` (README "Remote data"): ``open_streamed`` fetches the collection's
-manifest and member table, lists its pack indexes, and returns a ``StreamedCollection``: the ``Collection`` over the
-mirror whose members (``collection.stream.StreamedMembers``, attached as ``coll._stream``), pack indexes and
-``doc_lengths.bin`` are fetched, verified, only when something first reads them."""
+"""A remote collection opened with ``stream=True`` (README "Remote data"; spec/SECURITY.md A16).
+
+``open_streamed`` fetches the collection's manifest and member table, lists its pack indexes, and returns a
+``StreamedCollection``: the ``Collection`` over the mirror whose members (its ``members.StreamedMembers``, made by its
+constructor), pack indexes and ``doc_lengths.bin`` are fetched, verified, only when something first reads them.
+"""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 
 from .. import format as F
+from ..collection.lengths import LENGTHS_FILE
+from ..collection.manifest import is_collection
+from ..collection.reader import Collection
 from ..storage import uri
-from ..storage.cache import Fetched, Pin, _Fetcher, parse_limit
+from ..storage.cache import Fetcher, Origin, Pin, parse_limit
 from ..storage.errors import storage_errors
-from ..storage.pack_mirror import drop_gone, remote_pack_manifests
-from .lengths import LENGTHS_FILE
-from .manifest import is_collection
-from .reader import Collection
+from .members import StreamedMembers
+from .mirror import mirror_collection_manifest
+from .pack_mirror import drop_gone, remote_pack_manifests
 from .shard_index import ShardedIndex, sharded
-from .stream import StreamedMembers
 
 __all__ = ["open_streamed", "StreamedCollection"]
 
@@ -27,8 +29,7 @@ __all__ = ["open_streamed", "StreamedCollection"]
 def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=None, verify=None):
     """The collection at ``url`` with lazy members (see the module doc); None when ``url`` holds a store."""
     url = url.rstrip("/")
-    f = _Fetcher(storage_options, cache_dir, None, verify)  # no LRU pass: this object evicts its own members
-    f.result = Fetched(path=Path(), root=f.root)
+    f = Fetcher(storage_options, cache_dir, None, verify)  # no LRU pass: this object evicts its own members
     try:
         with storage_errors(url, storage_options, f.root):
             fs, rpath = uri.filesystem(url, storage_options)
@@ -41,7 +42,7 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
             f.result.pins.append(Pin(f.root, local))
             # its own files (a member table) mirrored; not doc_lengths.bin (8 bytes a document: 8 GB at 10^9), which
             # a streamed read never reads (StreamedCollection.doc_lengths fetches it if something asks)
-            f.collection_manifest(fs, rpath, url, local, json.loads(raw), leave=(LENGTHS_FILE,))
+            mirror_collection_manifest(f, fs, rpath, url, local, json.loads(raw), leave=(LENGTHS_FILE,))
             packs = remote_pack_manifests(fs, rpath)  # listed; each mirrored when pack_index first opens it
             drop_gone(f.root, local, set(packs))
             f.write_atomic(local / F.MANIFEST, raw)
@@ -49,18 +50,25 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
         for pin in f.result.pins:
             pin.close()
         raise
-    coll = StreamedCollection(local)
-    limit = parse_limit(cache_limit)
-    coll._stream = StreamedMembers(coll, url, f, limit)
-    coll._stream.packs = packs
-    coll._storage_pins = f.result.pins
-    coll._storage_cache = f.root
-    coll.url = url
-    return coll
+    return StreamedCollection(local, Origin(url, storage_options, f.root, f.result.pins), f, parse_limit(cache_limit),
+                              packs)
 
 
 class StreamedCollection(Collection):
-    """A ``Collection`` whose members are fetched as reads need them (``_stream``)."""
+    """A ``Collection`` whose members are fetched as reads need them (``resident_members()``)."""
+
+    streamed = True
+
+    def __init__(self, path, origin: Origin, fetcher: Fetcher, limit: int | None, packs: dict[str, bytes]) -> None:
+        """The collection mirrored at ``path`` from ``origin``; ``fetcher`` fetches its members (at most ``limit``
+        bytes of them at once) and the pack indexes ``packs`` (name -> ``index.json`` bytes in the bucket) when
+        first read."""
+        super().__init__(path, origin=origin)
+        self._members = StreamedMembers(self, origin.url, fetcher, limit, packs)
+
+    def resident_members(self) -> StreamedMembers:
+        """Its members: fetched, checked and mapped as batches need them, kept within ``cache_limit``."""
+        return self._members
 
     @property
     def doc_offsets(self) -> np.ndarray:
@@ -79,7 +87,7 @@ class StreamedCollection(Collection):
         bucket: a streamed read bounds segments by member and checks each member's own lengths when it arrives, so
         only ``inspect``-like uses of every length need it)."""
         if self._lengths is None:
-            self._stream.fetch_own(LENGTHS_FILE)
+            self._members.fetch_own(LENGTHS_FILE)
         return Collection.doc_lengths.fget(self)
 
     def segment_bounds(self) -> tuple[np.ndarray, bool, np.ndarray]:
@@ -90,7 +98,7 @@ class StreamedCollection(Collection):
 
     def pack_index_names(self) -> list[str]:
         """The pack indexes in the bucket (listed at open; none fetched yet but those opened)."""
-        return sorted(self._stream.packs)
+        return sorted(self._members.packs)
 
     def pack_index(self, name: str | None = None):
         """Open pack index ``name`` (default: the only one), its files fetched and verified first if this process has
@@ -99,10 +107,11 @@ class StreamedCollection(Collection):
 
         names = self.pack_index_names()
         want = name if name is not None else (names[0] if len(names) == 1 else None)
-        if want in self._stream.packs and sharded(self, want, self._stream.packs[want]):
-            return ShardedIndex(self, want, self._stream.packs[want])  # a layout's: its rows a shard at a time
-        if want in self._stream.packs:
-            self._stream.mirror_pack(want)
+        packs = self._members.packs
+        if want in packs and sharded(self, want, packs[want]):
+            return ShardedIndex(self, self._members, want, packs[want])  # a layout's: its rows a shard at a time
+        if want in packs:
+            self._members.mirror_pack(want)
         return open_pack_index(self, name, names=names)
 
     def __getstate__(self) -> dict:

@@ -1,6 +1,6 @@
 """A pack-ordered layout's index read shard by shard from a bucket (spec/COLLECTION.md §9.4; README "Remote data").
 
-A streamed collection (``collection.streamed``) whose ``layout`` names an index of format 1.2 opens that index as a
+A streamed collection (``streamed``) whose ``layout`` names an index of format 1.2 opens that index as a
 ``ShardedIndex``: it fetches ``index.json`` and ``shard_digests.bin`` (16 bytes a shard, verified whole as every
 cached file is), not ``segments.bin`` (24 bytes a document) nor ``pack_offsets.bin``. Those two are mapped from
 sparse files of their full size in the cache, and shard ``k``'s rows of both are filled when something first reads
@@ -38,6 +38,8 @@ import xxhash
 
 from .. import format as F
 from .. import index_format as IF
+from ..collection import shard_rows as R
+from ..collection.layout import layout_of
 from ..errors import FormatError
 from ..index import PackIndex
 from ..mapped import map_file
@@ -46,7 +48,6 @@ from ..storage import verify as V
 from ..storage.cache import LOG
 from ..storage.errors import storage_errors
 from ..storage.ranges import read_range
-from . import shard_rows as R
 
 __all__ = ["ShardedIndex", "sharded", "punch_hole"]
 
@@ -89,8 +90,6 @@ def _fallocate():
 def sharded(coll, name: str, raw: bytes) -> bool:
     """Whether index ``name`` of streamed collection ``coll`` (its ``index.json`` bytes ``raw``) is read shard by
     shard: the one its ``layout`` names, listing the two files of §9.4 (else it is fetched whole)."""
-    from .layout import layout_of
-
     layout = layout_of(coll.manifest)
     if layout is None or layout["index"] != name:
         return False
@@ -103,13 +102,12 @@ def sharded(coll, name: str, raw: bytes) -> bool:
 class ShardedIndex(PackIndex):
     """``PackIndex`` of a layout in a bucket, its rows fetched and checked a shard at a time (see the module doc)."""
 
-    def __init__(self, coll, name: str, raw: bytes) -> None:
-        from .layout import layout_of
-
-        stream = coll._stream
-        self.store, self.name, self._stream = coll, IF.check_index_name(name), stream
+    def __init__(self, coll, members, name: str, raw: bytes) -> None:
+        """Index ``name`` (its ``index.json`` bytes ``raw``) of streamed collection ``coll``, whose ``members``
+        (a ``members.StreamedMembers``) fetch shard ``k``'s rows with member ``k``."""
+        self.store, self.name, self._members = coll, IF.check_index_name(name), members
         self._label = f"{F.PACKS_DIR}/{name}/"
-        self.url = f"{stream.url}/{F.PACKS_DIR}/{name}/"
+        self.url = f"{members.url}/{F.PACKS_DIR}/{name}/"
         self.manifest = IF.parse_pack_index_manifest(json.loads(raw), file=self.url + F.PACK_INDEX_JSON)
         self._check_binding(coll.index_binding())
         if self.manifest.name != name:
@@ -155,19 +153,19 @@ class ShardedIndex(PackIndex):
         self._locks = [threading.Lock() for _ in range(16)]  # shard k: _locks[k % 16] (threads fill others meanwhile)
         self._pack_tokens = None
         self.fetched_rows = 0  # bytes of rows this process fetched (the rest were in the file already)
-        stream.sharded.append(self)  # member k's fetch readies shard k's rows (the prefetcher's too)
+        members.sharded.append(self)  # member k's fetch readies shard k's rows (the prefetcher's too)
 
     # -- the two files fetched whole
     def _fetch(self, fname: str) -> None:
-        f = self._stream.fetcher
+        f = self._members.fetcher
         with storage_errors(self.url + fname, f.so, f.root):
-            fs, rpath = uri.filesystem(self._stream.url, f.so)
+            fs, rpath = uri.filesystem(self._members.url, f.so)
             f.file(fs, f"{rpath}/{F.PACKS_DIR}/{self.name}/{fname}", self.url + fname, self.path / fname,
                    self.manifest.files[fname], self.url + F.PACK_INDEX_JSON)
 
     def _drop_older(self) -> None:
         """Rows of an index of this name the bucket no longer has (another ``index.json``): removed."""
-        root = self._stream.fetcher.root
+        root = self._members.fetcher.root
         for p in self.path.parent.glob(f".rows-{self.name}-*"):
             if p != self.path:
                 shutil.rmtree(V.state_dir(root, p), ignore_errors=True)
@@ -203,15 +201,15 @@ class ShardedIndex(PackIndex):
         packs = np.asarray(packs, dtype=np.int64).reshape(-1)
         packs = packs[(packs >= 0) & (packs < self.manifest.num_packs)]
         shards = np.unique(self.shard_of(packs)).tolist()
-        stream = self._stream
-        stream._pin(shards)
+        members = self._members
+        members.pin(shards)
         try:
             for k in shards:
-                stream.ensure(k)  # member k resident: its fetch readied its rows (``StreamedMembers.fetch``)
+                members.ensure(k)  # member k resident: its fetch readied its rows (``StreamedMembers.fetch``)
                 self.ensure_shard(k)
             yield
         finally:
-            stream._unpin(shards, None)
+            members.unpin(shards, None)
 
     def rows_bytes(self, k: int) -> int:
         """Bytes of shard ``k``'s rows of ``pack_offsets.bin`` and ``segments.bin`` (counted with member ``k``)."""
@@ -284,7 +282,7 @@ class ShardedIndex(PackIndex):
 
     def _fetch_rows(self, k: int, p0: int, p1: int, d0: int, d1: int):
         """Shard ``k``'s rows from the bucket, checked against their digests, then written into the sparse files."""
-        f = self._stream.fetcher
+        f = self._members.fetcher
         got = {}
         for fname, a, b in ((F.PACK_OFFSETS, 8 * p0, 8 * (p1 + 1)), (F.SEGMENTS, 24 * d0, 24 * d1)):
             got[fname] = read_range(self.url + fname, a, b, f.so)

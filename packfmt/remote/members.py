@@ -1,34 +1,28 @@
-"""A remote collection read member by member: lazy, verified, bounded fetches (README "Remote data").
+"""A remote collection's members fetched as reads need them: lazy, verified, bounded (README "Remote data").
 
-``collection.streamed.open_streamed`` opens the collection (its manifest and member table; each pack index is
-fetched, verified, when ``pack_index`` first opens it: ``storage.pack_mirror``) with a ``StreamedMembers``
-(this module) attached as ``coll._stream``. A member's
-files are fetched when a batch first needs them, through the cache's own path (``cache._Fetcher``:
-hashed while they stream, checked against the member's manifest, stat-bound markers, a file lock per
-file, one line of ``downloads.log`` each), then the member is checked as the collection's reader
-checks it (C2, C3, the store's offsets) and mapped into its span of three address-space
-reservations (tokens, loss mask, doc offsets) laid out as ``collection.vmap`` lays out every member
-end to end: the torch kernels read the same arrays and document table (``_kernels.doc_span``) as for
-a collection on disk, and only the members a batch touches are mapped (the rest is ``PROT_NONE``).
-A member with images is fetched the same way, its image files with the rest; while it is resident its
-``Store`` stays open (image arrays checked, V14, V15, V19), and ``images(m)`` hands out its
+``streamed.open_streamed`` opens the collection (its manifest and member table; each pack index is fetched,
+verified, when ``pack_index`` first opens it: ``pack_mirror``) with a ``StreamedMembers`` (this module). A member's
+files are fetched when a batch first needs them, through the cache's own path (``mirror.mirror_dataset``, then
+``storage.cache.Fetcher.file``: hashed while they stream, checked against the member's manifest, stat-bound markers,
+a file lock per file, one line of ``downloads.log`` each), then the member is checked as the collection's reader
+checks it (C2, C3, the store's offsets) and mapped into its span of three address-space reservations (tokens, loss
+mask, doc offsets) laid out as ``collection.vmap`` lays out every member end to end: the torch kernels read the same
+arrays and document table (``_kernels.doc_span``) as for a collection on disk, and only the members a batch touches
+are mapped (the rest is ``PROT_NONE``). A member with images is fetched the same way, its image files with the rest;
+while it is resident its ``Store`` stays open (image arrays checked, V14, V15, V19), and ``images(m)`` hands out its
 ``ImageStore``, which ``packfmt.torch._sources._ImageIndex`` reads while the batch holds the member.
 
 Bound: ``cache_limit`` bytes hold this process's resident member files, and each one's rows of a layout's index
 read shard by shard (``shard_index``: they are checked, kept and punched out with it); the collection manifest
-and pack indexes fetched whole are not counted. Before a member is fetched, resident members are
-evicted (unmapped, their files and markers removed) until it fits: the one whose next use is furthest
-in the future first (Belady, from the plan ``packfmt.torch.prefetch`` sets from the sampler's order;
-least recently used without a plan), never one pinned by a batch in flight. A batch whose members
-alone exceed the limit is an error naming the limit to raise.
+and pack indexes fetched whole are not counted. Which member leaves to make room is ``eviction``'s (Belady from the
+``plan``, least recently used without one), never one pinned by a batch in flight. A batch whose members alone
+exceed the limit is an error naming the limit to raise.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import resource
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,22 +30,24 @@ from pathlib import Path
 import numpy as np
 
 from .. import format as F
+from ..collection.resident import ResidentMembers
+from ..collection.vmap import Reserved, batch_segments
+from ..errors import FormatError
+from ..reader import Store
 from ..storage import uri
-from ..storage import verify as V
-from ..storage.cache import Fetched, _Fetcher
-from ..storage.pack_mirror import mirror_pack, refuse_materialized
+from ..storage.cache import Fetcher
 from ..storage.errors import StorageError, storage_errors
-from . import lazy_members
+from .eviction import Eviction, forget_unless_held, resident_bound
+from .mirror import mirror_collection_files, mirror_dataset
+from .pack_mirror import mirror_pack, refuse_materialized
 
-__all__ = ["StreamedMembers", "resident_bound"]
+__all__ = ["StreamedMembers"]
 
 
-class StreamedMembers:
+class StreamedMembers(Eviction, ResidentMembers):
     """Which members of a collection are local and mapped; fetches, pins and evicts them (thread-safe)."""
 
-    def __init__(self, coll, url: str, fetcher: _Fetcher, limit: int | None) -> None:
-        from .vmap import Reserved
-
+    def __init__(self, coll, url: str, fetcher: Fetcher, limit: int | None, packs: dict[str, bytes]) -> None:
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
         self.pid = os.getpid()  # a forked DataLoader worker opens its own (``PackedDataset._views``)
         self.most = resident_bound()
@@ -65,16 +61,18 @@ class StreamedMembers:
         self.used = 0  # bytes resident or reserved
         self.last_use: dict[int, int] = {}
         self.clock = 0
-        self.plan = None  # packfmt.torch.prefetch.Plan: next use of each member
+        self.plan = None  # plan.Plan: next use of each member
         self.failed: dict[int, BaseException] = {}
-        self.packs: dict[str, bytes] = {}  # pack index name -> its index.json in the bucket (open_streamed)
+        self.packs = packs  # pack index name -> its index.json in the bucket (listed by open_streamed)
         self.mirrored: set[str] = set()  # those fetched and verified by this process
         self.pack_lock = threading.Lock()  # not ``cond``: batches go on while an index is fetched
         self.sharded: list = []  # indexes read shard by shard (``shard_index``): member k's fetch readies shard k
+        self.prefetchers: list = []  # the threads fetching ahead of the plan (``plan.start``)
+        self.claimed: set[int] = set()  # members a prefetch thread is fetching (from before their manifest is read)
 
     def fetch_own(self, name: str) -> None:
         """The collection's own file ``name`` (listed in its ``files``) fetched into the mirror and verified, as the
-        open fetches the member table (``cache._Fetcher.collection_files``: a ``doc_lengths.bin`` missing from the
+        open fetches the member table (``mirror.mirror_collection_files``: a ``doc_lengths.bin`` missing from the
         bucket is left out, and the lengths then come from the members)."""
         entry = self.coll.manifest.files.get(name)
         if entry is None:
@@ -83,7 +81,7 @@ class StreamedMembers:
             f = self.fetcher
             with storage_errors(self.url, f.so, f.root):
                 fs, rpath = uri.filesystem(self.url, f.so)
-                f.collection_files(fs, rpath, self.url, self.coll.path, {name: entry})
+                mirror_collection_files(f, fs, rpath, self.url, self.coll.path, {name: entry})
 
     def mirror_pack(self, name: str) -> None:
         """Pack index ``name`` fetched into the mirror and verified (once per process; the cache's markers make a
@@ -108,12 +106,10 @@ class StreamedMembers:
         """The members packs ``packs`` (valid ids) touch local, mapped and not evicted while the block runs, and
         their segments checked against the real document lengths (V27; at open only their members' sizes bound
         them: ``StreamedCollection.segment_bounds``)."""
-        from .vmap import batch_segments
-
         rows, seg = batch_segments(packs, pack_offsets, segments)
         member = self.coll.member_of(seg[:, 0])
         members = [int(m) for m in np.unique(member)]
-        self._pin(members)
+        self.pin(members)
         try:
             for m in members:
                 self.ensure(m)
@@ -122,8 +118,6 @@ class StreamedMembers:
                 length = self.doc_offsets[i + 1] - self.doc_offsets[i]
                 bad = np.flatnonzero(seg[:, 2] > length)
                 if bad.size:
-                    from ..errors import FormatError
-
                     k = int(rows[bad[0]])
                     raise FormatError(f"{label}: [{k}]: expected 0 <= begin < end <= length of document "
                                       f"{int(seg[bad[0], 0])} ({int(length[bad[0]])}), found [{int(seg[bad[0], 1])}, "
@@ -132,27 +126,28 @@ class StreamedMembers:
                                       found=int(seg[bad[0], 2]))
             yield
         finally:
-            self._unpin(members, packs)
+            self.unpin(members, packs)
 
     @contextmanager
     def images(self, m: int):
         """The ``ImageStore`` of member ``m`` (one with images), local and not evicted while the block runs. Inside
         ``hold`` of a pack of ``m`` it is resident and pinned already; outside, this fetches it (the plan unmoved)."""
-        self._pin([m])
+        self.pin([m])
         try:
             self.ensure(m)
             with self.cond:
                 store = self.stores[m]
             yield store.images
         finally:
-            self._unpin([m], None)
+            self.unpin([m], None)
 
-    def _pin(self, members: list) -> None:
+    def pin(self, members: list) -> None:
+        """Hold ``members`` (not evicted) until ``unpin``."""
         with self.cond:
             for m in members:
                 self.pinned[m] = self.pinned.get(m, 0) + 1
 
-    def _unpin(self, members: list, packs: np.ndarray | None) -> None:
+    def unpin(self, members: list, packs: np.ndarray | None) -> None:
         """Release ``members``; ``packs``: the batch just read, which moves the plan (None: a read outside the plan)."""
         with self.cond:
             for m in members:
@@ -213,7 +208,7 @@ class StreamedMembers:
         except BaseException as exc:
             try:  # nothing half-fetched stays mapped or on disk (outside the bound)
                 self._unmap(m)
-                _forget_unless_held(f.root, f.mirror(murl), [f.mirror(murl) / name for name in files])
+                forget_unless_held(f.root, f.mirror(murl), [f.mirror(murl) / name for name in files])
             except OSError:
                 pass  # the original error is the one to report
             with self.cond:
@@ -233,13 +228,10 @@ class StreamedMembers:
     def _fetch_files(self, m: int, murl: str, raw: bytes):
         """``(mirror folder, its pin, the member's Store)`` of member ``m``, every file verified and the member checked
         (a member with images: its image arrays too, V14, V15, V19)."""
-        from ..reader import Store
-
-        f = _Fetcher(self.fetcher.so, self.fetcher.root, None, self.fetcher.mode)  # one per fetch: threads share none
-        f.result = Fetched(path=Path(), root=f.root)
+        f = Fetcher(self.fetcher.so, self.fetcher.root, None, self.fetcher.mode)  # one per fetch: threads share none
         try:
             with storage_errors(murl, f.so, f.root):
-                local = f.dataset(murl, packs=False, raw=raw)  # every file hashed while it streams, then the manifest
+                local = mirror_dataset(f, murl, packs=False, raw=raw)  # every file hashed while it streams, then the manifest
             store = Store(local)  # its offsets checked (V13)
             self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
         except BaseException:
@@ -254,61 +246,6 @@ class StreamedMembers:
     def _unmap(self, m: int) -> None:
         self.spans.unmap_member(m)
 
-    # -- eviction (caller holds self.cond)
-    def _make_room(self, size: int, before: int | None) -> bool:
-        """Evict until ``size`` more bytes fit ``cache_limit`` and one more member fits ``self.most``: each resident
-        member is 3 kernel mappings and an open pin, so without a count bound 10^5 tiny members under a large limit
-        would pass ``vm.max_map_count``, and a few thousand the usual limit on open files (1,024)."""
-        while ((self.limit is not None and self.used + size > self.limit)
-               or len(self.resident) + len(self.fetching) >= self.most):
-            victims = [m for m in self.resident if m not in self.pinned]
-            if not victims:
-                return False
-            if self.plan is not None:
-                nxt = self.plan.next_use(np.array(victims, dtype=np.int64))
-                j = int(np.argmax(nxt))
-                if before is not None and nxt[j] <= before:
-                    return False  # every candidate is needed before the member we would prefetch
-            else:
-                if before is not None:
-                    return False
-                j = int(np.argmin([self.last_use.get(m, 0) for m in victims]))
-            self._evict(victims[j])
-        return True
-
-    def _evict(self, m: int) -> None:
-        size, files, pin = self.resident.pop(m)
-        self.stores.pop(m, None)  # its image files unmapped with it (torch._sources keeps copies of its tables only)
-        self._unmap(m)
-        for index in self.sharded:  # its rows are not read here again before it returns (and is checked again)
-            index.release_shard(m)
-        pin.close()
-        if files:
-            _forget_unless_held(self.fetcher.root, files[0].parent, files, then=lambda: self._punch(m))
-        self.used -= size
-
-    def _punch(self, m: int) -> None:
-        """Member ``m``'s rows of each index read shard by shard punched out of the cache (no process holds it)."""
-        for index in self.sharded:
-            index.punch_shard(m, self._exclusive)
-
-    @contextmanager
-    def _exclusive(self, members: list):
-        """Exclusive locks on the pins of ``members`` that no process holds (this one included: its own pins are other
-        open files), while the block runs; yields the set of those locked (a member being fetched waits for its pin
-        meanwhile)."""
-        fds, got = [], set()
-        try:
-            for j in members:
-                fd = _lock_pin(self.fetcher.root, self.fetcher.mirror(self._member_url(j)))
-                if fd is not None:
-                    fds.append(fd)
-                    got.add(j)
-            yield got
-        finally:
-            for fd in fds:
-                os.close(fd)
-
     def _member_url(self, m: int) -> str:
         return uri.member_url(self.url, self.coll.members[m].path, file=f"{self.url}/{F.MANIFEST}",
                               field=f"members[{m}].path")
@@ -316,42 +253,3 @@ class StreamedMembers:
     def resident_bytes(self) -> int:
         with self.cond:
             return sum(v[0] for v in self.resident.values())
-
-
-def resident_bound() -> int:
-    """Members one process keeps resident at most: ``lazy_members.MAX_MAPPED``, and a quarter of its soft limit on
-    open files (each resident member holds its pin, a descriptor, so that other processes leave its files alone;
-    the rest is left to sockets, pipes and the caller's own files)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    most = lazy_members.MAX_MAPPED
-    return most if soft == resource.RLIM_INFINITY else max(2, min(most, soft // 4))
-
-
-def _forget_unless_held(root: Path, local: Path, files: list, then=None) -> None:
-    """Remove a member's files unless another process (a DataLoader worker, another job) holds its pin: that process
-    counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule). ``then``:
-    called too, under the same lock, when they are removed (the member's rows of a sharded index punched out)."""
-    fd = _lock_pin(root, local)
-    if fd is None:
-        return
-    try:
-        for path in files:
-            V.forget(root, path)
-        if then is not None:
-            then()
-    finally:
-        os.close(fd)  # (closing releases the lock)
-
-
-def _lock_pin(root: Path, local: Path) -> int | None:
-    """An exclusive lock on the pin of the mirrored member ``local``, when no process holds it (this one included: a
-    pin it holds is another open file): the descriptor holding it (closing it releases the lock); else None."""
-    state = V.state_dir(root, local)
-    state.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
