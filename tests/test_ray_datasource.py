@@ -138,3 +138,17 @@ def test_multimodal_without_a_processor_is_refused(tmp_path):
     build_pack_index(store, capacity=64, name="p")
     with pytest.raises(ValueError, match="image_processor="):
         read_packs(store, "p")
+
+
+def test_preprocess_bench_runs_tiny(tmp_path, monkeypatch):
+    """benchmarks/bench_ray_preprocess.py end to end at a tiny size on the session's Ray (no timing checked)."""
+    from bench_runner import run_benchmark
+
+    out = tmp_path / "r.json"
+    rc, _ = run_benchmark(monkeypatch, "bench_ray_preprocess", [
+        "--records", 12, "--resolution", 16, "--repeat", 1, "--out", out], env={"BENCH_TMP": tmp_path})
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert [r["case"] for r in rec["rows"]] == ["dataloader, 0 workers", "dataloader, 1 workers", "ray, 1 actors"]
+    assert rec["images"] == 12 and all(r["packs"] == rec["packs"] > 1 for r in rec["rows"])
+    assert rec["rows"][-1]["vs_dataloader_same_n"] == rec["rows"][-1]["packs_per_s"] / rec["rows"][1]["packs_per_s"]
