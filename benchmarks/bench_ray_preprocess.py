@@ -156,13 +156,17 @@ def main(argv=None) -> int:
         if owned:
             ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         init = time.perf_counter() - t0
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        context, log = ray.data.DataContext.get_current(), logging.getLogger("ray.data")
+        bars, level = context.enable_progress_bars, log.level
+        context.enable_progress_bars = False
+        log.setLevel(logging.WARNING)
         try:
             for n in counts:
                 rows.append(row(f"ray, {n} actors", n,
                                 *best(lambda: ray_pass(store, proc, n, args.packs_per_block), args.repeat)))
         finally:
+            context.enable_progress_bars = bars  # a session that was running before keeps its settings
+            log.setLevel(level)
             if owned:
                 ray.shutdown()
     for r in rows:  # the same packs through the same transform, every way
