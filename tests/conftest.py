@@ -15,6 +15,7 @@ import pytest
 SLOW_FILES = {
     "test_ray_build.py": "a real local Ray (ray.init ~10 s, ~1 GB) and Ray jobs",
     "test_ray_datasource.py": "a real local Ray",
+    "test_ray_train.py": "a real local Ray and a Ray Train TorchTrainer with 2 CPU workers, ~1 min",
     "test_ray_remote_reads.py": "a real local Ray and the S3-protocol server (moto); GETs counted through a relay",
     "test_storage.py": "a real S3-protocol server (moto) on 127.0.0.1",
     "test_storage_cache.py": "a real S3-protocol server (moto) on 127.0.0.1, several processes",

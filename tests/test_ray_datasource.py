@@ -1,4 +1,4 @@
-"""packfmt.ray.datasource.read_packs: rows are exactly PackedDataset's items; streaming_split covers every pack once."""
+"""packfmt.ray.datasource.read_packs: rows are exactly PackedDataset's items; equal shares of every pack once."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import packfmt  # noqa: E402
 from packfmt.build import build_multimodal, build_text  # noqa: E402
 from packfmt.collection import write_collection  # noqa: E402
 from packfmt.packindex import build_pack_index  # noqa: E402
-from packfmt.ray.datasource import ROW_KEYS, read_packs  # noqa: E402
-from packfmt.torch import ImageProcessorTransform, PackedDataset  # noqa: E402
+from packfmt.ray.datasource import ROW_KEYS, deal_packs, read_packs  # noqa: E402
+from packfmt.torch import DistributedPackSampler, ImageProcessorTransform, PackedDataset  # noqa: E402
 
 from ray_session import ray_session, time_limit  # noqa: E402,F401
 
@@ -55,9 +55,13 @@ def test_rows_are_packed_dataset_items(text_collection):
         assert_row_is_item(row, ds[int(row["pack_id"])])
 
 
-def test_streaming_split_covers_every_pack_once(text_collection):
-    n = len(PackedDataset(text_collection, "p"))
-    first, second = read_packs(text_collection, "p", packs_per_block=2).streaming_split(2)
+def test_equal_streaming_split_gives_equal_shares_of_every_pack_once(text_collection):
+    """Ray Train's split (``equal=True``) of a deal over 2: equal shares, no pack truncated, the padding declared."""
+    ds = PackedDataset(text_collection, "p")
+    n = len(ds)
+    deal = deal_packs(ds, num_replicas=2, epoch=3)
+    first, second = read_packs(text_collection, "p", num_replicas=2, epoch=3, packs_per_block=2).streaming_split(
+        2, equal=True)
     # the two iterators must be consumed concurrently (the coordinator feeds both)
     import threading
 
@@ -72,8 +76,20 @@ def test_streaming_split_covers_every_pack_once(text_collection):
         t.start()
     for t in threads:
         t.join(timeout=200)
-    assert seen[0] and seen[1]
-    assert sorted(seen[0] + seen[1]) == list(range(n))
+    assert len(seen[0]) == len(seen[1]) == -(-n // 2)
+    assert sorted(seen[0] + seen[1]) == sorted(deal.tolist())
+    assert sorted(set(seen[0] + seen[1])) == list(range(n))
+
+
+def test_a_rank_reads_its_share_in_the_samplers_order(text_collection):
+    ds = PackedDataset(text_collection, "p")
+    sampler = DistributedPackSampler(ds, 3, 1, seed=7, balance="tokens")
+    sampler.set_epoch(1)
+    rows = read_packs(text_collection, "p", num_replicas=3, rank=1, seed=7, epoch=1, balance="tokens",
+                      packs_per_block=2).take_all()
+    assert [int(r["pack_id"]) for r in rows] == list(sampler)
+    for row in rows:
+        assert_row_is_item(row, ds[int(row["pack_id"])])
 
 
 def _processor():
@@ -122,3 +138,17 @@ def test_multimodal_without_a_processor_is_refused(tmp_path):
     build_pack_index(store, capacity=64, name="p")
     with pytest.raises(ValueError, match="image_processor="):
         read_packs(store, "p")
+
+
+def test_preprocess_bench_runs_tiny(tmp_path, monkeypatch):
+    """benchmarks/bench_ray_preprocess.py end to end at a tiny size on the session's Ray (no timing checked)."""
+    from bench_runner import run_benchmark
+
+    out = tmp_path / "r.json"
+    rc, _ = run_benchmark(monkeypatch, "bench_ray_preprocess", [
+        "--records", 12, "--resolution", 16, "--repeat", 1, "--out", out], env={"BENCH_TMP": tmp_path})
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert [r["case"] for r in rec["rows"]] == ["dataloader, 0 workers", "dataloader, 1 workers", "ray, 1 actors"]
+    assert rec["images"] == 12 and all(r["packs"] == rec["packs"] > 1 for r in rec["rows"])
+    assert rec["rows"][-1]["vs_dataloader_same_n"] == rec["rows"][-1]["packs_per_s"] / rec["rows"][1]["packs_per_s"]
