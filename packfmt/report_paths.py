@@ -18,7 +18,8 @@ __all__ = ["report_path", "build_report_paths", "shown_message"]
 
 def report_path(path: str | os.PathLike, dataset: str | os.PathLike) -> str:
     """``path`` as a report written into ``dataset`` names it: a URL as given; a local path relative to the dataset
-    directory (POSIX, with ``..`` as needed); for a dataset at a URL, a local path's last component only."""
+    directory (POSIX, with ``..`` as needed) when the two share a folder below the root; otherwise (a path that would
+    climb to the root and down again), and for a dataset at a URL, a local path's last component only."""
     path = str(path)
     if is_remote(path):
         return path
@@ -27,6 +28,8 @@ def report_path(path: str | os.PathLike, dataset: str | os.PathLike) -> str:
     if is_remote(dataset):
         return local.name
     base = Path(local_file(dataset) if is_url(dataset) else dataset).resolve()
+    if Path(os.path.commonpath([local, base])) == Path(local.anchor):  # only the root in common: a path up to the root
+        return local.name  # and down again would spell this host's layout out in full
     return Path(os.path.relpath(local, base)).as_posix()
 
 
