@@ -87,8 +87,10 @@ def stage_fn(stage: str, balance: str | None, cache: Path, limit: int, batch: in
     """The callable timed for ``stage`` (a fresh cache directory ``cache``)."""
     from packfmt.torch import DistributedPackSampler, PackedDataset
 
+    node = bso.node_limit(URL, INDEX, limit, cache)  # (untimed: what holds the same shards in this packfmt)
+
     def ready():
-        return PackedDataset(URL, INDEX, stream=True, cache_limit=limit, cache_dir=str(cache))
+        return PackedDataset(URL, INDEX, stream=True, cache_limit=node, cache_dir=str(cache))
     if stage == "ready":
         return ready
 

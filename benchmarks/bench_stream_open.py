@@ -134,6 +134,25 @@ class Counter:
             fs.rm("/bench", recursive=True)
 
 
+def node_limit(url: str, index: str, limit: int, cache: Path, members: int | None = None) -> int:
+    """The ``cache_limit`` of a streamed read that holds ``members`` members (default: as many as ``limit`` bytes of
+    member files hold, at least two): where this packfmt bounds the node's cache folder (its fixed files, members
+    in allocated blocks: ``remote.node_cache``), the collection's ``cache_limit_for``, found by an untimed open in a
+    folder of its own; a packfmt that bounded member file bytes only takes ``limit`` as it is."""
+    import packfmt
+
+    try:
+        import packfmt.remote.node_cache  # noqa: F401
+    except ImportError:
+        return limit
+    probe = packfmt.open(url, stream=True, cache_dir=str(cache) + "-probe")
+    probe.pack_index(index)
+    if members is None:
+        largest = max(int(t) for t in probe.members.tokens) * np.dtype(probe.np_token_dtype).itemsize
+        members = max(2, limit // max(largest, 1))
+    return probe.cache_limit_for(members)
+
+
 def stage_fn(mode: str, stage: str, root: Path, cache: Path, limit: int, batch: int):
     import packfmt
     from packfmt.torch import PackedDataset
@@ -141,7 +160,7 @@ def stage_fn(mode: str, stage: str, root: Path, cache: Path, limit: int, batch: 
     src = str(root / "coll") if mode == "local" else URL
     kw = {} if mode == "local" else {"cache_dir": str(cache)}
     if mode == "stream":
-        kw.update(stream=True, cache_limit=limit)
+        kw.update(stream=True, cache_limit=node_limit(URL, INDEX, limit, cache))
     if stage == "open":
         return lambda: packfmt.open(src, **kw)
     if stage == "ready":

@@ -36,6 +36,7 @@ from limits import time_limit
 from mixed_stores import build_mixed_stores
 from s3_server import BUCKET, cache, s3_server  # noqa: F401  (fixtures; the server starts for the remote test only)
 from shards_reference import reference_write_shards
+from stream_bounds import limit_for
 
 NAME = "c48"
 #: Compared key by key; ``document_ids`` and ``image_ids`` are ids of OUT's own documents and images.
@@ -424,8 +425,8 @@ def test_remote_out_is_uploaded_and_reads_the_same(mix, out, s3_server, cache, t
         build_pack_index(str(text), capacity=32, name="r32", overwrite=True)
         dst = write_shards(str(text), "r32", f"{url}-text", shard_bytes=4 * 1024)
         monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "streamed"))
-        biggest = max(doc_bytes(dst.member(m), 0, dst.member(m).num_documents) for m in range(len(dst.members)))
-        ds = PackedDataset(f"{url}-text", "r32", stream=True, cache_limit=2 * biggest + 4096)
+        two = limit_for(f"{url}-text", "r32", 2, tmp_path / "probe")  # the fixed files and room for two shards
+        ds = PackedDataset(f"{url}-text", "r32", stream=True, cache_limit=two)
         reference = PackedDataset(str(text), "r32")
         rng, ends = np.random.default_rng(0), np.concatenate([[0], np.cumsum(dst.manifest.raw["layout"]["member_packs"])])
         for k in rng.permutation(len(dst.members)):
@@ -435,7 +436,7 @@ def test_remote_out_is_uploaded_and_reads_the_same(mix, out, s3_server, cache, t
         assert len(dst.members) > 4 and sorted(fetched) == sorted(set(fetched)) and len(fetched) == len(dst.members)
         # the same packs in a global shuffle fetch shards again and again
         monkeypatch.setenv("PACKFMT_CACHE", str(tmp_path / "shuffled"))
-        ds = PackedDataset(f"{url}-text", "r32", stream=True, cache_limit=2 * biggest + 4096)
+        ds = PackedDataset(f"{url}-text", "r32", stream=True, cache_limit=two)
         for p in rng.permutation(len(ds))[:4 * len(dst.members)]:  # 4 packs per shard: a quarter of a shard's cost
             ds[int(p)]
         assert len(_fetched_tokens(tmp_path / "shuffled")) > 2 * len(dst.members)

@@ -19,6 +19,7 @@ from packfmt.storage.upload import upload_tree
 from packfmt.torch import PackedDataset
 
 from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures; time_limit: autouse)
+from stream_bounds import disk_use, ledger
 
 KEYS = ("input_ids", "labels", "position_ids", "seq_lens")
 PAGE = 4096
@@ -41,7 +42,12 @@ def layout(s3_server, tmp_path_factory):  # noqa: F811
     out = write_shards(src, "p", root / "up" / "layout", shard_bytes=16 << 10)
     url = f"s3://{BUCKET}/bound"
     upload_tree(root / "up", url)
-    return out, f"{url}/layout"
+    probe = PackedDataset(f"{url}/layout", "p", stream=True, cache_dir=root / "probe")  # every shard, counted
+    for b in range(0, len(probe), 50):
+        probe.__getitems__(list(range(b, min(b + 50, len(probe)))))
+    with ledger(probe).transaction() as tx:
+        fixed = tx.fixed
+    return out, f"{url}/layout", fixed, ledger(probe).nbytes.copy()
 
 
 def _allocated(path) -> int:
@@ -49,34 +55,34 @@ def _allocated(path) -> int:
 
 
 def test_rows_leave_the_cache_with_their_member(layout, cache):  # noqa: F811
-    out, url = layout
+    out, url, fixed, each = layout
     local = PackedDataset(str(out.path), "p")
     probe = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
     idx = probe.index
     assert isinstance(idx, ShardedIndex)
     K = len(out.members)
     rows = [idx.rows_bytes(k) for k in range(K)]
-    member = [sum(e.bytes for e in packfmt.open(out.path / m.path).manifest.files.values()) for m in out.members]
     assert K >= 6 and min(rows) > 4 * PAGE  # every shard's rows span whole pages that can be punched
     del probe, idx
-    limit = 2 * max(r + b for r, b in zip(rows, member)) + 1  # two shards and their rows, not three
+    limit = fixed + 2 * int(each.max()) + 1  # two shards with their rows, not three
     ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
-    stream = ds.store.resident_members()
+    stream, b = ds.store.resident_members(), ledger(ds)
     seg = ds.index.path / F.SEGMENTS
     full = seg.stat().st_size
     for epoch in range(2):  # in order: each shard fetched, read, evicted; the second epoch fetches its rows again
-        for b in range(0, len(ds), 5):
-            packs = list(range(b, min(b + 5, len(ds))))
+        for j in range(0, len(ds), 5):
+            packs = list(range(j, min(j + 5, len(ds))))
             got, want = ds.__getitems__(packs), local.__getitems__(packs)
             for x, y in zip(got, want):
                 for key in KEYS:
                     assert x[key].tolist() == y[key].tolist(), (int(y["pack_id"]), key)
-            assert stream.used <= limit  # rows counted: with them, no more than two shards resident
-            resident = sorted(stream.resident)
-            assert stream.used == sum(rows[k] + member[k] for k in resident)
-            assert ds.index._ready.nonzero()[0].tolist() == resident  # rows ready exactly while their member is here
-            # what the rows hold on disk: the resident shards' rows and the pages their neighbours share
-            assert _allocated(seg) <= sum(rows[k] for k in resident) + (K + 1) * PAGE
+            assert disk_use(cache) <= limit  # rows counted: with them, no more than two shards on the disk
+            with b.transaction() as tx:
+                assert tx.used() <= limit
+                present = np.flatnonzero(b.state == 2).tolist()
+            assert ds.index._ready.nonzero()[0].tolist() == sorted(stream.resident)  # rows ready while held here
+            # what the rows hold on disk: the shards' rows on disk and the pages their neighbours share
+            assert _allocated(seg) <= sum(rows[k] for k in present) + (K + 1) * PAGE
     assert _allocated(seg) < full  # without punching: every shard's rows, the whole file (the bound above fails)
     assert ds.index.fetched_rows > sum(rows)  # the second epoch fetched rows again (they had been punched out)
 
@@ -85,16 +91,16 @@ def test_rows_another_reader_holds_are_never_punched(layout, cache):  # noqa: F8
     """Two readers on one cache (two jobs on a node): one holds shard 0, the other reads every shard under a small
     limit, evicting each; the pages shard 0's rows share with shard 1 stay, and the first reader, which checked its
     rows once, still reads them right."""
-    out, url = layout
+    out, url, fixed, each = layout
     local = PackedDataset(str(out.path), "p")
-    holder = PackedDataset(url, "p", stream=True, cache_limit=1 << 30)
+    holder = PackedDataset(url, "p", stream=True, cache_limit=fixed + 3 * int(each.max()))
     first = list(range(int(out.manifest.raw["layout"]["member_packs"][0])))
     holder.__getitems__(first[:1])  # shard 0 resident there, its rows checked once
     seg = holder.index.path / F.SEGMENTS
     d1 = int(out.members[0].documents)
     want = (out.path / F.PACKS_DIR / "p" / F.SEGMENTS).read_bytes()[:24 * d1]
     rows = [holder.index.rows_bytes(k) for k in range(len(out.members))]
-    reader = PackedDataset(url, "p", stream=True, cache_limit=2 * max(rows) + (256 << 10))
+    reader = PackedDataset(url, "p", stream=True, cache_limit=fixed + 3 * int(each.max()))  # the holder's, the reader's
     for b in range(len(first), len(reader), 5):  # every other shard, each evicted in turn (and punched)
         reader.__getitems__(list(range(b, min(b + 5, len(reader)))))
     assert _allocated(seg) < seg.stat().st_size  # the reader punched the shards it let go of
@@ -106,11 +112,11 @@ def test_rows_another_reader_holds_are_never_punched(layout, cache):  # noqa: F8
 
 
 def test_workers_sharing_the_cache_read_every_pack_while_rows_are_punched(layout, cache):  # noqa: F811
-    """Two DataLoader workers, each its own share of a small limit, reading the same shards: a worker never punches
-    rows another holds (its pin), and never reads rows it has not checked since its member returned."""
-    out, url = layout
+    """Two DataLoader workers sharing the node's small limit, reading the same shards: a worker never punches rows
+    another holds (its pin), and never reads rows it has not checked since its member returned."""
+    out, url, fixed, each = layout
     local = PackedDataset(str(out.path), "p")
-    ds = PackedDataset(url, "p", stream=True, cache_limit=800 << 10)  # 400 KiB a worker: two shards, not seven
+    ds = PackedDataset(url, "p", stream=True, cache_limit=fixed + 5 * int(each.max()))  # five shards, not forty
     order = np.arange(len(ds))
     seen = []
     for batch in DataLoader(ds, batch_size=3, sampler=order.tolist(), num_workers=2, collate_fn=lambda items: items):

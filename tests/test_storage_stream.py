@@ -1,6 +1,7 @@
 """A remote collection read member by member (``stream=True``) through a real S3-protocol server (moto on
-127.0.0.1): 200 small members, the cache bounded to 10% of their bytes, members fetched ahead in the sampler's
-order (``packfmt.torch.prefetch``); the values are those of the same collection read locally."""
+127.0.0.1): 200 small members, the cache bounded to its fixed files and 10% of the members (``cache_limit`` bounds
+the whole cache folder as ``du`` counts it: ``stream_bounds``), members fetched ahead in the sampler's order
+(``packfmt.torch.prefetch``); the values are those of the same collection read locally."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from packfmt.torch.prefetch import prefetch
 from packfmt.torch.testing import next_fit_segments, write_pack_index
 
 from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures; time_limit: autouse)
+from stream_bounds import disk_use, ledger, limit_in_members
 
 MEMBERS, BATCH = 200, 8
 
@@ -40,25 +42,13 @@ def remote(s3_server, tmp_path_factory):
     write_pack_index(coll, segs, po, capacity=64, name="p")
     url = f"s3://{BUCKET}/stream"
     upload_tree(root / "coll", url)
-    return root / "coll" / "c", f"{url}/c", _member_bytes(paths)
+    probe = PackedDataset(f"{url}/c", "p", stream=True, cache_dir=root / "probe")  # to size limits in members
+    probe.__getitems__([0])
+    return root / "coll" / "c", f"{url}/c", _member_bytes(paths), limit_in_members(probe, MEMBERS // 10)
 
 
 def _member_bytes(paths) -> int:
     return sum(f.stat().st_size for p in paths for f in p.iterdir() if f.is_file() and f.name != "manifest.json")
-
-
-def _on_disk(cache_root: Path) -> int:
-    """Bytes of member files in the cache's mirror (what cache_limit bounds)."""
-    return sum(_size(f) for f in cache_root.rglob("*") if f.is_file() and "/members/" in f.as_posix()
-               and ".packfmt-state" not in f.parts and f.name != "manifest.json")
-
-
-def _size(f: Path) -> int:
-    """The file's size; 0 when it went meanwhile (the prefetch threads evict while the test walks the cache)."""
-    try:
-        return f.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _fetched(cache_root: Path) -> int:
@@ -75,15 +65,14 @@ def _epoch(ds, order, reference, cache_root, limit, whole=True):
             for key in ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens", "document_ids"):
                 assert torch.equal(a[key], b[key]), key
         seen += [int(x["pack_id"]) for x in got]
-        assert _on_disk(cache_root) <= limit  # the bound holds after every batch
+        assert disk_use(cache_root) <= limit  # the bound holds after every batch
     if whole:
         assert sorted(seen) == list(range(len(ds)))  # every pack exactly once
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_streamed_epoch_bounded_and_exact(remote, cache, shuffle):
-    local, url, total = remote
-    limit = total // 10
+    local, url, total, limit = remote
     reference = PackedDataset(local, "p")
     ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
     assert not list(cache.rglob("tokens.bin"))  # opening fetched no member
@@ -100,14 +89,20 @@ def test_streamed_epoch_bounded_and_exact(remote, cache, shuffle):
         assert fetched > 0
 
 
-def test_stream_without_plan_and_limit_too_small(remote, cache):
-    local, url, total = remote
+def test_stream_without_plan_and_limit_too_small(remote, cache, monkeypatch):
+    local, url, total, limit = remote
     reference = PackedDataset(local, "p")
-    ds = PackedDataset(url, "p", stream=True, cache_limit=total // 10)
+    ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
     order = np.arange(len(ds))[::-1].copy()  # no plan: least recently used
-    _epoch(ds, order, reference, cache, total // 10)
-    tiny = PackedDataset(url, "p", stream=True, cache_limit=100)
-    with pytest.raises(packfmt.PackfmtError, match="cache_limit=100 bytes cannot hold"):
+    _epoch(ds, order, reference, cache, limit)
+    del ds
+    with pytest.raises(packfmt.PackfmtError, match="cache_limit=100 bytes cannot hold the collection's own files"):
+        PackedDataset(url, "p", stream=True, cache_limit=100)
+    monkeypatch.setenv("PACKFMT_CACHE_WAIT", "0.5")  # a limit that holds the fixed files, not one member
+    with ledger(PackedDataset(url, "p", stream=True, cache_dir=cache.parent / "a")).transaction() as tx:
+        fixed = tx.fixed  # (what the same collection's own files take in a cache folder of its own)
+    tiny = PackedDataset(url, "p", stream=True, cache_dir=cache.parent / "b", cache_limit=fixed + 4096)
+    with pytest.raises(packfmt.PackfmtError, match=f"cache_limit={fixed + 4096:,} bytes could not hold member"):
         tiny.__getitems__([0])
 
 
@@ -116,23 +111,23 @@ def test_stream_maps_at_most_max_mapped_members(remote, cache, monkeypatch):
     most lazy_members.MAX_MAPPED stay mapped, the least recently used evicted past it; items exactly the same."""
     from packfmt.collection import lazy_members
 
-    local, url, total = remote
+    local, url, total, _ = remote
     monkeypatch.setattr(lazy_members, "MAX_MAPPED", 6)
     reference = PackedDataset(local, "p")
     ds = PackedDataset(url, "p", stream=True, cache_dir=cache)
     members = ds._views()["members"]
-    _epoch(ds, np.arange(len(ds)), reference, cache, total)
+    _epoch(ds, np.arange(len(ds)), reference, cache, 1 << 40)
     assert 0 < len(members.resident) <= 6
 
 
 def test_stream_dataloader_workers(remote, cache):
-    """Two DataLoader workers re-open the stream (each with half the limit) and plan their own batches."""
+    """Two DataLoader workers re-open the stream (the node's one budget shared by them and the main process) and plan
+    their own batches."""
     from torch.utils.data import DataLoader
 
     from packfmt.torch import collate_varlen
 
-    local, url, total = remote
-    limit = total // 10
+    local, url, total, limit = remote
     reference = PackedDataset(local, "p")
     ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
     order = np.arange(len(ds))
@@ -142,7 +137,7 @@ def test_stream_dataloader_workers(remote, cache):
     n = 0
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
-        assert _on_disk(cache) <= limit
+        assert disk_use(cache) <= limit
         n += 1
     assert n == -(-len(ds) // BATCH)
     assert _fetched(cache) <= 1.2 * total  # each worker's share fetched about once
@@ -154,8 +149,8 @@ def test_streamed_member_is_verified(remote, cache, s3_server):
     before it were read."""
     from packfmt.errors import ChecksumError
 
-    local, url, total = remote
-    ds = PackedDataset(url, "p", stream=True, cache_limit=total // 10)
+    local, url, total, limit = remote
+    ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
     assert packfmt.open(url, stream=True).num_documents == ds.store.num_documents  # packfmt.open takes stream too
     last = len(ds) - 1
     m = int(ds.store.member_of(int(np.asarray(ds.index.segments)[-1, 0])))

@@ -23,7 +23,7 @@ from packfmt.torch import DistributedPackSampler, PackedDataset, collate_varlen
 from packfmt.torch.prefetch import prefetch
 
 from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
-from test_storage_stream import _size
+from stream_bounds import disk_use, ledger
 
 IMG, BATCH = 999, 4
 IMAGE_MEMBERS, TEXT_MEMBERS = 8, 4
@@ -66,13 +66,18 @@ def remote(s3_server, tmp_path_factory):
     url = f"s3://{BUCKET}/stream_images"
     upload_tree(root / "coll", url)
     total = sum(f.stat().st_size for p in paths for f in p.iterdir() if f.is_file() and f.name != "manifest.json")
-    return root / "coll" / "c", f"{url}/c", total
+    probe = PackedDataset(f"{url}/c", "p", stream=True, cache_dir=root / "probe")  # every member, counted
+    probe.__getitems__(list(range(len(probe))))
+    b = ledger(probe)
+    with b.transaction() as tx:
+        fixed = tx.fixed
+    return root / "coll" / "c", f"{url}/c", total, (fixed, b.nbytes.copy())
 
 
-def _on_disk(cache_root: Path) -> int:
-    """Bytes of member files in the cache's mirror (what cache_limit bounds), image files included."""
-    return sum(_size(f) for f in cache_root.rglob("*") if f.is_file() and "/members/" in f.as_posix()
-               and ".packfmt-state" not in f.parts and f.name != "manifest.json")
+def _limit(sizes, members: int) -> int:
+    """A cache_limit of the collection's fixed files and room for ``members`` of its largest members."""
+    fixed, each = sizes
+    return fixed + members * int(each.max())
 
 
 def _log(cache_root: Path) -> list[dict]:
@@ -90,8 +95,8 @@ def _same_item(a: dict, b: dict) -> None:
 
 
 def test_streamed_images_exact_bounded_and_lazy(remote, cache):
-    local, url, total = remote
-    limit = total // 3
+    local, url, total, sizes = remote
+    limit = _limit(sizes, 4)
     reference = PackedDataset(local, "p")
     ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
     assert len(ds) == len(reference) and ds.store.num_images == reference.store.num_images
@@ -104,7 +109,7 @@ def test_streamed_images_exact_bounded_and_lazy(remote, cache):
         for a, b in zip(ds.__getitems__(packs), reference.__getitems__(packs), strict=True):
             _same_item(a, b)
             images += len(a["images"])
-        assert _on_disk(cache) <= limit  # the bound holds after every batch, image files counted
+        assert disk_use(cache) <= limit  # the bound holds after every batch, image files counted
     assert images == reference.store.num_images  # every image read once (greedy packs never cut one)
     log = [e for e in _log(cache) if "/members/" in e["url"]]
     assert any(e["url"].endswith("image_blobs.bin") for e in log)
@@ -118,8 +123,8 @@ def test_streamed_images_exact_bounded_and_lazy(remote, cache):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_streamed_images_through_a_dataloader(remote, cache, workers):
-    local, url, total = remote
-    limit = 2 * total // 3  # two workers: a third of the collection each (two image members of ~7 kB)
+    local, url, total, sizes = remote
+    limit = _limit(sizes, 6)  # the main process and two workers: two members each (a batch touches at most two)
     reference = PackedDataset(local, "p")
     ds = PackedDataset(url, "p", stream=True, cache_limit=limit)
     order = np.arange(len(ds))
@@ -132,7 +137,7 @@ def test_streamed_images_through_a_dataloader(remote, cache, workers):
         for key in ("input_ids", "labels", "position_ids", "cu_seqlens", "image_spans", "image_ids", "pixel_values"):
             assert key not in b or torch.equal(a[key], b[key]), key
         images += len(a["images"])
-        assert _on_disk(cache) <= limit
+        assert disk_use(cache) <= limit
         n += 1
     assert n == -(-len(ds) // BATCH) and images == reference.store.num_images
 
@@ -153,7 +158,7 @@ def test_changed_image_file_is_refetched_and_a_changed_object_refused(remote, ca
     reader needs the member; one flipped in the bucket is refused when a batch first needs it, nothing of it kept."""
     from packfmt.errors import ChecksumError
 
-    local, url, total = remote
+    local, url, total, sizes = remote
     reference = PackedDataset(local, "p")
     ds = PackedDataset(url, "p", stream=True)  # no limit: the member stays in the cache
     m = _image_member(ds)
@@ -166,7 +171,7 @@ def test_changed_image_file_is_refetched_and_a_changed_object_refused(remote, ca
         first = f.read(1)
         f.seek(0)
         f.write(bytes([first[0] ^ 1]))
-    ds = PackedDataset(url, "p", stream=True, cache_limit=total // 3)
+    ds = PackedDataset(url, "p", stream=True, cache_limit=_limit(sizes, 4))
     _same_item(ds[p], reference[p])
     assert [e["why"] for e in _log(cache) if e["url"].endswith(f"m{m:02d}/image_blobs.bin")][-1] == \
         "changed in the cache"
@@ -179,7 +184,7 @@ def test_changed_image_file_is_refetched_and_a_changed_object_refused(remote, ca
     try:
         for path in cache.rglob(f"m{m:02d}/*.bin"):
             path.unlink()  # as if evicted: the next read fetches it from the bucket
-        ds = PackedDataset(url, "p", stream=True, cache_limit=total // 3)
+        ds = PackedDataset(url, "p", stream=True, cache_limit=_limit(sizes, 4))
         with pytest.raises(ChecksumError, match=f"m{m:02d}/image_blobs.bin: checksum"):
             ds.__getitems__([p])
         assert not list(cache.rglob(f"m{m:02d}/*.bin"))  # nothing of the refused member stays
@@ -191,7 +196,7 @@ def test_changed_image_file_is_refetched_and_a_changed_object_refused(remote, ca
 def test_a_batchs_images_are_read_before_its_members_can_go(remote, cache):
     """A streamed batch's images are decoded while the batch holds its members: a later batch that evicts them
     (the limit holds one member) does not make the first batch's images fetch their member again."""
-    local, url, total = remote
+    local, url, total, (fixed, each) = remote
     reference = PackedDataset(local, "p")
     segs, po = np.asarray(reference.index.segments), np.asarray(reference.index.pack_offsets)
     member = reference.store.member_of(segs[:, 0])
@@ -201,9 +206,7 @@ def test_a_batchs_images_are_read_before_its_members_can_go(remote, cache):
         if ms.size == 1 and reference.store.members[int(ms[0])].images and reference[p]["images"]:
             alone.setdefault(int(ms[0]), p)
     (a, p), (b, q) = list(alone.items())[:2]
-    size = {m: sum(f.stat().st_size for f in (local / reference.store.members[m].path).iterdir()
-                   if f.is_file() and f.name != "manifest.json") for m in (a, b)}
-    ds = PackedDataset(url, "p", stream=True, cache_limit=max(size.values()))  # one member at a time, no plan
+    ds = PackedDataset(url, "p", stream=True, cache_limit=fixed + max(each[a], each[b]))  # one member at a time
     first = ds.__getitems__([p])
     second = ds.__getitems__([q])  # evicts member a
     assert not list(cache.rglob(f"m{a:02d}/image_blobs.bin"))

@@ -21,7 +21,8 @@ from packfmt.torch.prefetch import prefetch
 from packfmt.torch.testing import next_fit_members, write_pack_index
 
 from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
-from test_storage_stream import _fetched, _member_bytes, _on_disk
+from stream_bounds import disk_use, limit_for
+from test_storage_stream import _fetched, _member_bytes
 
 MEMBERS, BATCH = 200, 8
 
@@ -43,7 +44,8 @@ def remote(s3_server, tmp_path_factory):
     write_pack_index(coll, *next_fit_members(coll.doc_lengths, coll.doc_start, 64), capacity=64, name="m")
     url = f"s3://{BUCKET}/window"
     upload_tree(root / "coll", url)
-    return root / "coll" / "c", f"{url}/c", _member_bytes(paths)
+    return (root / "coll" / "c", f"{url}/c", _member_bytes(paths),
+            limit_for(f"{url}/c", "m", MEMBERS // 10, root / "probe"))  # the fixed files and 10% of the members
 
 
 def _loader_epoch(local, url, cache_root, index, limit, num_workers, **sampler_args):
@@ -63,15 +65,14 @@ def _loader_epoch(local, url, cache_root, index, limit, num_workers, **sampler_a
             for key in ("input_ids", "labels", "position_ids", "doc_ids", "cu_seqlens", "document_ids", "pack_ids"):
                 assert torch.equal(a[key], b[key]), key
             seen += a["pack_ids"].tolist()
-            assert _on_disk(cache_root) <= limit  # the bound holds after every batch
+            assert disk_use(cache_root) <= limit  # the bound holds after every batch
     return seen, _fetched(cache_root)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_window_shuffle_fetches_each_member_about_once(remote, cache, num_workers):
-    """With 2 workers each plans and streams its own batches with half the limit (prefetch's module doc)."""
-    local, url, total = remote
-    limit = total // 10
+    """With 2 workers each plans and streams its own batches, the node's one limit shared (prefetch's module doc)."""
+    local, url, total, limit = remote
     seen, fetched = _loader_epoch(local, url, cache, "m", limit, num_workers, window=2)
     n = len(PackedDataset(local, "m"))
     assert sorted(seen) == list(range(n))  # every pack exactly once (1 rank: no padding)

@@ -46,12 +46,7 @@ def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F
     ``sm`` is the member's parsed manifest and ``found_checksum`` that of its bytes at ``where``.
     """
     entry, label = coll.members[m], f"{F.MANIFEST}: members[{m}] ({coll.members[m].name})"
-    out = []
-    if found_checksum != entry.manifest:
-        out.append(FormatError(f"{label}: manifest: expected {entry.manifest} (recorded in the collection), found "
-                               f"{found_checksum} in {where}: the member changed after the collection was "
-                               "written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
-                               expected=entry.manifest, found=found_checksum))
+    out = [] if found_checksum == entry.manifest else [checksum_problem(coll, m, found_checksum, where)]
     for key, value in (("documents", sm.num_documents), ("tokens", sm.num_tokens), ("images", sm.num_images)):
         if getattr(entry, key) != value:
             out.append(FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value,
@@ -62,6 +57,16 @@ def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F
                                + (f" ({why})" if why else ""), file=F.MANIFEST, field=name, expected=expected,
                                found=found))
     return out
+
+
+def checksum_problem(coll: CollectionManifest, m: int, found_checksum: str, where) -> FormatError:
+    """C3 of member ``m`` failed: its manifest at ``where`` hashes to ``found_checksum``, not to what the collection
+    recorded (a ``FormatError`` naming both and the fix)."""
+    entry = coll.members[m]
+    return FormatError(f"{F.MANIFEST}: members[{m}] ({entry.name}): manifest: expected {entry.manifest} (recorded in "
+                       f"the collection), found {found_checksum} in {where}: the member changed after the collection "
+                       "was written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
+                       expected=entry.manifest, found=found_checksum)
 
 
 def manifest_checksum(raw: bytes) -> str:

@@ -1,87 +1,126 @@
-"""Which resident member of a streamed collection leaves to make room, and what leaving does (README "Remote data").
+"""Which members a process lets go of, and which the node deletes, to make room (README "Remote data", "The bound").
 
-``cache_limit`` bytes hold one process's resident member files (and their rows of a layout's index read shard by
-shard: ``shard_index``), and ``resident_bound()`` members at most. Before a member is fetched, resident members are
-evicted until it fits: the one whose next use is furthest in the future first (Belady, from the ``plan.Plan`` the
-sampler's order gives; least recently used without one), never one pinned by a batch in flight. A member leaves
-unmapped; its files and markers are removed, and its rows punched out of the sparse index files, unless another
-process holds its pin (that process removes them when it evicts it: ``storage.cache.evict``'s rule).
+A process holds a member (its pin, a shared ``flock``) while it has it mapped; what it holds idle (no batch in
+flight holds it) stays within its *share* of the node's budget, ``(limit - fixed) / processes`` (the processes that
+read the collection on the node now), so that the idle members of all of them leave room for every batch: a
+prefetch never takes another process's room, and a batch's fetch may pass its share only for the members the batch
+itself needs. Room is made in this order, inside the node's ledger transaction (``node_cache``):
+
+1. members on the node's disk that no process holds: the one this process's plan (``plan.Plan``) needs furthest
+   ahead first, members it never needs before those (Belady); least recently used on the node without a plan;
+2. this process's own idle members, furthest next use first (least recently used here without a plan): let go,
+   then deleted when no other process holds them. A prefetch for plan position ``p`` takes only members next used
+   after ``p``, and gives up when they do not make room (a member needed sooner is never evicted for one needed
+   later).
+
+``resident_bound()`` caps the members one process keeps mapped (kernel mappings, open pins).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import resource
-from contextlib import contextmanager
-from pathlib import Path
+import time
 
 import numpy as np
 
 from ..collection import lazy_members
-from ..storage import verify as V
+from ..storage.budget import PRESENT
 
-__all__ = ["Eviction", "resident_bound", "forget_unless_held", "lock_pin"]
+__all__ = ["Holdings", "resident_bound"]
+
+_NEVER = np.iinfo(np.int64).max
 
 
-class Eviction:
-    """The eviction half of ``members.StreamedMembers`` (its base class). It reads the state that class keeps, with
-    ``cond`` held by the caller: ``resident``, ``fetching``, ``pinned``, ``stores``, ``used``, ``limit``, ``most``,
-    ``plan``, ``last_use``, ``sharded``, ``fetcher``; and calls its ``_unmap(m)`` and ``_member_url(m)``."""
+class Holdings:
+    """The making-room half of ``members.StreamedMembers`` (its base class), over the state that class keeps:
+    ``resident``, ``fetching``, ``pinned``, ``stores``, ``plan``, ``last_use``, ``sharded``, ``spans``, ``node``,
+    ``most``, ``cond``."""
 
-    def _make_room(self, size: int, before: int | None) -> bool:
-        """Evict until ``size`` more bytes fit ``cache_limit`` and one more member fits ``self.most``: each resident
-        member is 3 kernel mappings and an open pin, so without a count bound 10^5 tiny members under a large limit
-        would pass ``vm.max_map_count``, and a few thousand the usual limit on open files (1,024)."""
-        while ((self.limit is not None and self.used + size > self.limit)
-               or len(self.resident) + len(self.fetching) >= self.most):
-            victims = [m for m in self.resident if m not in self.pinned]
-            if not victims:
+    _live: tuple[float, int] = (0.0, 1)
+
+    def make_room(self, tx, need: int, before: int | None, member: int) -> bool:
+        """Room for ``need`` more bytes (member ``member``) in the node's budget and in this process's share, and one
+        more mapped member under ``most``; ``before``: a prefetch for that plan position. Called inside ``tx``."""
+        budget = self.node.budget
+        with self.cond:
+            idle = self._idle_order(before)
+            while idle and len(self.resident) + len(self.fetching) > self.most:
+                self._let_go_and_delete(tx, idle.pop(0))
+            if len(self.resident) + len(self.fetching) > self.most:
                 return False
-            if self.plan is not None:
-                nxt = self.plan.next_use(np.array(victims, dtype=np.int64))
-                j = int(np.argmax(nxt))
-                if before is not None and nxt[j] <= before:
-                    return False  # every candidate is needed before the member we would prefetch
-            else:
-                if before is not None:
-                    return False
-                j = int(np.argmin([self.last_use.get(m, 0) for m in victims]))
-            self._evict(victims[j])
-        return True
+            if budget.limit is None:
+                return True
+            share = (budget.limit - tx.fixed) // self._processes()
+            held = self._held_bytes(tx)
+            while idle and held + need > share:  # what this process holds idle stays within its share
+                held -= int(budget.nbytes[idle[0]])
+                self._let_go_and_delete(tx, idle.pop(0))
+            if before is not None and held + need > share:
+                return False
+        if self.node.make_room(tx, need, self._unheld_order(tx)):
+            return True
+        with self.cond:
+            for m in self._idle_order(before):
+                self._let_go_and_delete(tx, m)
+                if tx.room() >= need:
+                    return True
+        return False
 
-    def _evict(self, m: int) -> None:
-        size, files, pin = self.resident.pop(m)
+    def let_go(self, m: int) -> None:
+        """This process no longer holds member ``m`` (the caller holds ``cond``): unmapped, its rows no longer ready
+        here, its pin let go. It stays on the node's disk for the other processes until room is needed."""
+        fd = self.resident.pop(m)
         self.stores.pop(m, None)  # its image files unmapped with it (torch._sources keeps copies of its tables only)
-        self._unmap(m)
+        self.spans.unmap_member(m)
         for index in self.sharded:  # its rows are not read here again before it returns (and is checked again)
             index.release_shard(m)
-        pin.close()
-        if files:
-            forget_unless_held(self.fetcher.root, files[0].parent, files, then=lambda: self._punch(m))
-        self.used -= size
+        os.close(fd)
 
-    def _punch(self, m: int) -> None:
-        """Member ``m``'s rows of each index read shard by shard punched out of the cache (no process holds it)."""
-        for index in self.sharded:
-            index.punch_shard(m, self._exclusive)
+    def _let_go_and_delete(self, tx, m: int) -> None:
+        self.let_go(m)
+        self.node.delete(tx, m)  # (when no other process holds it)
 
-    @contextmanager
-    def _exclusive(self, members: list):
-        """Exclusive locks on the pins of ``members`` that no process holds (this one included: its own pins are other
-        open files), while the block runs; yields the set of those locked (a member being fetched waits for its pin
-        meanwhile)."""
-        fds, got = [], set()
-        try:
-            for j in members:
-                fd = lock_pin(self.fetcher.root, self.fetcher.mirror(self._member_url(j)))
-                if fd is not None:
-                    fds.append(fd)
-                    got.add(j)
-            yield got
-        finally:
-            for fd in fds:
-                os.close(fd)
+    def _idle_order(self, before: int | None) -> list:
+        """This process's members no batch holds, the one to let go first first: furthest next use (Belady), else
+        least recently used here; for a prefetch at plan position ``before`` only those next used after it."""
+        idle = [m for m in self.resident if m not in self.pinned]
+        if not idle:
+            return []
+        if self.plan is not None:
+            nxt = self.plan.next_use(np.array(idle, dtype=np.int64))
+            order = np.argsort(-nxt, kind="stable")
+            return [idle[j] for j in order.tolist() if before is None or nxt[j] > before]
+        if before is not None:
+            return []
+        return sorted(idle, key=lambda m: self.last_use.get(m, 0))
+
+    def _unheld_order(self, tx) -> list:
+        """Members on the node's disk this process does not hold, the one to delete first first (``node_cache``
+        deletes only those no other process holds either)."""
+        present = tx.present()  # least recently used on the node first
+        mine = np.fromiter(self.resident, dtype=np.int64, count=len(self.resident)) if self.resident else None
+        if mine is not None:
+            present = present[~np.isin(present, mine)]
+        if self.plan is not None and present.size:
+            nxt = self.plan.next_use(present)
+            present = present[np.argsort(-nxt, kind="stable")]
+        return present.tolist()
+
+    def _held_bytes(self, tx) -> int:
+        """Bytes of what this process holds (its members on disk, as the ledger counts them)."""
+        b = self.node.budget
+        held = [m for m in self.resident if b.state[m] == PRESENT]
+        return int(b.nbytes[held].sum()) if held else 0
+
+    def _processes(self) -> int:
+        """Processes of the node reading the collection now (their ledger slots held), looked at once a second."""
+        stamp, n = self._live
+        now = time.monotonic()
+        if now - stamp > 1.0:
+            n = self.node.budget.live()
+            self._live = (now, n)
+        return n
 
 
 def resident_bound() -> int:
@@ -91,33 +130,3 @@ def resident_bound() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     most = lazy_members.MAX_MAPPED
     return most if soft == resource.RLIM_INFINITY else max(2, min(most, soft // 4))
-
-
-def forget_unless_held(root: Path, local: Path, files: list, then=None) -> None:
-    """Remove a member's files unless another process (a DataLoader worker, another job) holds its pin: that process
-    counts them against its own limit and removes them when it evicts the member (``cache.evict``'s rule). ``then``:
-    called too, under the same lock, when they are removed (the member's rows of a sharded index punched out)."""
-    fd = lock_pin(root, local)
-    if fd is None:
-        return
-    try:
-        for path in files:
-            V.forget(root, path)
-        if then is not None:
-            then()
-    finally:
-        os.close(fd)  # (closing releases the lock)
-
-
-def lock_pin(root: Path, local: Path) -> int | None:
-    """An exclusive lock on the pin of the mirrored member ``local``, when no process holds it (this one included: a
-    pin it holds is another open file): the descriptor holding it (closing it releases the lock); else None."""
-    state = V.state_dir(root, local)
-    state.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state / V.PIN, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd

@@ -1,51 +1,57 @@
-"""A remote collection's members fetched as reads need them: lazy, verified, bounded (README "Remote data").
+"""A remote collection's members fetched as reads need them: lazy, verified, bounded per node (README "Remote data").
 
 ``streamed.open_streamed`` opens the collection (its manifest and member table; each pack index is fetched,
-verified, when ``pack_index`` first opens it: ``pack_mirror``) with a ``StreamedMembers`` (this module). A member's
-files are fetched when a batch first needs them, through the cache's own path (``mirror.mirror_dataset``, then
-``storage.cache.Fetcher.file``: hashed while they stream, checked against the member's manifest, stat-bound markers,
-a file lock per file, one line of ``downloads.log`` each), then the member is checked as the collection's reader
-checks it (C2, C3, the store's offsets) and mapped into its span of three address-space reservations (tokens, loss
-mask, doc offsets) laid out as ``collection.vmap`` lays out every member end to end: the torch kernels read the same
-arrays and document table (``_kernels.doc_span``) as for a collection on disk, and only the members a batch touches
-are mapped (the rest is ``PROT_NONE``). A member with images is fetched the same way, its image files with the rest;
-while it is resident its ``Store`` stays open (image arrays checked, V14, V15, V19), and ``images(m)`` hands out its
-``ImageStore``, which ``packfmt.torch._sources._ImageIndex`` reads while the batch holds the member.
+verified, when ``pack_index`` first opens it: ``pack_mirror``) with a ``StreamedMembers`` (this module): which
+members this process holds mapped. A member is brought onto the node's disk when a batch (or the prefetcher,
+``plan``) first needs it (``member_fetch``: its manifest checked against the collection's record, then its files and
+index rows requested together, each verified), checked as the collection's reader checks a member (C2, C3, the
+store's offsets) and mapped into its span of three address-space reservations (tokens, loss mask, doc offsets) laid
+out as ``collection.vmap`` lays out every member end to end: the torch kernels read the same arrays and document
+table (``_kernels.doc_span``) as for a collection on disk, and only the members a batch touches are mapped. A member
+with images keeps its ``Store`` open while held here (image arrays checked, V14, V15, V19): ``images(m)``.
 
-Bound: ``cache_limit`` bytes hold this process's resident member files, and each one's rows of a layout's index
-read shard by shard (``shard_index``: they are checked, kept and punched out with it); the collection manifest
-and pack indexes fetched whole are not counted. Which member leaves to make room is ``eviction``'s (Belady from the
-``plan``, least recently used without one), never one pinned by a batch in flight. A batch whose members alone
-exceed the limit is an error naming the limit to raise.
+Bound: every process of a node that reads the collection shares one budget, ``cache_limit`` bytes of the cache
+folder (``node_cache``, ``storage.budget``): a member on the node's disk is counted once, however many ranks and
+DataLoader workers read it, and bytes are reserved before its download starts. A process holds a member (its pin)
+while it is mapped here; a member no process holds stays on disk until some process needs room. Making room, in
+order: members on disk no process holds (the one this process's plan needs furthest ahead first: Belady, else least
+recently used on the node), then this process's own members that no batch in flight holds, furthest next use first.
+Each process keeps what it holds idle within its share of the budget, ``(limit - fixed) / processes``, so one
+process's prefetch can never starve another's batch. A batch whose members alone do not fit waits for others to let
+go, then fails with an error naming the limit to raise.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
+import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 
-from .. import format as F
 from ..collection.resident import ResidentMembers
 from ..collection.vmap import Reserved, batch_segments
 from ..errors import FormatError
 from ..reader import Store
 from ..storage import uri
+from ..storage.budget import ABSENT, PRESENT, RESERVED
 from ..storage.cache import Fetcher
 from ..storage.errors import StorageError, storage_errors
-from .eviction import Eviction, forget_unless_held, resident_bound
-from .mirror import mirror_collection_files, mirror_dataset
+from .eviction import Holdings, resident_bound
+from .member_fetch import fetch_member, member_manifest
+from .mirror import mirror_collection_files
+from .node_cache import NodeCache
 from .pack_mirror import mirror_pack, refuse_materialized
 
-__all__ = ["StreamedMembers"]
+__all__ = ["StreamedMembers", "WAIT_ENV"]
+
+#: Seconds a batch waits for room other processes of the node hold before it fails (``$PACKFMT_CACHE_WAIT``).
+WAIT_ENV, WAIT_S = "PACKFMT_CACHE_WAIT", 600.0
 
 
-class StreamedMembers(Eviction, ResidentMembers):
-    """Which members of a collection are local and mapped; fetches, pins and evicts them (thread-safe)."""
+class StreamedMembers(Holdings, ResidentMembers):
+    """Which members of a collection this process holds mapped; fetches, pins and lets go of them (thread-safe)."""
 
     def __init__(self, coll, url: str, fetcher: Fetcher, limit: int | None, packs: dict[str, bytes]) -> None:
         self.coll, self.url, self.fetcher, self.limit = coll, url, fetcher, limit
@@ -53,12 +59,12 @@ class StreamedMembers(Eviction, ResidentMembers):
         self.most = resident_bound()
         self.spans = Reserved(coll)  # every member's spans, nothing mapped
         self.doc_offsets, self.doc_base = self.spans.doc_offsets, self.spans.doc_base
+        self.digests = coll.members.digests  # C3, recorded: checked before a member's files are requested
         self.cond = threading.Condition()
-        self.resident: dict[int, tuple[int, list, object]] = {}  # member -> (bytes, files, pin)
+        self.resident: dict[int, int] = {}  # member -> the descriptor of its pin (held while mapped here)
         self.stores: dict[int, object] = {}  # resident member with images -> its Store (image files mapped)
-        self.fetching: dict[int, int] = {}  # member -> bytes reserved
+        self.fetching: set[int] = set()  # members this process is bringing in
         self.pinned: dict[int, int] = {}  # member -> batches in flight holding it
-        self.used = 0  # bytes resident or reserved
         self.last_use: dict[int, int] = {}
         self.clock = 0
         self.plan = None  # plan.Plan: next use of each member
@@ -69,6 +75,12 @@ class StreamedMembers(Eviction, ResidentMembers):
         self.sharded: list = []  # indexes read shard by shard (``shard_index``): member k's fetch readies shard k
         self.prefetchers: list = []  # the threads fetching ahead of the plan (``plan.start``)
         self.claimed: set[int] = set()  # members a prefetch thread is fetching (from before their manifest is read)
+        self.wait_s = float(os.environ.get(WAIT_ENV) or WAIT_S)
+        self.node = NodeCache(self)
+
+    def member_url(self, m: int) -> str:
+        return uri.member_url(self.url, self.coll.members[m].path, file=f"{self.url}/manifest.json",
+                              field=f"members[{m}].path")
 
     def fetch_own(self, name: str) -> None:
         """The collection's own file ``name`` (listed in its ``files``) fetched into the mirror and verified, as the
@@ -82,6 +94,7 @@ class StreamedMembers(Eviction, ResidentMembers):
             with storage_errors(self.url, f.so, f.root):
                 fs, rpath = uri.filesystem(self.url, f.so)
                 mirror_collection_files(f, fs, rpath, self.url, self.coll.path, {name: entry})
+        self.node.update_fixed()
 
     def mirror_pack(self, name: str) -> None:
         """Pack index ``name`` fetched into the mirror and verified (once per process; the cache's markers make a
@@ -95,6 +108,7 @@ class StreamedMembers(Eviction, ResidentMembers):
                 fs, rpath = uri.filesystem(self.url, f.so)
                 mirror_pack(f, fs, rpath, self.url, self.coll.path, name, self.packs[name])
             self.mirrored.add(name)
+        self.node.update_fixed()
 
     # -- what the kernels read
     def source(self):
@@ -103,9 +117,9 @@ class StreamedMembers(Eviction, ResidentMembers):
     # -- in-flight batches
     @contextmanager
     def hold(self, packs: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray, label: str = "segments.bin"):
-        """The members packs ``packs`` (valid ids) touch local, mapped and not evicted while the block runs, and
-        their segments checked against the real document lengths (V27; at open only their members' sizes bound
-        them: ``StreamedCollection.segment_bounds``)."""
+        """The members packs ``packs`` (valid ids) touch local, mapped and held while the block runs, and their
+        segments checked against the real document lengths (V27; at open only their members' sizes bound them:
+        ``StreamedCollection.segment_bounds``)."""
         rows, seg = batch_segments(packs, pack_offsets, segments)
         member = self.coll.member_of(seg[:, 0])
         members = [int(m) for m in np.unique(member)]
@@ -130,8 +144,8 @@ class StreamedMembers(Eviction, ResidentMembers):
 
     @contextmanager
     def images(self, m: int):
-        """The ``ImageStore`` of member ``m`` (one with images), local and not evicted while the block runs. Inside
-        ``hold`` of a pack of ``m`` it is resident and pinned already; outside, this fetches it (the plan unmoved)."""
+        """The ``ImageStore`` of member ``m`` (one with images), local and held while the block runs. Inside ``hold``
+        of a pack of ``m`` it is resident and pinned already; outside, this fetches it (the plan unmoved)."""
         self.pin([m])
         try:
             self.ensure(m)
@@ -142,13 +156,14 @@ class StreamedMembers(Eviction, ResidentMembers):
             self.unpin([m], None)
 
     def pin(self, members: list) -> None:
-        """Hold ``members`` (not evicted) until ``unpin``."""
+        """Hold ``members`` (not let go by this process) until ``unpin``."""
         with self.cond:
             for m in members:
                 self.pinned[m] = self.pinned.get(m, 0) + 1
 
     def unpin(self, members: list, packs: np.ndarray | None) -> None:
-        """Release ``members``; ``packs``: the batch just read, which moves the plan (None: a read outside the plan)."""
+        """Release ``members``; ``packs``: the batch just read, which moves the plan (None: a read outside the plan).
+        A member the plan does not need again is let go at once (it stays on the node's disk for the other ranks)."""
         with self.cond:
             for m in members:
                 self.pinned[m] -= 1
@@ -156,7 +171,17 @@ class StreamedMembers(Eviction, ResidentMembers):
                     del self.pinned[m]
             if self.plan is not None and packs is not None and not self.plan.advance(packs):
                 self.plan = None  # least recently used from here
+            done = []
+            if self.plan is not None:
+                idle = np.array([m for m in members if m not in self.pinned and m in self.resident], dtype=np.int64)
+                done = idle[self.plan.next_use(idle) == np.iinfo(np.int64).max].tolist()
+                for m in done:
+                    self.let_go(m)
             self.cond.notify_all()
+        if done and self.limit is None:  # no bound: nothing would ever make room, so what no process holds goes now
+            with self.node.budget.transaction() as tx:
+                for m in done:
+                    self.node.delete(tx, m)
 
     def ensure(self, m: int) -> None:
         """Member ``m`` fetched (if absent) and mapped; waits for a fetch in flight in another thread."""
@@ -171,85 +196,108 @@ class StreamedMembers(Eviction, ResidentMembers):
         self.fetch(m, before=None)
 
     def fetch(self, m: int, before: int | None) -> bool:
-        """Fetch, check and map member ``m``. ``before``: a prefetch for plan position ``before``, which evicts only
-        members next used later than that and gives up (False) when they do not make room."""
-        murl = self._member_url(m)
-        f = self.fetcher
-        with storage_errors(murl, f.so, f.root):
-            fs, rpath = uri.filesystem(murl, f.so)
-            raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", murl)  # read once: what is reserved is what is fetched
-            files = F.parse_manifest(json.loads(raw), file=f"{murl}/{F.MANIFEST}").files
-        # its files, and its rows of each index read shard by shard (``shard_index``: they leave with it)
-        size = sum(e.bytes for e in files.values()) + sum(index.rows_bytes(m) for index in self.sharded)
+        """Member ``m`` onto the node's disk (if absent), checked and mapped here. ``before``: a prefetch for plan
+        position ``before``, which makes room only from members next used later than that and gives up (False) when
+        they do not make it."""
         with self.cond:
             while before is None and m in self.fetching:  # the prefetcher took it meanwhile: wait for its end
                 self.cond.wait()
             if m in self.resident or m in self.fetching:
                 return True
-            if not self._make_room(size, before):
-                if before is not None:
-                    return False
-                if len(self.resident) + len(self.fetching) >= self.most:
-                    raise StorageError(f"{self.url}: a batch touches more than {self.most:,} members, the most one "
-                                       "process holds at once (lazy_members.MAX_MAPPED, and a quarter of its limit on "
-                                       "open files, `ulimit -n`: each resident member holds its pin open): read "
-                                       "smaller batches, or raise `ulimit -n`")
-                raise StorageError(f"{self.url}: cache_limit={self.limit:,} bytes cannot hold the members one batch "
-                                   f"needs (member {m} of {size:,} bytes, {self.used:,} bytes held by the batches in "
-                                   "flight): raise cache_limit= / $PACKFMT_CACHE_LIMIT, or use smaller batches")
-            self.fetching[m] = size
-            self.used += size
-            self.cond.notify_all()  # (a prefetch thread waits for another's reservation before fetching past it)
+            self.fetching.add(m)
+            self.cond.notify_all()  # (a prefetch thread waits for another's claim before fetching past it)
         try:
-            local, pin, store = self._fetch_files(m, murl, raw)
-            self._map(m, local)
-            for index in self.sharded:  # its rows too, while it is held here (a prefetch: ahead of the batch)
-                index.ensure_shard(m)
+            done = self._bring(m, before)
         except BaseException as exc:
-            try:  # nothing half-fetched stays mapped or on disk (outside the bound)
-                self._unmap(m)
-                forget_unless_held(f.root, f.mirror(murl), [f.mirror(murl) / name for name in files])
-            except OSError:
-                pass  # the original error is the one to report
             with self.cond:
-                del self.fetching[m]
-                self.used -= size
+                self.fetching.discard(m)
                 self.failed[m] = exc
                 self.cond.notify_all()
             raise
         with self.cond:
-            del self.fetching[m]
-            self.resident[m] = (size, [local / name for name in files], pin)
-            if store.num_images:
-                self.stores[m] = store
+            self.fetching.discard(m)
             self.cond.notify_all()
-        return True
+        return done
 
-    def _fetch_files(self, m: int, murl: str, raw: bytes):
-        """``(mirror folder, its pin, the member's Store)`` of member ``m``, every file verified and the member checked
-        (a member with images: its image arrays too, V14, V15, V19)."""
-        f = Fetcher(self.fetcher.so, self.fetcher.root, None, self.fetcher.mode)  # one per fetch: threads share none
+    def _bring(self, m: int, before: int | None) -> bool:
+        """``fetch``'s work: held (pinned, counted), on disk, checked, mapped; False when a prefetch gave up."""
+        local = self.node.mirror_dir(m)
+        raw = files = None
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            state, need = None, None
+            with self.node.budget.transaction() as tx:
+                state = tx.state(m)
+                if state == RESERVED and not tx.fetching_elsewhere(m):
+                    self.node.reclaim(tx)  # its reserver died
+                    state = tx.state(m)
+                if state == PRESENT:
+                    fd, reserved = self.node.take_pin(m), False
+                    tx.touch([m])
+                    break
+                if state == ABSENT and raw is not None:
+                    need = self.node.footprint(m, files, len(raw))
+                    if self.make_room(tx, need, before, m):
+                        tx.reserve(m, need)
+                        fd, reserved = self.node.take_pin(m), True
+                        break
+                    if before is not None:
+                        return False  # a prefetch never waits for room
+            if state == ABSENT and raw is None:
+                raw, files = member_manifest(self, m, local)  # C3 first: nothing it lists is requested before
+                continue
+            if time.monotonic() > deadline:
+                raise self._no_room(m, need)
+            time.sleep(0.02)  # another process is fetching it, or holds the room: it lets go within its share
         try:
-            with storage_errors(murl, f.so, f.root):
-                local = mirror_dataset(f, murl, packs=False, raw=raw)  # every file hashed while it streams, then the manifest
+            if raw is None:
+                raw, files = member_manifest(self, m, local)
+            fetch_member(self, m, local, raw, files)  # (a member on disk: a stat per file)
             store = Store(local)  # its offsets checked (V13)
             self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
+            self.spans.map_member(m, local)
         except BaseException:
-            for pin in f.result.pins:
-                pin.close()
+            self.spans.unmap_member(m)  # nothing half-mapped stays
+            os.close(fd)
+            with self.node.budget.transaction() as tx:  # nothing half-fetched or refused stays (unless held elsewhere)
+                if not self.node.delete(tx, m) and reserved and tx.state(m) == RESERVED:
+                    tx.drop(m)
             raise
-        return local, f.result.pins[0], store  # the member's own pin: other processes' eviction skips it while held
+        with self.node.budget.transaction() as tx:
+            tx.commit(m, self.node.measured(m))
+        with self.cond:
+            self.resident[m] = fd
+            if store.num_images:
+                self.stores[m] = store
+        return True
 
-    def _map(self, m: int, local: Path) -> None:
-        self.spans.map_member(m, local)
+    def _no_room(self, m: int, need: int | None) -> StorageError:
+        with self.node.budget.transaction() as tx:
+            used = tx.used()
+        return StorageError(f"{self.url}: cache_limit={self.limit:,} bytes could not hold member {m} "
+                            f"({need or 0:,} bytes) within {self.wait_s:.0f} s: the node's processes hold {used:,} "
+                            "bytes for the batches they read. Raise cache_limit= / $PACKFMT_CACHE_LIMIT, use smaller "
+                            f"batches, or wait longer (${WAIT_ENV})", file=self.url, field="cache_limit",
+                            expected=f">= {used + (need or 0):,}", found=self.limit)
 
-    def _unmap(self, m: int) -> None:
-        self.spans.unmap_member(m)
+    def close(self, _close=os.close) -> None:  # _close: still bound at interpreter shutdown
+        """Let go of every member held here (their pins) and of the node's ledger; the members stay on the disk."""
+        for fd in list(getattr(self, "resident", {}).values()):
+            try:
+                _close(fd)
+            except OSError:
+                pass
+        self.resident = {}
+        node = getattr(self, "node", None)
+        if node is not None:
+            node.budget.close()
 
-    def _member_url(self, m: int) -> str:
-        return uri.member_url(self.url, self.coll.members[m].path, file=f"{self.url}/{F.MANIFEST}",
-                              field=f"members[{m}].path")
+    def __del__(self) -> None:
+        if getattr(self, "pid", None) == os.getpid():  # (a forked child's copy closes nothing of its parent's)
+            self.close()
 
     def resident_bytes(self) -> int:
+        """Bytes on the node's disk of the members this process holds (as the node's ledger counts them)."""
         with self.cond:
-            return sum(v[0] for v in self.resident.values())
+            held = list(self.resident)
+        return int(self.node.budget.nbytes[held].sum()) if held else 0

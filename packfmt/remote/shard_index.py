@@ -45,7 +45,7 @@ from ..index import PackIndex
 from ..mapped import map_file
 from ..storage import uri
 from ..storage import verify as V
-from ..storage.cache import LOG
+from ..storage.cache import log_download
 from ..storage.errors import storage_errors
 from ..storage.ranges import read_range
 
@@ -179,6 +179,7 @@ class ShardedIndex(PackIndex):
             with self._lock:
                 if self._pack_tokens is None:
                     self._fetch(R.PACK_TOKENS)
+                    self._members.node.update_fixed()
                     pt = map_file(self.path / R.PACK_TOKENS, *self._shapes[R.PACK_TOKENS], file=self.url + R.PACK_TOKENS)
                     self._pack_tokens = pt  # first: a shard checked from now on is checked against it (ensure_shard)
                     for k in np.flatnonzero(self._ready).tolist():
@@ -297,8 +298,7 @@ class ShardedIndex(PackIndex):
         n = sum(len(v) for v in got.values())
         with self._lock:
             self.fetched_rows += n
-        with open(f.root / LOG, "a") as log:
-            log.write(json.dumps({"url": self.url, "bytes": n, "pid": os.getpid(), "why": f"rows of shard {k}"}) + "\n")
+        log_download(f.root, {"url": self.url, "bytes": n, "pid": os.getpid(), "why": f"rows of shard {k}"})
         return po, segs
 
     def pack_segments(self, p: int) -> np.ndarray:

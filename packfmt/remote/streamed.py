@@ -66,6 +66,16 @@ class StreamedCollection(Collection):
         super().__init__(path, origin=origin)
         self._members = StreamedMembers(self, origin.url, fetcher, limit, packs)
 
+    def cache_limit_for(self, members: int) -> int:
+        """A ``cache_limit`` that holds this collection's own files as now on this node's disk and ``members`` of its
+        largest members (by what the record says they take: ``node_cache.NodeCache.estimate``; image files not
+        counted): what a reader of ``members`` members at a time needs at least."""
+        node = self._members.node
+        with node.budget.transaction() as tx:
+            fixed = tx.fixed
+        sizes = sorted((node.estimate(m) for m in range(len(self.members))), reverse=True)
+        return fixed + sum(sizes[:members])
+
     def resident_members(self) -> StreamedMembers:
         """Its members: fetched, checked and mapped as batches need them, kept within ``cache_limit``."""
         return self._members
@@ -109,7 +119,9 @@ class StreamedCollection(Collection):
         want = name if name is not None else (names[0] if len(names) == 1 else None)
         packs = self._members.packs
         if want in packs and sharded(self, want, packs[want]):
-            return ShardedIndex(self, self._members, want, packs[want])  # a layout's: its rows a shard at a time
+            index = ShardedIndex(self, self._members, want, packs[want])  # a layout's: its rows a shard at a time
+            self._members.node.update_fixed()
+            return index
         if want in packs:
             self._members.mirror_pack(want)
         return open_pack_index(self, name, names=names)

@@ -117,6 +117,15 @@ class Budget:
             os.close(fd)
         return False
 
+    def live(self) -> int:
+        """Processes holding a slot of this ledger now (this one included; at least 1)."""
+        folder = self._slot_path(0).parent
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return 1
+        return max(1, sum(1 for n in names if n.isdigit() and self.alive(int(n))))
+
     # -- the one way in
     @contextmanager
     def transaction(self):

@@ -52,9 +52,30 @@ from . import verify as V
 from .download import download
 from .errors import require_bucket
 
-__all__ = ["LOG", "Fetched", "Fetcher", "Origin", "Pin", "cache_root", "evict", "mark_verified", "mirror_path", "parse_limit"]
+__all__ = ["LOG", "LOG_CAP", "log_download", "Fetched", "Fetcher", "Origin", "Pin", "cache_root", "evict", "mark_verified", "mirror_path", "parse_limit"]
 
 LOG = "downloads.log"
+#: ``downloads.log`` is rotated past this size (its one older copy, ``downloads.log.1``, replaced): the log is inside
+#: the cache's bound too (two of these at most).
+LOG_CAP = 64 << 10
+
+
+def log_download(root: Path, record: dict) -> None:
+    """One JSON line in ``<root>/downloads.log`` (what was downloaded, how many bytes, by which process, why),
+    rotated to ``downloads.log.1`` when it passes ``LOG_CAP``."""
+    path = root / LOG
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)  # one write of an O_APPEND file: lines of several processes never interleave
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size > LOG_CAP:
+        try:
+            os.replace(path, root / f"{LOG}.1")  # (processes rotating at once may drop a few lines: it is a log)
+        except FileNotFoundError:
+            pass
 
 
 def cache_root(cache_dir=None) -> Path:
@@ -152,8 +173,7 @@ class Fetcher:
             V.write_marker(self.root, local, entry, st)
         with self.count_lock:  # members are fetched in threads (``in_flight``)
             self.result.downloaded += 1
-        with open(self.root / LOG, "a") as log:
-            log.write(json.dumps({"url": url, "bytes": entry.bytes, "pid": os.getpid(), "why": why}) + "\n")
+        log_download(self.root, {"url": url, "bytes": entry.bytes, "pid": os.getpid(), "why": why})
         if self.limit is not None:
             evict(self.root, self.limit)
 

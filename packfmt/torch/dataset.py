@@ -80,8 +80,8 @@ class PackedDataset(Dataset):
         storage_options, cache_limit, cache_dir: for a URL (``packfmt.open``).
         stream: a remote collection read member by member (README "Remote data"): opening fetches its manifest
             and pack index only; each batch fetches the members it touches (verified as every cached file is),
-            at most ``cache_limit`` bytes of members at once (``cache_limit / num_workers`` per DataLoader
-            worker). ``packfmt.torch.prefetch.prefetch(ds, sampler.epoch_indices())`` fetches them ahead.
+            the node's cache folder within ``cache_limit`` bytes, shared by every rank and DataLoader worker of the
+            node that reads it (README "Remote data"). ``packfmt.torch.prefetch.prefetch(ds, sampler.epoch_indices())`` fetches them ahead.
 
     Item (``ds[i]``), with ``n`` tokens in the pack (``capacity`` when padded) and ``k`` segments;
     all its tensors are views of one buffer (except a zero-copy ``input_ids``):

@@ -69,13 +69,8 @@ def start(ds) -> None:
 
 
 def open_share(url, storage_options, cache_dir, cache_limit):
-    """The streamed collection at ``url`` for this process: in a DataLoader worker with ``cache_limit / num_workers``."""
-    from torch.utils.data import get_worker_info
-
+    """The streamed collection at ``url`` for this process (a DataLoader worker): the node's one budget,
+    ``cache_limit``, shared with every process of the node that reads it (``remote.node_cache``)."""
     from ..remote import open_streamed
-    from ..storage.cache import parse_limit
 
-    info, limit = get_worker_info(), parse_limit(cache_limit)
-    if info is not None and limit is not None:
-        limit //= info.num_workers
-    return open_streamed(url, storage_options, cache_dir, limit)
+    return open_streamed(url, storage_options, cache_dir, cache_limit)
