@@ -223,6 +223,5 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # (run as a script, tools/ is on sys.path: conformance_values imports)
     sys.exit(main())
