@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parent.parent / "packfmt"
 #: A module's floor is that of its longest listed prefix.
 FLOORS: list[tuple[str, ...]] = [
     # 0. foundation: errors, bytes and schemas, every invariant, pure algorithms; nothing here reads a dataset
-    ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize",
+    ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize", "fast_tokenizer",
      "chat", "skips", "energon", "packing", "collection.manifest", "collection.unify",
      "collection.layout", "collection.lengths", "collection.member_table", "collection.member_entry", "collection.versions",
      "collection.member_template", "collection.shard_rows"),

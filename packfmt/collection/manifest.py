@@ -19,13 +19,12 @@ from .lengths import parse_collection_files
 from .member_entry import NAME_RE, Member, check_member_name, check_member_path
 from .member_table import TABLE_FILES, TABLE_VALUE, MemberList, MemberTable, read_table
 from .unify import SHARED_KEYS, parse_unified
-from .versions import TABLE_VERSION
+from .versions import COLLECTION_FORMAT_NAME, TABLE_VERSION, is_collection
 
 __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_STR", "Member", "CollectionManifest",
            "parse_collection_manifest", "member_list_checksum", "check_member_name", "check_member_path",
            "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION", "members_json", "collection_reader", "TABLE_FILES"]
 
-COLLECTION_FORMAT_NAME = "packfmt-collection"
 #: What this writer writes for a collection whose member list is a JSON array (readable by every 1.3 reader); one
 #: with a member table (§2.5) is written as ``TABLE_VERSION`` (1.4). Versions: ``collection.versions``.
 ARRAY_VERSION_STR = "1.3"
@@ -45,10 +44,6 @@ class CollectionManifest:
     raw: dict
     #: The ``files`` table (§2.4): ``{"doc_lengths.bin": FileEntry}`` or {} (none recorded).
     files: dict = field(default_factory=dict)
-
-
-def is_collection(obj: dict) -> bool:
-    return isinstance(obj, dict) and obj.get("format") == COLLECTION_FORMAT_NAME
 
 
 def member_list_checksum(members) -> str:
