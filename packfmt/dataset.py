@@ -39,6 +39,12 @@ class Dataset:
     image_start: np.ndarray
     all_trained: tuple[bool, ...]
 
+    @property
+    def location(self) -> str:
+        """Where this dataset is, in the words its user gave: the URL it was opened from (``url``; its files are a
+        mirror in the cache, a path no user typed), else its path. What messages and reports print."""
+        return getattr(self, "url", None) or str(self.path)
+
     def segment_bounds(self) -> tuple[np.ndarray, bool, np.ndarray | None]:
         """What bounds a pack index's segments (V27, ``checks.segments``): ``(doc_offsets, False, None)``;
         ``(doc_lengths, True, None)`` for a dataset that holds its lengths rather than offsets; ``(bounds, False,
