@@ -34,7 +34,8 @@ FLOORS: list[tuple[str, ...]] = [
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
     ("opening", "collection.stream", "collection.streamed", "collection.shard_index"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
-    ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
+    ("packindex", "index_writer", "collection", "validation", "validate", "copying", "summary", "render", "inspect", "plot",
+     "export_webdataset",
      "megatron", "sources", "workers", "pipeline", "engines", "build"),
     # 6. frameworks
     ("torch", "ray"),
