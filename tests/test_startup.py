@@ -1,4 +1,4 @@
-"""What a command imports: a text build needs neither torch nor transformers, ``validate`` of a store no numba.
+"""What a command imports: a text build needs neither torch nor transformers, ``validate`` of a small store no numba.
 
 Import sets, not timings (those are ``benchmarks/bench_startup.py``'s): each case runs in a fresh interpreter
 and prints the heavy modules it loaded. And the tokenizer read without transformers (``packfmt.fast_tokenizer``)
@@ -54,9 +54,12 @@ def test_text_build_imports_neither_torch_nor_transformers(tmp_path):
 
 def test_help_and_validate_of_a_store_import_none_of_them(tmp_path):
     from packfmt.build import build_text
+    from packfmt.packindex import build_pack_index
 
     out = build_text([SAMPLE / "text.jsonl"], tmp_path / "web", SAMPLE_TOK).path
-    assert imported_by("validate", str(out)) == []  # a store without pack indexes: no numba either
+    assert imported_by("validate", str(out)) == []  # no numba either
+    build_pack_index(out, capacity=512)
+    assert imported_by("validate", str(out)) == []  # a small index is checked in numpy (checks._scan_small)
     assert imported_by("--help") == []
 
 
