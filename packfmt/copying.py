@@ -102,6 +102,9 @@ def copy_dataset(src: str | os.PathLike, dst: str | os.PathLike, *, overwrite: b
         root = Path(fetched.path)
     else:
         root = Path(src)
+    if not (root / F.MANIFEST).is_file():
+        raise FormatError(f"{src}: not a packfmt dataset (no {F.MANIFEST} there); check the path, or write one with "
+                          "`packfmt build` / `packfmt merge`", file=src, expected="a dataset", found="no manifest.json")
     raw = F.read_json_bytes(root / F.MANIFEST, file=f"{src}/{F.MANIFEST}")
     obj = F.parse_json(raw, file=f"{src}/{F.MANIFEST}")
     result = CopyResult(src, dst, "collection" if is_collection(obj) else "store")

@@ -74,6 +74,8 @@ def test_an_occupied_destination_is_refused_unless_overwrite(data, tmp_path, cap
     assert files_of(dst) == files_of(data["store"])
     with pytest.raises(WriteError, match="overlap its source"):
         copy_dataset(data["store"], data["store"] / "inner")
+    assert main(["cp", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 1
+    assert "nothing: not a packfmt dataset (no manifest.json there)" in capsys.readouterr().err
 
 
 def test_a_copy_stopped_midway_leaves_nothing_at_dst(data, tmp_path, monkeypatch):

@@ -238,9 +238,11 @@ def test_signal_mid_build_removes_the_temp_dir(tmp_path, sig, rc, workers):
 @pytest.mark.parametrize("mid_import", ["numpy.", "torch."])
 def test_sigint_during_heavy_imports_exits_130_quietly(tmp_path, mid_import):
     """-X importtime lists each module as its import completes: a numpy (torch) submodule means numpy (torch)
-    is mid-import. numpy loads only after the CLI's handler is installed (packfmt/__init__ is lazy)."""
-    proc = subprocess.Popen([sys.executable, "-X", "importtime", *CLI[1:], "build", "text",
-                             str(TOKENIZER.parent / "text.jsonl"), "-o", str(tmp_path / "ds"),
+    is mid-import. numpy loads only after the CLI's handler is installed (packfmt/__init__ is lazy). A chat build
+    imports torch (through transformers, which renders the template); a text build does not (fast_tokenizer)."""
+    kind = "chat" if mid_import == "torch." else "text"
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", *CLI[1:], "build", kind,
+                             str(TOKENIZER.parent / f"{kind}.jsonl"), "-o", str(tmp_path / "ds"),
                              "--tokenizer", str(TOKENIZER), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     lines = []

@@ -34,7 +34,7 @@ from .manifest import CollectionManifest, is_collection
 from .member_template import MAX_TEMPLATES, Template, listed_in
 from .unify import member_differences
 
-__all__ = ["member_problems", "member_doc_lengths", "changed_members", "changed_member", "GROUP_OFFSETS"]
+__all__ = ["member_problems", "member_doc_lengths", "first_changed_member", "changed_member", "GROUP_OFFSETS"]
 
 #: Offsets of consecutive members read end to end and checked (V13) in one vectorised pass: 8 MiB.
 GROUP_OFFSETS = 1 << 20
@@ -72,9 +72,10 @@ def changed_member(coll: CollectionManifest, m: int, found: str, where) -> Forma
                        field=f"members[{m}].manifest", expected=entry.manifest, found=found)
 
 
-def changed_members(root: str | os.PathLike, coll: CollectionManifest) -> FormatError | None:
-    """C3 of every member, in member order: the first member whose ``manifest.json`` (under ``root``, resolved as a
-    reader resolves it) is missing or hashes to another checksum than the recorded one, as its error; else None.
+def first_changed_member(root: str | os.PathLike, coll: CollectionManifest) -> tuple[int, str, str] | None:
+    """C3 of every member, in member order: ``(m, found, where)`` of the first member whose ``manifest.json`` (under
+    ``root``, resolved as a reader resolves it) is missing or hashes to another checksum than the recorded one
+    (``found``: that checksum, or what is wrong); None when every one is as recorded.
 
     One read of each manifest, nothing parsed: what a command that reads no member but must not write over a
     changed one (``packfmt pack``, from the collection's own ``doc_lengths.bin``) checks."""
@@ -90,9 +91,9 @@ def changed_members(root: str | os.PathLike, coll: CollectionManifest) -> Format
             if len(raw) >= SMALL_JSON:
                 raw = F.read_json_bytes(where, file=F.MANIFEST)
         except (OSError, PackfmtError):
-            return changed_member(coll, m, "no readable manifest.json", where)
+            return m, "no readable manifest.json", where
         if xxh3_64_intdigest(raw) != digest:
-            return changed_member(coll, m, manifest_checksum(raw), where)
+            return m, manifest_checksum(raw), where
     return None
 
 
