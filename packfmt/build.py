@@ -91,11 +91,15 @@ class TextConverter:
         return [(flat[offsets[i]:offsets[i + 1]], None, []) for i in range(len(texts))]
 
 
-def tokenizer_setting(spec: TokenizerSpec) -> dict:
-    """``{"tokenizer_path": ...}`` for the build report's settings: the tokenizer's path as given, made absolute but
-    not resolved (a link keeps the name typed), so that a message about this store can name a path a user can
-    type (informative, like the sources' paths: FORMAT.md §5.3; the manifest's ``tokenizer`` never holds one)."""
-    return {"tokenizer_path": os.path.abspath(spec.path)}
+def tokenizer_setting(spec: TokenizerSpec, out) -> dict:
+    """``{"tokenizer_path": ...}`` for the build report's settings: the tokenizer's path as given, relative to the
+    dataset ``out`` (a dataset carries no path of its writing host; links on the way are kept, so the name typed
+    is), so that a message about this store can name a path a user can type (informative, like the sources';
+    the manifest's ``tokenizer`` never holds a path: FORMAT.md §2.2). A dataset at a URL records the base name."""
+    if is_remote(str(out)):
+        return {"tokenizer_path": Path(spec.path).name}
+    here = os.path.abspath(str(local_file(str(out))))
+    return {"tokenizer_path": Path(os.path.relpath(os.path.abspath(spec.path), here)).as_posix()}
 
 
 def source_report(inputs: Sequence[Any], fmt: str | None, split: str | None = None) -> list[dict]:
@@ -188,7 +192,7 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
         settings = settings(converter)
     settings = {**settings, "batch_size": kw.get("batch_size", 256),
                 "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size,
-                **tokenizer_setting(converter.encoder.spec)}
+                **tokenizer_setting(converter.encoder.spec, out)}
     if remote_ray:  # the Ray engine reads remote inputs in its actors: the driver only names them
         sources = [{"path": p, "format": fmt or remote_format(p)} if is_remote(p) else source_report([p], fmt, split)[0]
                    for p in inputs]
@@ -353,6 +357,7 @@ def build_easy_vqa(
     settings = {"train_on": train_on, "split": split, "image_root": str(root), "image_tokens": rule.describe(),
                 "image_token": image_token, "max_pixels": max_pixels, **encoding.describe(),
                 "batch_size": kw.get("batch_size", 256),
-                "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size, **tokenizer_setting(spec)}
+                "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size,
+                **tokenizer_setting(spec, out)}
     base = {"command": "easy-vqa", "sources": [{"path": str(root.parent), "format": "easy_vqa"}], "settings": settings}
     return run_build(records, converter, factory, out, report_base=base, total=total, **kw)

@@ -67,24 +67,24 @@ def _tok(shared: dict) -> str:
 _KINDS = {"text": "text", "chat": "chat", "multimodal": "llava", "easy-vqa": "easy-vqa"}
 
 
-def _fix(label: str, path: str, mine: dict, ref: str, shared: dict) -> str:
-    """How to rebuild member ``label`` (at ``path``; ``mine``: its shared keys and ``build_report``) with ``ref``'s
-    tokenizer (``shared``'s)."""
-    return (f"rebuild {label} with {ref}'s tokenizer {_tok(shared)}: {_rebuild(label, path, mine, shared)}, with the "
-            "other options it was built with, then merge again")
+def _fix(label: str, path: str, mine: dict, ref: str, ref_path: str, shared: dict) -> str:
+    """How to rebuild member ``label`` (at ``path``; ``mine``: its shared keys and ``build_report``) with the tokenizer
+    of member ``ref`` (at ``ref_path``; ``shared``: its keys)."""
+    return (f"rebuild {label} with {ref}'s tokenizer {_tok(shared)}: {_rebuild(label, path, mine, ref_path, shared)}, "
+            "with the other options it was built with, then merge again")
 
 
-def _rebuild(label: str, path: str, mine: dict, tokenizer_of: dict, extra: str = "") -> str:
-    """The ``packfmt build`` command that writes member ``label`` at ``path`` again with ``tokenizer_of``'s tokenizer:
-    its own kind and inputs (``mine``'s build report), and a tokenizer path a user can type (the one
-    ``tokenizer_of``'s build report records, when it still holds that tokenizer); placeholders, said what they
-    stand for, where those are not known here."""
+def _rebuild(label: str, path: str, mine: dict, tok_store: str, tokenizer_of: dict, extra: str = "") -> str:
+    """The ``packfmt build`` command that writes member ``label`` at ``path`` again with the tokenizer of the store at
+    ``tok_store`` (``tokenizer_of``: its keys): its own kind and inputs (``mine``'s build report), and a tokenizer path
+    a user can type (the one ``tokenizer_of``'s build report records, when it still holds that tokenizer);
+    placeholders, said what they stand for, where those are not known here."""
     report = mine.get("build_report") if isinstance(mine.get("build_report"), dict) else {}
     kind = _KINDS.get(report.get("command"), "text|chat|llava")
-    sources = [s.get("path") for s in report.get("sources") or [] if isinstance(s, dict)]
-    known = sources and all(isinstance(p, str) and os.path.exists(p) for p in sources)
+    sources = [_here(s.get("path"), path) for s in report.get("sources") or [] if isinstance(s, dict)]
+    known = sources and all(p is not None and ("://" in p or os.path.exists(p)) for p in sources)
     inputs = "" if kind == "easy-vqa" else (" ".join(shlex.quote(p) for p in sources) if known else "SRC") + " "
-    tok = _tokenizer_path(tokenizer_of)
+    tok = _tokenizer_path(tokenizer_of, tok_store)
     notes = [] if tok else [f"TOKENIZER: the folder holding tokenizer {_tok(tokenizer_of)}; no path a build report "
                             "records holds it on this machine"]
     if inputs == "SRC ":
@@ -94,13 +94,24 @@ def _rebuild(label: str, path: str, mine: dict, tokenizer_of: dict, extra: str =
     return cmd + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _tokenizer_path(shared: dict) -> str | None:
-    """The tokenizer path recorded in the build report of ``shared``'s store (``build.tokenizer_setting``), when it
-    exists here and still hashes to the recorded hash; else None."""
+def _here(recorded, store: str) -> str | None:
+    """A path the build report of the store at ``store`` records (relative to it, or absolute; a URL as given), as a
+    path on this machine; None when it is no string."""
+    if not isinstance(recorded, str):
+        return None
+    if "://" in recorded or os.path.isabs(recorded):
+        return recorded
+    return os.path.normpath(os.path.join(str(store), recorded))
+
+
+def _tokenizer_path(shared: dict, store: str) -> str | None:
+    """The tokenizer path the build report of ``shared``'s store (at ``store``) records (``build.tokenizer_setting``),
+    when it exists here and still hashes to the recorded hash; else None."""
     report = shared.get("build_report") if isinstance(shared.get("build_report"), dict) else {}
-    path = (report.get("settings") or {}).get("tokenizer_path") if isinstance(report.get("settings"), dict) else None
+    settings = report.get("settings") if isinstance(report.get("settings"), dict) else {}
+    path = _here(settings.get("tokenizer_path"), store)
     want = (shared.get("tokenizer") or {}).get("hash")
-    if not isinstance(path, str) or want is None or not os.path.exists(path):
+    if path is None or want is None or not os.path.exists(path):
         return None
     from ..tokenize import tokenizer_hash
 
@@ -127,7 +138,7 @@ def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
                 fix = (f"rebuild {name!r} with {first!r}'s tokenizer and options so that its special tokens "
                        f"(bos, eos, pad) are {first!r}'s")
             else:
-                fix = _fix(repr(name), path, shared, repr(first), ref)
+                fix = _fix(repr(name), path, shared, repr(first), first_path, ref)
             shown = (f"{_tok(ref)} vs {_tok(shared)}" if key == "tokenizer" else f"{ref[key]!r} vs {shared[key]!r}")
             share = "one tokenizer (the same hash; names may differ)" if key == "tokenizer" else "it"
             raise WriteError(f"merge: members {first!r} ({first_path}) and {name!r} ({path}) differ in {key}: "
@@ -142,7 +153,7 @@ def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
             raise WriteError(f"merge: members {image[1]!r} ({image[2]}) and {name!r} ({path}) use different image "
                              f"placeholder ids (special_tokens.image {image[0]} vs {value}); a collection has one: "
                              f"rebuild {name!r} with the image marker {image[1]!r} was built with (the token of id "
-                             f"{image[0]}): {_rebuild(repr(name), path, shared, shared, ' --image-token MARKER')}",
+                             f"{image[0]}): {_rebuild(repr(name), path, shared, path, shared, ' --image-token MARKER')}",
                              field="special_tokens.image", expected=image[0], found=value)
         image = image or (value, name, path)
     out = {key: ref[key] for key in SHARED_KEYS}
