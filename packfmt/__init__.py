@@ -24,7 +24,7 @@ _LAZY = {
     "open": ("opening", "open_dataset"), "open_dataset": ("opening", "open_dataset"), "Store": ("reader", "Store"),
     "ImageStore": ("reader", "ImageStore"), "PackIndex": ("index", "PackIndex"),
     "DatasetWriter": ("writer", "DatasetWriter"), "ImageRecord": ("writer", "ImageRecord"),
-    "FORMAT_VERSION_STR": ("format", "FORMAT_VERSION_STR"),
+    "FORMAT_VERSION_STR": ("format", "FORMAT_VERSION_STR"), "copy_dataset": ("copying", "copy_dataset"),
 }
 
 
@@ -56,5 +56,6 @@ __all__ = [
     "DatasetExistsError",
     "InputError",
     "FORMAT_VERSION_STR",
+    "copy_dataset",
     "__version__",
 ]

@@ -22,6 +22,7 @@ from .sources import (
     remote_format,
 )
 from .sources.hf import is_dataset_object
+from .report_paths import report_path
 from .storage.uri import is_remote, is_url, local_file
 from .tokenize import TextEncoder, TokenizerSpec
 
@@ -91,6 +92,14 @@ class TextConverter:
         return [(flat[offsets[i]:offsets[i + 1]], None, []) for i in range(len(texts))]
 
 
+def tokenizer_setting(spec: TokenizerSpec, out) -> dict:
+    """``{"tokenizer_path": ...}`` for the build report's settings: the tokenizer's path as given, relative to the
+    dataset ``out`` (a dataset carries no path of its writing host; links on the way are kept, so the name typed
+    is), so that a message about this store can name a path a user can type (informative, like the sources';
+    the manifest's ``tokenizer`` never holds a path: FORMAT.md §2.2). A dataset at a URL records the base name."""
+    return {"tokenizer_path": report_path(spec.path, out, links=True)}
+
+
 def source_report(inputs: Sequence[Any], fmt: str | None, split: str | None = None) -> list[dict]:
     """``{path, format}`` of each input, plus ``split`` (the one read) for a DatasetDict."""
     return describe_sources(inputs, fmt, split)
@@ -116,6 +125,7 @@ def build_text(
     split: str | None = None,
     glob: str = "*.txt",
     engine: str = "local",
+    tokenizer_name: str | None = None,
     **kw: Any,
 ) -> BuildResult:
     """Tokenize text records (JSONL, JSON, Parquet, HF save_to_disk, .txt folder, WebDataset tar shards,
@@ -129,12 +139,14 @@ def build_text(
         tokenizer: local tokenizer directory or tokenizer.json.
         field / template: where the text comes from (``template`` like ``"{title}\\n{text}"``).
         add_bos / add_eos: None = the tokenizer's own config; a bool = explicit (see TokenizerSpec).
+        tokenizer_name: the manifest's ``tokenizer.name`` (default: the base name of ``tokenizer``); informative:
+            stores mix when their tokenizer hashes agree, whatever their names.
         engine: ``"local"`` (this process and ``workers`` processes; writes a store) or ``"ray"``
             (Ray Data; writes a collection, see :func:`packfmt.ray.build.run_ray_build`).
         **kw: passed to :func:`run_build` (on_error, workers, batch_size, overwrite, progress,
             vocab_size, limit, skip_log; with ``engine="ray"``: ray_address, records_per_member).
     """
-    spec = TokenizerSpec(str(tokenizer), add_bos=add_bos, add_eos=add_eos, image_token=None)
+    spec = TokenizerSpec(str(tokenizer), add_bos=add_bos, add_eos=add_eos, image_token=None, name=tokenizer_name)
     factory = partial(TextConverter, spec, field, template)
     def settings(converter) -> dict:
         enc = converter.encoder
@@ -177,7 +189,8 @@ def _build_records(command: str, factory, inputs, out, *, fmt, split, settings: 
     if callable(settings):
         settings = settings(converter)
     settings = {**settings, "batch_size": kw.get("batch_size", 256),
-                "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
+                "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size,
+                **tokenizer_setting(converter.encoder.spec, out)}
     if remote_ray:  # the Ray engine reads remote inputs in its actors: the driver only names them
         sources = [{"path": p, "format": fmt or remote_format(p)} if is_remote(p) else source_report([p], fmt, split)[0]
                    for p in inputs]
@@ -201,6 +214,7 @@ def build_chat(
     reasoning: str = "keep",
     fmt: str | None = None,
     split: str | None = None,
+    tokenizer_name: str | None = None,
     **kw: Any,
 ) -> BuildResult:
     """Chat/SFT records (``messages`` role/content or ``conversations`` from/value) -> tokens + loss mask.
@@ -214,7 +228,7 @@ def build_chat(
         train_on: ``"assistant"``: every assistant turn; ``"last"``: only the last one; ``"all"``: every token.
         reasoning: ``"keep"``: reasoning blocks (``<think>...</think>``) are trained with their turn;
             ``"drop"``: left out of the loss. An empty block is never trained.
-        **kw: as :func:`build_text`.
+        tokenizer_name, **kw: as :func:`build_text`.
     """
     from .chat import REASONING, TRAIN_ON
     from .sources.chat import ChatConverter
@@ -224,7 +238,7 @@ def build_chat(
             raise InputError(f"{name}={value!r}: expected one of {', '.join(map(repr, choices))}", reason="invalid_option",
                              field=name, expected=list(choices), found=value,
                              cli=f"--{name.replace('_', '-')} {value}: expected one of {', '.join(choices)}")
-    spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=None)
+    spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=None, name=tokenizer_name)
     factory = partial(ChatConverter, spec, train_on, reasoning)
 
     def settings(converter) -> dict:
@@ -267,6 +281,7 @@ def build_multimodal(
     reasoning: str = "keep",
     fmt: str | None = None,
     split: str | None = None,
+    tokenizer_name: str | None = None,
     **kw: Any,
 ) -> BuildResult:
     """LLaVA-style (``conversations`` + ``image``) or ``{messages, images}`` records -> tokens, mask, images.
@@ -285,11 +300,11 @@ def build_multimodal(
         jpeg_quality: quality in [1, 100] of jpeg / webp re-encodes.
         image_token: marker string in the text; must be one token of the tokenizer.
         train_on, reasoning: the loss mask, as :func:`build_chat` (image tokens are never trained).
-        **kw: as :func:`build_text`.
+        tokenizer_name, **kw: as :func:`build_text`.
     """
     from .sources.multimodal import MultimodalConverter
 
-    spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token)
+    spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token, name=tokenizer_name)
     rule = _image_rule(image_tokens, patch_size, merge)
     encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
     # a root in object storage stays a URL: each image is read by the process converting its record
@@ -319,19 +334,20 @@ def build_easy_vqa(
     image_token: str = "<image>",
     chat_template: str | None = None,
     train_on: str = "assistant",
+    tokenizer_name: str | None = None,
     **kw: Any,
 ) -> BuildResult:
     """Convert the PyPI ``easy-vqa`` dataset (64x64 PNG shapes, questions with one-word answers).
 
     ``tokenizer`` defaults to the shipped sample tokenizer (which has ``<image>`` and a chat template).
-    Image options are those of :func:`build_multimodal`.
+    Image options are those of :func:`build_multimodal`; ``tokenizer_name`` as :func:`build_text`.
     """
     from .sources.multimodal import MultimodalConverter, easy_vqa_records
 
     if tokenizer is None:
         tokenizer = Path(__file__).parent / "sample_data" / "tokenizer"
     records, root, total = easy_vqa_records(split, image_token)
-    spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token)
+    spec = TokenizerSpec(str(tokenizer), chat_template=chat_template, image_token=image_token, name=tokenizer_name)
     rule = _image_rule(image_tokens, patch_size, merge)
     encoding = _image_encoding(image_encoding, image_max_side, jpeg_quality)
     factory = partial(MultimodalConverter, spec, str(root), rule, train_on, max_pixels, encoding)
@@ -339,6 +355,7 @@ def build_easy_vqa(
     settings = {"train_on": train_on, "split": split, "image_root": str(root), "image_tokens": rule.describe(),
                 "image_token": image_token, "max_pixels": max_pixels, **encoding.describe(),
                 "batch_size": kw.get("batch_size", 256),
-                "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size}
+                "vocab_size": kw.get("vocab_size") or converter.encoder.vocab_size,
+                **tokenizer_setting(spec, out)}
     base = {"command": "easy-vqa", "sources": [{"path": str(root.parent), "format": "easy_vqa"}], "settings": settings}
     return run_build(records, converter, factory, out, report_base=base, total=total, **kw)

@@ -76,6 +76,8 @@ class ChatEncoder(TextEncoder):
         header, end: the assistant header and end-of-turn marker learnt from the probe ("" if none).
     """
 
+    needs_transformers = True  # apply_chat_template
+
     def __init__(self, spec: TokenizerSpec, train_on: str = "assistant", reasoning: str = "keep") -> None:
         super().__init__(spec)
         if train_on not in TRAIN_ON:

@@ -187,7 +187,7 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
     n_docs = int(starts[-1]) if mode == 2 else doc_offsets.shape[0] - (0 if doc_lengths else 1)
     lengths = np.empty(pack_offsets.shape[0] - 1, dtype=np.int64)
     first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
-    scan = _segment_kernel()
+    scan = _scan_small if mode != 2 and segs.shape[0] <= SMALL_SCAN_ROWS else _segment_kernel()
     for p0, p1 in pack_runs(pack_offsets):  # runs of packs: one run's pages of segments.bin resident at a time
         s0 = int(pack_offsets[p0])
         fd, nd, fr, nr = scan(segs[s0:int(pack_offsets[p1])], doc_offsets, pack_offsets[p0:p1 + 1] - s0,
@@ -234,6 +234,38 @@ def pack_runs(pack_offsets: np.ndarray, rows: int = PACK_RUN_ROWS) -> Iterator[t
         q = min(max(q, p + 1), n)
         yield p, q
         p = q
+
+
+#: Indexes of at most this many segments are scanned by ``_scan_small`` (numpy), not the numba kernel: importing
+#: numba and loading the compiled kernel is most of a small dataset's open (~0.5 s of ``packfmt validate``).
+SMALL_SCAN_ROWS = 1 << 16
+
+
+def _scan_small(segs, bounds, pack_offsets, lengths, mode, doc_start):
+    """The scan of ``_segment_kernel`` (modes 0 and 1) as numpy expressions over at most ``SMALL_SCAN_ROWS`` segments:
+    the same four numbers and ``lengths`` (``tests/test_reader_checks.py`` compares the two on random input). Rows
+    are visited pack after pack, as the kernel does: a pack whose range is decreasing visits none, ranges that
+    overlap visit a row once for each pack."""
+    starts, ends = pack_offsets[:-1].astype(np.int64), pack_offsets[1:].astype(np.int64)
+    outside = np.flatnonzero((starts < 0) | (ends > segs.shape[0]))
+    if outside.size:
+        return -2 - int(outside[0]), 0, -1, 0
+    counts = np.maximum(ends - starts, 0)
+    first = np.cumsum(counts) - counts  # where each pack's rows begin among the visits
+    rows = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first - starts, counts)
+    d, b, e = (segs[rows, k].astype(np.int64) for k in range(3))
+    bad_doc = (d < 0) | (d >= bounds.shape[0] - (1 if mode == 0 else 0))
+    good = np.flatnonzero(~bad_doc)
+    length = np.zeros_like(d)
+    length[good] = bounds[d[good] + 1] - bounds[d[good]] if mode == 0 else bounds[d[good]]
+    bad_range = ~bad_doc & ((b < 0) | (b >= e) | (e > length))
+    total = np.concatenate(([0], np.cumsum(np.where(bad_doc | bad_range, 0, e - b))))
+    lengths[:] = total[first + counts] - total[first]  # int64 sums, wrapping as the kernel's do
+
+    def first_of(bad) -> int:
+        return int(rows[int(np.argmax(bad))]) if bad.any() else -1
+
+    return first_of(bad_doc), int(bad_doc.sum()), first_of(bad_range), int(bad_range.sum())
 
 
 _KERNEL = None

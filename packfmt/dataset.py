@@ -63,6 +63,12 @@ class Dataset:
         when every member is mapped at once (a store, a collection within the mappings one process may hold)."""
         return None
 
+    @property
+    def location(self) -> str:
+        """Where this dataset is, in the words its user gave: the URL it was opened from (``url``; its files are a
+        mirror in the cache, a path no user typed), else its path. What messages and reports print."""
+        return getattr(self, "url", None) or str(self.path)
+
     def segment_bounds(self) -> tuple[np.ndarray, bool, np.ndarray | None]:
         """What bounds a pack index's segments (V27, ``checks.segments``): ``(doc_offsets, False, None)``;
         ``(doc_lengths, True, None)`` for a dataset that holds its lengths rather than offsets; ``(bounds, False,

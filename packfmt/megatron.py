@@ -105,6 +105,7 @@ class MegatronSource:
 
     def __init__(self, prefix: str) -> None:
         prefix = str(prefix)
+        _require_pair(prefix)
         dtype, lengths, pointers, doc_idx = read_megatron_index(prefix + ".idx")
         if dtype.kind not in "iu":
             raise FormatError(file=Path(prefix + ".idx").name, field="dtype", expected="an integer token dtype", found=str(dtype))
@@ -138,6 +139,22 @@ class MegatronSource:
             else:
                 toks = np.concatenate([data[int(pointers[s]) // itemsize:int(ends[s])] for s in range(s0, s1)])
             yield toks if toks.size else None
+
+
+def _require_pair(prefix: str) -> None:
+    """Both files of the pair are there, else one ``FormatError`` naming the two paths looked for and what is missing
+    (a prefix given with its ``.bin`` / ``.idx`` suffix says which prefix was meant)."""
+    paths = [Path(prefix + ".bin"), Path(prefix + ".idx")]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if not missing:
+        return
+    hint = ""
+    if prefix.endswith((".bin", ".idx")) and Path(prefix[:-4] + ".idx").is_file():
+        hint = f"; give the prefix without its suffix: {prefix[:-4]}"
+    found = (f"neither {paths[0]} nor {paths[1]} exists" if len(missing) == 2 else
+             f"{missing[0]} is missing (beside {paths[0] if missing[0] == str(paths[1]) else paths[1]})")
+    raise FormatError(f"{prefix}: no Megatron dataset at this prefix (PREFIX.bin and PREFIX.idx): {found}{hint}",
+                      file=missing[0], field="prefix", expected=f"{paths[0]} and {paths[1]}", found="missing")
 
 
 def open_megatron(prefix: str | os.PathLike) -> MegatronSource:

@@ -43,16 +43,38 @@ class LostTokensWarning(UserWarning):
 
 def default_index_name(algorithm: str, capacity: int, seed: int | None, weights: dict | None = None,
                        proportions: dict | None = None, tokens: int | None = None) -> str:
-    """``ALGORITHM-CAPACITY[-sSEED][-mixHASH]``: a mixture adds 8 hex digits of what it asked and its seed."""
+    """``ALGORITHM-CAPACITY[-sSEED][-weights|-proportions]``: what a user can tell from the command alone.
+
+    ``-sSEED`` for the shuffled algorithms; a mixture says which kind it is, not which weights (a second mixture
+    of one kind is refused while the first is there: ``--name`` names it, ``--overwrite`` replaces the first).
+    ``tokens`` is accepted for the callers' sake; it does not change the name."""
     shuffled = algorithm in ("first_fit_shuffle", "shuffle_and_pack")
     name = f"{algorithm}-{capacity}" + (f"-s{seed}" if shuffled else "")
     if weights or proportions:
-        import xxhash
-
-        asked = {"weights": weights} if weights else {"proportions": proportions, "tokens": tokens}
-        key = F.canonical_json({**asked, "seed": seed or 0})
-        name += "-mix" + xxhash.xxh3_64(key).hexdigest()[:8]
+        name += "-weights" if weights else "-proportions"
     return name
+
+
+def _refuse_existing(target: Path, name: str, overwrite: bool) -> None:
+    """An index ``name`` at ``target`` (``packs/NAME``) is refused unless ``overwrite``, naming what it was packed with."""
+    remove_stale_temps(target)  # first: it may restore a copy an interrupted overwrite had moved aside
+    if not target.exists() or overwrite:
+        return
+    from .errors import DatasetExistsError
+
+    what = ""
+    try:
+        raw = F.read_json(target / F.PACK_INDEX_JSON, file=str(target / F.PACK_INDEX_JSON))
+        mix = raw.get("mixture") or {}
+        asked = (f", weights {mix['weights']}" if "weights" in mix else
+                 f", proportions {(mix.get('target') or {}).get('proportions')}" if "target" in mix else "")
+        what = f" (capacity {raw.get('capacity')}, {raw.get('algorithm')}, seed {raw.get('seed')}{asked})"
+    except Exception:  # a broken index: it is replaced with --overwrite all the same
+        pass
+    raise DatasetExistsError(f"{target}: pack index {name!r} already exists{what}; pass overwrite=True to replace it, "
+                             "or name this one with name=", file=str(target), expected="no existing index",
+                             found="exists", cli=f"{target}: pack index {name!r} already exists{what}; pass --overwrite "
+                                                 "to replace it, or name this one with --name NAME")
 
 
 def build_pack_index(
@@ -106,6 +128,8 @@ def build_pack_index(
         from .collection.layout import refuse_laid_out
 
         refuse_laid_out(store.manifest, getattr(store, "url", None) or str(store.path))
+        if getattr(store, "_stream", None) is None:  # (a streamed collection's members are not here: refused below)
+            store.check_members_unchanged()  # C3: an index over a changed member would not open (validate says so too)
     if weights is not None and proportions is not None:
         raise WriteError("weights= and proportions= are two ways to mix; give one (weights: copies of each document; "
                          "proportions with tokens=: shares of the packed tokens)", field="proportions=",
@@ -152,6 +176,8 @@ def build_pack_index(
 
         proportions, tokens = by_share.check_proportions(proportions), by_share.check_tokens(tokens)
     name = IF.check_index_name(name or default_index_name(algorithm, capacity, seed, weights, proportions, tokens))
+    target = store.path / F.PACKS_DIR / name
+    _refuse_existing(target, name, overwrite)  # before the packing, not after it
     t0 = time.perf_counter()
     # int32 when every document fits (4 bytes per document, kept as is by segment_documents and
     # pack_items); the offsets' pages are handed back once read (packfmt._resident)
@@ -197,16 +223,8 @@ def build_pack_index(
     image_counts = seg.image_counts if store.num_images else None
     pack_offsets = np.ascontiguousarray(result.pack_offsets, dtype=F.OFFSET_DTYPE)
     seconds = time.perf_counter() - t0
-    packs_root = store.path / F.PACKS_DIR
-    packs_root.mkdir(exist_ok=True)
-    target = packs_root / name
-    remove_stale_temps(target)  # first: it may restore a copy an interrupted overwrite had moved aside
-    if target.exists() and not overwrite:
-        from .errors import DatasetExistsError
-
-        raise DatasetExistsError(f"{target}: pack index {name!r} already exists (pass overwrite=True, or another name=)",
-                                 file=str(target), expected="no existing index", found="exists",
-                                 cli=f"{target}: pack index {name!r} already exists (pass --overwrite, or another --name)")
+    target.parent.mkdir(exist_ok=True)
+    _refuse_existing(target, name, overwrite)  # (again: another process may have written it meanwhile)
     tmp = temp_sibling(target)
     try:
         files = {}

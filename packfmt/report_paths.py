@@ -16,18 +16,20 @@ from .storage.uri import is_remote, is_url, local_file
 __all__ = ["report_path", "build_report_paths", "shown_message"]
 
 
-def report_path(path: str | os.PathLike, dataset: str | os.PathLike) -> str:
+def report_path(path: str | os.PathLike, dataset: str | os.PathLike, *, links: bool = False) -> str:
     """``path`` as a report written into ``dataset`` names it: a URL as given; a local path relative to the dataset
     directory (POSIX, with ``..`` as needed) when the two share a folder below the root; otherwise (a path that would
-    climb to the root and down again), and for a dataset at a URL, a local path's last component only."""
+    climb to the root and down again), and for a dataset at a URL, a local path's last component only. ``links``: keep
+    the links on the way (the name a user typed, e.g. of a tokenizer folder), else resolve them."""
     path = str(path)
     if is_remote(path):
         return path
     dataset = str(dataset)
-    local = Path(local_file(path) if is_url(path) else path).resolve()
+    full = (lambda p: Path(os.path.abspath(p))) if links else (lambda p: Path(p).resolve())
+    local = full(local_file(path) if is_url(path) else path)
     if is_remote(dataset):
         return local.name
-    base = Path(local_file(dataset) if is_url(dataset) else dataset).resolve()
+    base = full(local_file(dataset) if is_url(dataset) else dataset)
     if Path(os.path.commonpath([local, base])) == Path(local.anchor):  # only the root in common: a path up to the root
         return local.name  # and down again would spell this host's layout out in full
     return Path(os.path.relpath(local, base)).as_posix()

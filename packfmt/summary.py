@@ -225,7 +225,7 @@ def summarize_store(store, *, progress: bool = False, batch_size: int = DEFAULT_
     indexes = {name: store.pack_index(name) for name in store.pack_index_names()}
     lengths = narrow_lengths(store.doc_offsets)  # int32 when every length fits; the offsets' pages handed back
     out: dict[str, Any] = {
-        "path": str(store.path),
+        "path": store.location,
         "format_version": m.raw.get("format_version"),
         "producer": m.raw.get("producer"),
         "counts": {"documents": m.num_documents, "tokens": m.num_tokens, "images": m.num_images},

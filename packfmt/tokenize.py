@@ -2,8 +2,10 @@
 
 Only local tokenizers are accepted (a directory saved with ``save_pretrained`` or a single
 ``tokenizer.json``); ``HF_HUB_OFFLINE=1`` is set before transformers is imported, so nothing is
-ever downloaded. Every object here is cheap to describe with a picklable :class:`TokenizerSpec`,
-which a worker process turns back into the tokenizer once (``TextEncoder(spec)``).
+ever downloaded. A text encoder reads a generic fast tokenizer with the ``tokenizers`` library
+alone (``fast_tokenizer``: no transformers, hence no torch, imported); chat encoders and every
+other tokenizer go through transformers. Every object here is cheap to describe with a picklable
+:class:`TokenizerSpec`, which a worker process turns back into the tokenizer once (``TextEncoder(spec)``).
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ class TokenizerSpec:
             tokenizer itself adds).
         chat_template: a Jinja template string overriding the tokenizer's (chat builds).
         image_token: the marker string that stands for one image (multimodal builds).
+        name: the manifest's ``tokenizer.name``; None: the base name of ``path`` (informative: stores mix when
+            their tokenizer hashes agree, whatever their names, spec/COLLECTION.md §2.3).
     """
 
     path: str
@@ -130,6 +134,7 @@ class TokenizerSpec:
     add_eos: bool | None = None
     chat_template: str | None = None
     image_token: str | None = "<image>"
+    name: str | None = None
 
 
 def _id_of(tok, *names: str) -> int | None:
@@ -144,14 +149,24 @@ class TextEncoder:
     """Batched text encoding with a fixed BOS/EOS policy.
 
     Attributes:
-        tokenizer: the transformers tokenizer.
+        tokenizer: the transformers tokenizer, or a ``fast_tokenizer.PlainTokenizer`` (the same ids without
+            transformers) when ``needs_transformers`` is false and transformers would load it unchanged.
         vocab_size: ``len(tokenizer)``, the full id space including added tokens.
         bos_id, eos_id, pad_id: special ids (BOS falls back to CLS, EOS to SEP), or None.
     """
 
+    #: Whether this encoder calls transformers itself (a chat template does): then it always loads through it.
+    needs_transformers = False
+
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
-        self.tokenizer = load_tokenizer(spec.path)
+        plain = None
+        if not self.needs_transformers:
+            tokenizer_files(spec.path)  # a clear error when nothing is there
+            from .fast_tokenizer import plain_tokenizer
+
+            plain = plain_tokenizer(spec.path)
+        self.tokenizer = plain if plain is not None else load_tokenizer(spec.path)
         self.backend = self.tokenizer.backend_tokenizer
         # tokenizer.json may carry truncation/padding settings (e.g. max_length 128); a training
         # corpus wants every document whole and unpadded, as ``tokenizer(text)`` returns it.
@@ -184,11 +199,12 @@ class TextEncoder:
 
     @cached_property
     def identity(self) -> dict:
-        """The manifest's ``tokenizer`` object: name, hash, class (no path: it would name a file on
-        this host, which the manifest must not hold, spec §2.2 and §5.3)."""
+        """The manifest's ``tokenizer`` object: name (``spec.name``, else the base name of the path given), hash,
+        class (no path: it would name a file on this host, which the manifest must not hold, spec §2.2 and §5.3)."""
         p = Path(self.spec.path)
         name = getattr(self.tokenizer, "name_or_path", "") or p.name
-        return {"name": Path(name).name or p.name, "hash": tokenizer_hash(p), "class": type(self.tokenizer).__name__}
+        cls = getattr(self.tokenizer, "class_name", None) or type(self.tokenizer).__name__
+        return {"name": self.spec.name or Path(name).name or p.name, "hash": tokenizer_hash(p), "class": cls}
 
     @property
     def special_tokens(self) -> dict:

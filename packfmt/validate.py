@@ -94,7 +94,7 @@ def _remote_record(url: str, storage_options: dict | None, size: int) -> bytes |
 
 def _collection_manifest(root: Path) -> dict | None:
     """The parsed JSON of ``root``'s manifest when it is a collection's (read once: ``validate_collection`` checks it)."""
-    from .collection.manifest import is_collection
+    from .collection.versions import is_collection  # (not manifest: a store needs none of the collection code)
 
     try:
         obj = F.read_json(root / F.MANIFEST, file=F.MANIFEST)

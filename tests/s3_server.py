@@ -2,8 +2,9 @@
 
 ``s3_server`` (module scope) starts ``python -m moto.server`` on a free port of 127.0.0.1, points the
 AWS environment at it (``AWS_ENDPOINT_URL``, dummy credentials, instance metadata off: nothing
-leaves the machine), creates the bucket ``bkt`` and stops the server afterwards. ``time_limit``
-fails a test that runs longer than ``LIMIT_S`` (pytest-timeout is not installed; SIGALRM instead).
+leaves the machine), creates the bucket ``bkt`` and stops the server afterwards; it waits for the server
+``READY_S`` seconds times the machine's load factor (``limits``). ``time_limit`` fails a test that runs longer
+than ``LIMIT_S`` (scaled the same way; pytest-timeout is not installed; SIGALRM instead).
 ``GetCounter`` is an HTTP relay in front of that server that counts the bytes each object's GETs
 returned, whichever process sent them (a Ray actor included): what a test asserts about reads.
 """
@@ -16,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -26,6 +26,8 @@ import pytest
 import limits
 
 LIMIT_S = 120
+#: Seconds the server gets to accept connections on an idle machine (scaled by the load: ``limits.wait_until``).
+READY_S = 30
 BUCKET = "bkt"
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
@@ -103,6 +105,15 @@ class GetCounter:
         self._server.server_close()
 
 
+def _accepts(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -118,15 +129,8 @@ def s3_server():
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     saved = {k: os.environ.get(k) for k in [*ENV, "AWS_ENDPOINT_URL"]}
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start")
-                time.sleep(0.1)
+        limits.wait_until(lambda: _accepts(port), f"the moto S3 server on 127.0.0.1:{port}", READY_S,
+                          alive=lambda: proc.poll() is None)
         os.environ.update(ENV, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
         s3fs.S3FileSystem.clear_instance_cache()
         fs = s3fs.S3FileSystem()

@@ -39,6 +39,7 @@ BY_DESIGN = {
     "segment_bounds": "the same bounds, as lengths (a collection holds them) rather than offsets",
     "origin": "where the object was opened from (a URL and its cache), not what it holds",
     "url": "where the object was opened from, not what it holds",
+    "location": "where the object was opened from (its URL, else its path), not what it holds",
     "streamed": "whether members are fetched as reads need them (remote.streamed), not what they hold",
     "resident_members": "how the members are mapped for a reader (collection.resident), not what they hold",
 }

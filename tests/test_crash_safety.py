@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import limits
 import packfmt
 from packfmt import format as F
 from packfmt.packindex import build_pack_index
@@ -164,7 +165,7 @@ def test_killed_pack_build_leaves_other_indexes_valid(packed_dataset, tmp_path):
 # ----------------------------------------------------------------------------- CLI signals, pipes, orphans
 TOKENIZER = Path(packfmt.__file__).parent / "sample_data" / "tokenizer"
 CLI = [sys.executable, "-c", "import sys; from packfmt.cli import entry_point; sys.argv[0] = 'packfmt'; entry_point()"]
-TIMEOUT = 120  # seconds for any one subprocess: these tests fail rather than hang
+TIMEOUT = limits.scaled(120)  # seconds for any one subprocess (x the load factor): fail rather than hang
 
 
 def _env() -> dict:
@@ -184,7 +185,7 @@ def _wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = TIM
             pytest.fail(f"the process exited (rc {proc.returncode}) before {what}: {proc.stderr.read()}")
         time.sleep(0.05)
     proc.kill()
-    pytest.fail(f"timed out waiting for {what}")
+    pytest.fail(f"timed out waiting for {what} ({limits.describe(120, timeout)})")
 
 
 def _open_fifo_for_writing(fifo: Path, proc: subprocess.Popen) -> int:
@@ -237,9 +238,11 @@ def test_signal_mid_build_removes_the_temp_dir(tmp_path, sig, rc, workers):
 @pytest.mark.parametrize("mid_import", ["numpy.", "torch."])
 def test_sigint_during_heavy_imports_exits_130_quietly(tmp_path, mid_import):
     """-X importtime lists each module as its import completes: a numpy (torch) submodule means numpy (torch)
-    is mid-import. numpy loads only after the CLI's handler is installed (packfmt/__init__ is lazy)."""
-    proc = subprocess.Popen([sys.executable, "-X", "importtime", *CLI[1:], "build", "text",
-                             str(TOKENIZER.parent / "text.jsonl"), "-o", str(tmp_path / "ds"),
+    is mid-import. numpy loads only after the CLI's handler is installed (packfmt/__init__ is lazy). A chat build
+    imports torch (through transformers, which renders the template); a text build does not (fast_tokenizer)."""
+    kind = "chat" if mid_import == "torch." else "text"
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", *CLI[1:], "build", kind,
+                             str(TOKENIZER.parent / f"{kind}.jsonl"), "-o", str(tmp_path / "ds"),
                              "--tokenizer", str(TOKENIZER), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     lines = []

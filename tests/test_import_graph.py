@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parent.parent / "packfmt"
 #: A module's floor is that of its longest listed prefix.
 FLOORS: list[tuple[str, ...]] = [
     # 0. foundation: errors, bytes and schemas, every invariant, pure algorithms; nothing here reads a dataset
-    ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize",
+    ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize", "fast_tokenizer",
      "chat", "skips", "energon", "packing", "collection.manifest", "collection.unify",
      "collection.layout", "collection.lengths", "collection.member_table", "collection.member_entry", "collection.versions",
      "collection.member_template", "collection.shard_rows"),
@@ -34,8 +34,8 @@ FLOORS: list[tuple[str, ...]] = [
     # 4. the door: a path or URL becomes a dataset (a remote collection may stream its members)
     ("opening", "remote"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
-    ("packindex", "index_writer", "collection", "validation", "validate", "summary", "render", "inspect", "plot", "export_webdataset",
-     "megatron", "sources", "workers", "pipeline", "engines", "build", "report_paths"),
+    ("packindex", "index_writer", "collection", "validation", "validate", "copying", "summary", "render", "inspect", "plot",
+     "export_webdataset", "megatron", "sources", "workers", "pipeline", "engines", "build", "report_paths"),
     # 6. frameworks
     ("torch", "ray"),
     # 7. the command line

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import limits
 import packfmt
 from packfmt import format as F
 from packfmt._io import checksum_file
@@ -324,11 +324,7 @@ def test_sigkill_mid_merge_leaves_nothing_that_opens(tmp_path, existing):
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, ",".join(map(str, parts)), str(dst), str(marker)],
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None, "the merge ended before it paused"
-            assert time.monotonic() < deadline, "the merge never reached its pause"
-            time.sleep(0.05)
+        limits.wait_until(marker.exists, "the merge reaching its pause", 120, alive=lambda: proc.poll() is None)
         temps = [p for p in tmp_path.iterdir() if p.name.startswith(".dst.packfmt-tmp-")]
         assert len(temps) == 1 and (temps[0] / F.TOKENS).exists()  # mid-merge: a half-written temp store
     finally:

@@ -219,19 +219,60 @@ def test_validate_and_inspect_count_the_text_member_as_all_trained(mix, merged, 
 # -- refusals
 
 
-def test_another_tokenizer_is_refused_naming_the_fix(stores, tmp_path, capsys):
-    tok2 = tmp_path / "tok2"
+def test_another_tokenizer_is_refused_naming_both_and_a_command_that_can_be_typed(stores, tmp_path, capsys):
+    """Inputs and tokenizers beside the stores (a report names them relative to the store; one sharing nothing but
+    the root with it would be named by its last component only: SECURITY A15), so the fix names typeable paths."""
+    tok, tok2, src = tmp_path / "tok", tmp_path / "tok2", tmp_path / "text.jsonl"
+    shutil.copytree(SAMPLE_TOK, tok)
     shutil.copytree(SAMPLE_TOK, tok2)
-    other = build_store("text", SAMPLE / "text.jsonl", tmp_path / "other", "--limit", "5", tok=tok2)
+    shutil.copy(SAMPLE / "text.jsonl", src)
+    config = json.loads((tok2 / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 7  # another tokenizer by its hash (FORMAT.md §2.3), with the same vocabulary
+    (tok2 / "tokenizer_config.json").write_text(json.dumps(config))
+    chat = build_store("chat", SAMPLE / "chat.jsonl", tmp_path / "chat", "--limit", "5", tok=tok)
+    other = build_store("text", src, tmp_path / "other", "--limit", "5", tok=tok2)
     capsys.readouterr()
     assert main(["merge", str(stores["text"]), str(stores["chat"]), "-o", str(tmp_path / "ok")]) == 0
     assert "unified loss_mask: text (no loss mask of their own: read as all-trained)" in capsys.readouterr().out
-    assert main(["merge", str(stores["chat"]), str(other), "-o", str(tmp_path / "x")]) == 1
+    assert main(["merge", str(chat), str(other), "-o", str(tmp_path / "x")]) == 1
     err = capsys.readouterr().err
-    assert "differ in tokenizer" in err and "rebuild 'other' with 'chat''s tokenizer 'tokenizer'" in err
-    assert "`packfmt build text|chat|llava SRC -o OUT --tokenizer tokenizer`" in err
-    assert "Traceback" not in err and "other's tokenizer" not in err
-    assert not (tmp_path / "x").exists()
+    chat_hash = packfmt.open(chat).manifest.tokenizer["hash"]
+    other_hash = packfmt.open(other).manifest.tokenizer["hash"]
+    assert chat_hash != other_hash and f"'tok' ({chat_hash}) vs 'tok2' ({other_hash})" in err
+    # the command rebuilds 'other' from its own input, at its own path, with the chat store's tokenizer folder
+    fix = f"rebuild 'other' with 'chat''s tokenizer 'tok' ({chat_hash}): `packfmt build text {src} -o {other} --overwrite --tokenizer {tok}`"
+    assert fix in err, err
+    assert "Traceback" not in err and not (tmp_path / "x").exists()
+    moved = tmp_path / "tokenizer"
+    shutil.copytree(SAMPLE_TOK, moved)  # a store built with a folder that is gone: a placeholder, said what it is
+    gone = build_store("chat", SAMPLE / "chat.jsonl", tmp_path / "gone", "--limit", "5", tok=moved)
+    shutil.rmtree(moved)
+    assert main(["merge", str(gone), str(other), "-o", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert f"-o {other} --overwrite --tokenizer TOKENIZER` (TOKENIZER: the folder holding tokenizer 'tokenizer'" in err
+
+
+def test_one_tokenizer_reached_by_two_names_mixes(tmp_path, capsys):
+    """The same tokenizer folder typed as two paths (a link): two names, one hash. The stores merge, pack and read;
+    the names are informative (COLLECTION.md §2.3)."""
+    tok = tmp_path / "tok"
+    shutil.copytree(SAMPLE_TOK, tok)
+    (tmp_path / "TOK").symlink_to(tok)
+    text = build_store("text", SAMPLE / "text.jsonl", tmp_path / "text", tok=tok)
+    chat = build_store("chat", SAMPLE / "chat.jsonl", tmp_path / "chat", tok=tmp_path / "TOK")
+    named = build_store("text", SAMPLE / "text.jsonl", tmp_path / "named", "--limit", "3", "--tokenizer-name",
+                        "sample-bpe", tok=tmp_path / "TOK")
+    names = [packfmt.open(p).manifest.tokenizer["name"] for p in (text, chat, named)]
+    assert names == ["tok", "TOK", "sample-bpe"]
+    assert len({packfmt.open(p).manifest.tokenizer["hash"] for p in (text, chat, named)}) == 1
+    capsys.readouterr()
+    assert main(["merge", str(text), str(chat), str(named), "-o", str(tmp_path / "mix")]) == 0
+    assert main(["pack", str(tmp_path / "mix"), "--capacity", "512"]) == 0
+    assert main(["validate", str(tmp_path / "mix"), "--deep"]) == 0
+    ds = PackedDataset(tmp_path / "mix")  # its only index
+    merged = merge_physical([(None, tmp_path / "mix")], tmp_path / "one")
+    assert_labels_of_every_pack(ds, merged)
+    assert packfmt.open(tmp_path / "mix").manifest.raw["tokenizer"]["name"] == "tok"  # the first member's
 
 
 def test_two_different_image_ids_are_refused(tmp_path):

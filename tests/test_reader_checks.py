@@ -191,3 +191,32 @@ def test_v27_by_member_bound_equals_v27_by_documents_as_long_as_their_member(doc
     assert [(f.rule, f.field) for f in a] == [(f.rule, f.field) for f in b]
     assert [f.found for f in a] == [f.found for f in b]
     assert (la is None) == (lb is None) and (la is None or la.tolist() == lb.tolist())
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 1), st.integers(0, 12), st.integers(0, 40), st.booleans(),
+       st.sampled_from([np.int64, np.int32]))
+def test_v27_scan_in_numpy_equals_the_kernel(seed, mode, n_docs, n_segs, wild_packs, dtype):
+    """A small index is scanned in numpy (``checks._scan_small``: no numba imported by a small dataset's open); it
+    finds what the kernel finds, on any input: bad ids and ranges, packs in a decreasing or overlapping order, a
+    pack range outside the segments (refused before a row is read, by both)."""
+    from packfmt import checks
+
+    rng = np.random.default_rng(seed)
+    doc_lengths = rng.integers(0, 9, n_docs)
+    bounds = doc_lengths if mode == 1 else np.concatenate([[0], np.cumsum(doc_lengths)])
+    segs = np.stack([rng.integers(-2, n_docs + 2, n_segs), rng.integers(-2, 9, n_segs),
+                     rng.integers(-2, 12, n_segs)], axis=1).astype(dtype)
+    packs = int(rng.integers(0, 8))
+    if wild_packs:  # decreasing, overlapping, now and then past the end
+        po = rng.integers(0, n_segs + 1 + int(rng.integers(0, 2)), packs + 1)
+    else:
+        po = np.sort(np.concatenate([[0, n_segs], rng.integers(0, n_segs + 1, packs)]))
+    po = po.astype(np.int64)
+    starts = np.zeros(1, dtype=np.int64)
+    got_len, want_len = np.zeros(po.shape[0] - 1, np.int64), np.zeros(po.shape[0] - 1, np.int64)
+    got = checks._scan_small(segs, bounds, po, got_len, mode, starts)
+    want = checks._segment_kernel()(segs, bounds, po, want_len, mode, starts)
+    assert tuple(int(x) for x in got) == tuple(int(x) for x in want)
+    if want[0] >= -1:  # (a range outside the segments: the caller raises, whatever the lengths hold)
+        assert got_len.tolist() == want_len.tolist()

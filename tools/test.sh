@@ -13,4 +13,10 @@ case "${1:-}" in
 esac
 PACKFMT_EXTRAS=dev,ray bash tools/setup.sh  # the demo skips Ray (600 MB); the slow tests use a real local Ray
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider ${select[@]+"${select[@]}"} "$@"
+start=$(date +%s.%N)
+status=0
+.venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider ${select[@]+"${select[@]}"} "$@" || status=$?
+# the suite's wall time, with the load it ran under (the limits of tests/limits.py scale with it)
+awk -v s="$start" -v e="$(date +%s.%N)" -v l="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)" \
+    'BEGIN { printf "tools/test.sh: wall time %.1f s (load average %s)\n", e - s, l }'
+exit "$status"

@@ -1,4 +1,4 @@
-"""Command line: ``packfmt {build,merge,pack,validate,inspect,export} ...``.
+"""Command line: ``packfmt {build,merge,pack,cp,validate,inspect,export} ...``.
 
 Wiring only: each subcommand lives in ``packfmt/cli/<name>.py`` with ``add_parser(subparsers)``
 and ``run(args) -> int``, calling library functions the tests also call directly.
@@ -23,7 +23,7 @@ from . import _signals
 from ..version import __version__
 
 #: Subcommand name -> module under packfmt.cli. A module that is missing is simply not offered.
-COMMANDS = ("build", "merge", "pack", "validate", "inspect", "export")
+COMMANDS = ("build", "merge", "pack", "cp", "validate", "inspect", "export")
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_PIPE = 0, 1, 2, 141
 

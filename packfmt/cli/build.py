@@ -16,6 +16,7 @@ from ..sources import FORMATS
 def _common(p: argparse.ArgumentParser, *, tokenizer_required: bool = True) -> None:
     p.add_argument("--tokenizer", required=tokenizer_required,
                    help="local Hugging Face tokenizer: a directory or a tokenizer.json (never downloaded)")
+    _tokenizer_name(p)
     p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                    help="bad records: stop with file, line and reason (default), or count and skip them")
     p.add_argument("--skip-log", help="also write every skipped record as one JSON line to this file")
@@ -26,6 +27,12 @@ def _common(p: argparse.ArgumentParser, *, tokenizer_required: bool = True) -> N
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT (atomically)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     p.add_argument("--json", action="store_true", help="print the build report as JSON")
+
+
+def _tokenizer_name(p: argparse.ArgumentParser, default: str = "the base name of --tokenizer") -> None:
+    p.add_argument("--tokenizer-name", metavar="NAME", default=None,
+                   help=f"the tokenizer name the manifest records (default: {default}); informative: stores mix "
+                        "(merge, collections) when their tokenizer hashes agree, whatever their names")
 
 
 def _inputs(p: argparse.ArgumentParser) -> None:
@@ -136,7 +143,8 @@ def add_parser(sub) -> None:
     g.add_argument("-o", "--out", required=True, help="target dataset directory")
     g.add_argument("--vocab-size", type=int, required=True,
                    help="vocabulary size (Megatron files do not record it; ids >= it are refused)")
-    g.add_argument("--tokenizer-name", default=None, help="tokenizer name to record in the manifest")
+    _tokenizer_name(g, default="unknown; Megatron files record no tokenizer, and no hash is recorded: such stores "
+                          "mix only with stores of the same name and no hash")
     g.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT (atomically)")
     _engine(g)
     g.set_defaults(func=run_megatron)
@@ -250,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, B) -> int:
     common = dict(on_error=args.on_error, workers=args.workers, batch_size=args.batch_size, overwrite=args.overwrite,
                   progress=args.progress and sys.stderr.isatty(), vocab_size=args.vocab_size, limit=args.limit,
-                  skip_log=args.skip_log)
+                  skip_log=args.skip_log, tokenizer_name=args.tokenizer_name)
     engine = getattr(args, "engine", "local")
     if engine == "ray":
         try:

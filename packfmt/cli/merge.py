@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     table = {"auto": None, "yes": True, "no": False}[args.member_table]
     coll = write_collection(args.output, sources, overwrite=args.overwrite, member_table=table)
     listing = "member table" if coll.manifest.raw["members"] == "table" else "member array"
-    print(f"wrote collection {getattr(coll, 'url', coll.path)}: {len(coll.members):,} members ({listing}, format "
+    print(f"wrote collection {coll.location}: {len(coll.members):,} members ({listing}, format "
           f"{coll.manifest.raw['format_version']}), {coll.num_documents:,} documents, {coll.num_tokens:,} tokens")
     for m in coll.members[:10]:
         print(f"  {m.name}: {m.documents:,} documents, {m.tokens:,} tokens ({m.path})")
@@ -66,7 +66,7 @@ def _physical(args: argparse.Namespace, sources) -> int:
     store = merge_physical(sources, args.output, overwrite=args.overwrite)
     report = store.manifest.raw["build_report"]
     files = store.manifest.files
-    print(f"wrote store {getattr(store, 'url', store.path)}: {len(report['members']):,} members, {store.num_documents:,} documents, "
+    print(f"wrote store {store.location}: {len(report['members']):,} members, {store.num_documents:,} documents, "
           f"{store.num_tokens:,} tokens, {store.num_images:,} images ({report['bytes_copied']:,} bytes copied)")
     print("  files: " + ", ".join(f"{name} ({files[name].bytes:,} bytes)" for name in sorted(files)))
     indexes = report["pack_indexes"]
@@ -79,5 +79,5 @@ def _physical(args: argparse.Namespace, sources) -> int:
         print(f"  {member_indexes:,} pack index(es) of member stores not carried (their document ids are the "
               "member's own)")
     if not indexes["carried"]:
-        print(f"  next: pack the merged store with `packfmt pack {getattr(store, 'url', store.path)} --capacity N`")
+        print(f"  next: pack the merged store with `packfmt pack {store.location} --capacity N`")
     return 0

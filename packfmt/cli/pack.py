@@ -19,7 +19,11 @@ def add_parser(sub) -> None:
                                    "of every member in one run)")
     p.add_argument("--capacity", type=int, required=True, help="tokens per pack (training sequence length)")
     p.add_argument("--algorithm", default="ffd", choices=IF.ALGORITHM_NAMES, help="packing algorithm (default: ffd)")
-    p.add_argument("--name", help="index name (default: ALGORITHM-CAPACITY[-sSEED])")
+    p.add_argument("--name", help="index name (default: ALGORITHM-CAPACITY, plus -sSEED for first_fit_shuffle and "
+                                  "shuffle_and_pack, plus -weights or -proportions for a mixture: ffd-4096, "
+                                  "ffd-4096-weights; a second mixture of one kind needs its own --name, or --overwrite "
+                                  "to replace the first); printed, and what PackedDataset(DATASET, NAME) reads "
+                                  "(PackedDataset(DATASET) alone reads the only index there is)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffled algorithms and of the documents "
                                                         "--weights' fractions and --proportions' remainders draw (default: 0)")
     p.add_argument("--weights", metavar="NAME=W,...",
@@ -110,13 +114,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"packfmt pack: WARNING: --oversize {args.oversize} left out {lost['tokens']:,} of {num_tokens:,} "
               f"tokens ({lost['fraction']:.2%}), more than --max-lost-fraction {args.max_lost_fraction}; keep them "
               f"with --oversize split, or a larger --capacity (longest document: {longest:,} tokens)", file=sys.stderr)
+    where = f"{store.location}/{F.PACKS_DIR}/{index.name}"  # the URL given, not the cache's mirror
     if args.json:
         shards = None if args.shards is None else _write_shards(args, index)
-        print(json.dumps({"name": index.name, "path": str(index.path), "stats": stats, "lost_tokens": lost,
+        print(json.dumps({"name": index.name, "path": where, "stats": stats, "lost_tokens": lost,
                           "mixture": mixture, **({"shards": shards} if shards else {})}, indent=2))
         return 0
-    where = f"{store.url}/{F.PACKS_DIR}/{index.name}" if getattr(store, "url", None) else index.path
     print(f"wrote pack index {index.name!r} to {where}")
+    print(f"  read it with PackedDataset({store.location!r}, {index.name!r})")
     print(f"  {stats['packs']:,} packs of capacity {index.capacity:,} from {stats['documents']:,} "
           f"{'document copies' if mixture else 'documents'} "
           f"({stats['segments']:,} segments), algorithm {index.algorithm}")
@@ -145,7 +150,7 @@ def _write_shards(args: argparse.Namespace, index) -> dict:
     from ..collection.shards import write_shards
 
     out = write_shards(index.store, index.name, args.shards, shard_bytes=args.shard_size, overwrite=args.overwrite)
-    return {"path": str(out.path), "members": len(out.members), "documents": out.num_documents,
+    return {"path": out.location, "members": len(out.members), "documents": out.num_documents,
             "tokens": out.num_tokens, "lookahead_tokens": out.manifest.raw["layout"]["lookahead_tokens"]}
 
 

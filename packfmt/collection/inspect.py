@@ -102,7 +102,7 @@ def summarize_collection(coll, *, progress: bool = False, batch_size: int = 8) -
                    for name, path, docs, toks, imgs, st in zip(table.names, table.paths, table.documents.tolist(),
                                                                 table.tokens.tolist(), table.images.tolist(), stats)]
     out: dict[str, Any] = {
-        "path": str(coll.path),
+        "path": coll.location,
         "kind": "collection",
         "format_version": raw.get("format_version"),
         "producer": raw.get("producer"),

@@ -20,8 +20,11 @@ from .member_table import TABLE_FILES, TABLE_VALUE, MemberList, MemberTable, rea
 from .unify import SHARED_KEYS, parse_unified
 from .versions import (
     ARRAY_VERSION,
+    COLLECTION_FORMAT_NAME,
     COLLECTION_VERSION,
     OLDEST_COLLECTION_VERSION,
+    TABLE_VERSION,
+    is_collection,
     parse_collection_version,
     table_allowed,
     version_str,
@@ -31,7 +34,6 @@ __all__ = ["COLLECTION_FORMAT_NAME", "COLLECTION_VERSION", "COLLECTION_VERSION_S
            "parse_collection_manifest", "member_list_checksum", "check_member_name", "check_member_path",
            "SHARED_KEYS", "is_collection", "OLDEST_COLLECTION_VERSION", "members_json", "collection_reader", "TABLE_FILES"]
 
-COLLECTION_FORMAT_NAME = "packfmt-collection"
 #: What this writer writes for a collection whose member list is a JSON array (readable by every 1.3 reader); one
 #: with a member table (§2.5) is written as ``versions.TABLE_VERSION`` (2.0). Versions: ``collection.versions``.
 ARRAY_VERSION_STR = version_str(ARRAY_VERSION)
@@ -51,10 +53,6 @@ class CollectionManifest:
     raw: dict
     #: The ``files`` table (§2.4): ``{"doc_lengths.bin": FileEntry}`` or {} (none recorded).
     files: dict = field(default_factory=dict)
-
-
-def is_collection(obj: dict) -> bool:
-    return isinstance(obj, dict) and obj.get("format") == COLLECTION_FORMAT_NAME
 
 
 def member_list_checksum(members) -> str:

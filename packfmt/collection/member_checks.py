@@ -34,7 +34,7 @@ from .manifest import CollectionManifest, is_collection
 from .member_template import MAX_TEMPLATES, Template, listed_in
 from .unify import member_differences
 
-__all__ = ["member_problems", "member_doc_lengths", "GROUP_OFFSETS"]
+__all__ = ["member_problems", "member_doc_lengths", "first_changed_member", "changed_member", "GROUP_OFFSETS"]
 
 #: Offsets of consecutive members read end to end and checked (V13) in one vectorised pass: 8 MiB.
 GROUP_OFFSETS = 1 << 20
@@ -46,11 +46,14 @@ def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F
     ``sm`` is the member's parsed manifest and ``found_checksum`` that of its bytes at ``where``.
     """
     entry, label = coll.members[m], f"{F.MANIFEST}: members[{m}] ({coll.members[m].name})"
-    out = [] if found_checksum == entry.manifest else [checksum_problem(coll, m, found_checksum, where)]
+    out = []
+    if found_checksum != entry.manifest:
+        out.append(changed_member(coll, m, found_checksum, where))
     for key, value in (("documents", sm.num_documents), ("tokens", sm.num_tokens), ("images", sm.num_images)):
-        if getattr(entry, key) != value:
-            out.append(FormatError(file=F.MANIFEST, field=f"members[{m}].{key}", expected=value,
-                                   found=getattr(entry, key)))
+        if getattr(entry, key) != value:  # expected: what the collection recorded; found: what the member holds
+            out.append(FormatError(f"{label}: {key}: expected {getattr(entry, key)} (recorded in the collection), "
+                                   f"found {value} in {where}", file=F.MANIFEST, field=f"members[{m}].{key}",
+                                   expected=getattr(entry, key), found=value))
     for field, expected, found, why in member_differences(coll.shared, coll.unified, entry.name, sm.raw):
         name = field if field.startswith("unified.") else f"members[{m}].{field}"
         out.append(FormatError(f"{label}: {name}: expected {expected}, found {found} in {where}"
@@ -59,14 +62,39 @@ def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F
     return out
 
 
-def checksum_problem(coll: CollectionManifest, m: int, found_checksum: str, where) -> FormatError:
-    """C3 of member ``m`` failed: its manifest at ``where`` hashes to ``found_checksum``, not to what the collection
-    recorded (a ``FormatError`` naming both and the fix)."""
+def changed_member(coll: CollectionManifest, m: int, found: str, where) -> FormatError:
+    """C3 of member ``m``: its manifest at ``where`` hashes to ``found``, not the checksum the collection records."""
     entry = coll.members[m]
     return FormatError(f"{F.MANIFEST}: members[{m}] ({entry.name}): manifest: expected {entry.manifest} (recorded in "
-                       f"the collection), found {found_checksum} in {where}: the member changed after the collection "
-                       "was written; run `packfmt merge` again", file=F.MANIFEST, field=f"members[{m}].manifest",
-                       expected=entry.manifest, found=found_checksum)
+                       f"the collection), found {found} in {where}: the member changed after the collection was "
+                       "written; put the recorded member back, or write the collection again over the members as they "
+                       "are now (`packfmt merge`; its pack indexes are then packed again)", file=F.MANIFEST,
+                       field=f"members[{m}].manifest", expected=entry.manifest, found=found)
+
+
+def first_changed_member(root: str | os.PathLike, coll: CollectionManifest) -> tuple[int, str, str] | None:
+    """C3 of every member, in member order: ``(m, found, where)`` of the first member whose ``manifest.json`` (under
+    ``root``, resolved as a reader resolves it) is missing or hashes to another checksum than the recorded one
+    (``found``: that checksum, or what is wrong); None when every one is as recorded.
+
+    One read of each manifest, nothing parsed: what a command that reads no member but must not write over a
+    changed one (``packfmt pack``, from the collection's own ``doc_lengths.bin``) checks."""
+    prefix = os.path.join(os.fspath(root), "")
+    for m, (path, digest) in enumerate(zip(coll.members.paths, coll.members.digests)):
+        where = prefix + path + _MANIFEST
+        try:
+            fd = os.open(where, _READ)
+            try:
+                raw = os.read(fd, SMALL_JSON)
+            finally:
+                os.close(fd)
+            if len(raw) >= SMALL_JSON:
+                raw = F.read_json_bytes(where, file=F.MANIFEST)
+        except (OSError, PackfmtError):
+            return m, "no readable manifest.json", where
+        if xxh3_64_intdigest(raw) != digest:
+            return m, manifest_checksum(raw), where
+    return None
 
 
 def manifest_checksum(raw: bytes) -> str:

@@ -38,7 +38,7 @@ from .manifest import (
     parse_collection_manifest,
 )
 from .member_table import NAMES_FILE, listed_paths
-from .member_checks import manifest_checksum, member_doc_lengths, member_problems
+from .member_checks import changed_member, first_changed_member, manifest_checksum, member_doc_lengths, member_problems
 from .unify import ones_needed
 
 __all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]
@@ -170,6 +170,16 @@ class Collection(Dataset):
         while len(self._open) > self.max_open_members:
             self._open.popitem(last=False)
         return store
+
+    def check_members_unchanged(self) -> None:
+        """C3 of every member (its ``manifest.json`` has the recorded checksum), one read each and no member opened:
+        what a command that reads the collection's own lengths, but binds its output to the members, checks first
+        (``packfmt pack``). Raises the first changed member's ``FormatError``, naming the fix."""
+        changed = first_changed_member(self.path, self.manifest)
+        if changed is not None:
+            m, found, where = changed
+            nested = nested_collection_error(self.path, m, self.members[m])  # a cycle is named as such, as at open
+            raise nested if nested is not None else changed_member(self.manifest, m, found, where)
 
     def _check_member(self, m: int, store: Store) -> Store:
         """C2, C3 of member ``m`` opened as ``store``; and, once this collection's lengths were read from

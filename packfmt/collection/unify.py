@@ -1,7 +1,7 @@
 """What members of a collection share, and what a collection unifies (spec/COLLECTION.md §2.3).
 
-Members share ``vocab_size``, ``token_dtype``, the tokenizer identity (name and hash) and every
-special token but ``image``, exactly. Two keys may differ, and the collection records which
+Members share ``vocab_size``, ``token_dtype``, the tokenizer identity (its hash when both hashes are
+known, whatever the names; name and null hash otherwise) and every special token but ``image``, exactly. Two keys may differ, and the collection records which
 members differ in its ``unified`` object: ``loss_mask`` (a member without a mask, in a collection
 with one, reads as all-trained) and ``special_tokens.image`` (a member with a null image id, in a
 collection whose image id is set). This module is the one place that rule is written: the writer
@@ -12,9 +12,11 @@ both (``member_differences``, C2).
 
 from __future__ import annotations
 
+import os
+import shlex
 from typing import Any
 
-from ..errors import FormatError, WriteError
+from ..errors import FormatError, PackfmtError, WriteError
 from .versions import newer_minor
 
 __all__ = ["SHARED_KEYS", "UNIFIABLE", "unify", "parse_unified", "member_differences", "same_identity", "ones_needed", "MEANING"]
@@ -42,9 +44,13 @@ def _absent(value) -> bool:
 
 
 def same_identity(key: str, a, b) -> bool:
-    """Equality of a key that members share exactly (the tokenizer by identity: name and hash)."""
-    if key == "tokenizer":  # identity: name and hash; other keys (revision, class, ...) may differ
+    """Equality of a key that members share exactly; the tokenizer by identity (spec/COLLECTION.md §2.3): two
+    non-null hashes equal, whatever the names (a name is what was typed: one folder reached through a link has
+    two); without a hash, name and hash (both null) equal. Other keys of ``tokenizer`` (class, ...) may differ."""
+    if key == "tokenizer":
         a, b = a or {}, b or {}
+        if a.get("hash") is not None and b.get("hash") is not None:
+            return a["hash"] == b["hash"]
         return a.get("name") == b.get("name") and a.get("hash") == b.get("hash")
     if key == "special_tokens":  # every special token but image, which is unified
         a, b = a or {}, b or {}
@@ -57,18 +63,71 @@ def _tok(shared: dict) -> str:
     return f"{t.get('name')!r} ({t.get('hash') or 'no hash'})"
 
 
-def _fix(label: str, ref: str, shared: dict) -> str:
-    name = (shared.get("tokenizer") or {}).get("name")
-    return (f"rebuild {label} with {ref}'s tokenizer {_tok(shared)}: `packfmt build text|chat|llava SRC -o OUT "
-            f"--tokenizer {name}`")
+#: ``build_report.command`` -> the ``packfmt build`` kind that rebuilds such a store.
+_KINDS = {"text": "text", "chat": "chat", "multimodal": "llava", "easy-vqa": "easy-vqa"}
+
+
+def _fix(label: str, path: str, mine: dict, ref: str, ref_path: str, shared: dict) -> str:
+    """How to rebuild member ``label`` (at ``path``; ``mine``: its shared keys and ``build_report``) with the tokenizer
+    of member ``ref`` (at ``ref_path``; ``shared``: its keys)."""
+    return (f"rebuild {label} with {ref}'s tokenizer {_tok(shared)}: {_rebuild(label, path, mine, ref_path, shared)}, "
+            "with the other options it was built with, then merge again")
+
+
+def _rebuild(label: str, path: str, mine: dict, tok_store: str, tokenizer_of: dict, extra: str = "") -> str:
+    """The ``packfmt build`` command that writes member ``label`` at ``path`` again with the tokenizer of the store at
+    ``tok_store`` (``tokenizer_of``: its keys): its own kind and inputs (``mine``'s build report), and a tokenizer path
+    a user can type (the one ``tokenizer_of``'s build report records, when it still holds that tokenizer);
+    placeholders, said what they stand for, where those are not known here."""
+    report = mine.get("build_report") if isinstance(mine.get("build_report"), dict) else {}
+    kind = _KINDS.get(report.get("command"), "text|chat|llava")
+    sources = [_here(s.get("path"), path) for s in report.get("sources") or [] if isinstance(s, dict)]
+    known = sources and all(p is not None and ("://" in p or os.path.exists(p)) for p in sources)
+    inputs = "" if kind == "easy-vqa" else (" ".join(shlex.quote(p) for p in sources) if known else "SRC") + " "
+    tok = _tokenizer_path(tokenizer_of, tok_store)
+    notes = [] if tok else [f"TOKENIZER: the folder holding tokenizer {_tok(tokenizer_of)}; no path a build report "
+                            "records holds it on this machine"]
+    if inputs == "SRC ":
+        notes.append(f"SRC: the inputs {label} was built from")
+    cmd = (f"`packfmt build {kind} {inputs}-o {shlex.quote(str(path))} --overwrite --tokenizer "
+           f"{shlex.quote(tok) if tok else 'TOKENIZER'}{extra}`")
+    return cmd + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _here(recorded, store: str) -> str | None:
+    """A path the build report of the store at ``store`` records (relative to it, or absolute; a URL as given), as a
+    path on this machine; None when it is no string."""
+    if not isinstance(recorded, str):
+        return None
+    if "://" in recorded or os.path.isabs(recorded):
+        return recorded
+    return os.path.normpath(os.path.join(str(store), recorded))
+
+
+def _tokenizer_path(shared: dict, store: str) -> str | None:
+    """The tokenizer path the build report of ``shared``'s store (at ``store``) records (``build.tokenizer_setting``),
+    when it exists here and still hashes to the recorded hash; else None."""
+    report = shared.get("build_report") if isinstance(shared.get("build_report"), dict) else {}
+    settings = report.get("settings") if isinstance(report.get("settings"), dict) else {}
+    path = _here(settings.get("tokenizer_path"), store)
+    want = (shared.get("tokenizer") or {}).get("hash")
+    if path is None or want is None or not os.path.exists(path):
+        return None
+    from ..tokenize import tokenizer_hash
+
+    try:
+        return path if tokenizer_hash(path) == want else None
+    except (OSError, PackfmtError):
+        return None
 
 
 def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
     """The collection's shared keys and its ``unified`` record over ``(name, path, shared keys)`` of each member.
 
     Raises ``WriteError`` naming both members and the fix when two members cannot share a collection:
-    another tokenizer, vocabulary or token dtype, other special tokens (image aside), or two
-    different image ids.
+    another tokenizer (by hash: ``same_identity``), vocabulary or token dtype, other special tokens (image aside),
+    or two different image ids. A member's shared keys may carry its ``build_report`` too (what the fix's
+    command is made of; never compared).
     """
     first, first_path, ref = members[0]
     for name, path, shared in members:
@@ -79,10 +138,11 @@ def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
                 fix = (f"rebuild {name!r} with {first!r}'s tokenizer and options so that its special tokens "
                        f"(bos, eos, pad) are {first!r}'s")
             else:
-                fix = _fix(repr(name), repr(first), ref)
+                fix = _fix(repr(name), path, shared, repr(first), first_path, ref)
             shown = (f"{_tok(ref)} vs {_tok(shared)}" if key == "tokenizer" else f"{ref[key]!r} vs {shared[key]!r}")
+            share = "one tokenizer (the same hash; names may differ)" if key == "tokenizer" else "it"
             raise WriteError(f"merge: members {first!r} ({first_path}) and {name!r} ({path}) differ in {key}: "
-                             f"{shown}; a collection's members share it: {fix}",
+                             f"{shown}; a collection's members share {share}: {fix}",
                              field=key, expected=repr(ref[key]), found=repr(shared[key]))
     image = None
     for name, path, shared in members:
@@ -93,8 +153,7 @@ def unify(members: list[tuple[str, str, dict]]) -> tuple[dict, dict]:
             raise WriteError(f"merge: members {image[1]!r} ({image[2]}) and {name!r} ({path}) use different image "
                              f"placeholder ids (special_tokens.image {image[0]} vs {value}); a collection has one: "
                              f"rebuild {name!r} with the image marker {image[1]!r} was built with (the token of id "
-                             f"{image[0]}): `packfmt build llava SRC -o OUT --tokenizer "
-                             f"{(shared.get('tokenizer') or {}).get('name')} --image-token MARKER`",
+                             f"{image[0]}): {_rebuild(repr(name), path, shared, path, shared, ' --image-token MARKER')}",
                              field="special_tokens.image", expected=image[0], found=value)
         image = image or (value, name, path)
     out = {key: ref[key] for key in SHARED_KEYS}

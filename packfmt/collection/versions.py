@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from .. import format as F
 
-__all__ = ["COLLECTION_VERSION", "OLDEST_COLLECTION_VERSION", "UNIFIED_VERSION",
+__all__ = ["COLLECTION_FORMAT_NAME", "is_collection", "COLLECTION_VERSION", "OLDEST_COLLECTION_VERSION", "UNIFIED_VERSION",
            "FILES_VERSION", "LAYOUT_VERSION", "TABLE_VERSION", "WITHDRAWN_TABLE_VERSION", "ARRAY_VERSION", "KNOWN_MINORS",
            "version_str", "newer_minor", "table_allowed", "parse_collection_version"]
 
+#: The ``format`` of a collection's manifest (a store's says ``"packfmt"``).
+COLLECTION_FORMAT_NAME = "packfmt-collection"
 #: The newest minor this reader knows of each major it reads: 1.2 added ``unified``, 1.3 ``layout`` and ``files``
 #: (``doc_lengths.bin``), 1.4 the member table as a minor (withdrawn: a 1.3 reader cannot read it, so it is the
 #: new major 2.0; 1.4 collections already written are still read); 2.0 is 1.4's content under its own major.
@@ -59,3 +61,9 @@ def parse_collection_version(value, *, file: str) -> tuple[int, int]:
         raise FormatError(file=file, field="format_version", expected=">= 1.1 (collections were added in 1.1)",
                           found=value)
     return version
+
+
+def is_collection(obj: dict) -> bool:
+    """Whether ``obj``, a parsed ``manifest.json``, is a collection's (what a command that meets a store learns
+    without importing the collection code)."""
+    return isinstance(obj, dict) and obj.get("format") == COLLECTION_FORMAT_NAME

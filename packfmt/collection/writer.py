@@ -100,7 +100,10 @@ def prepare_destination(dst: Path, overwrite: bool) -> None:
 
 
 def _shared(store: Store) -> dict:
-    return {key: store.manifest.raw.get(key) for key in SHARED_KEYS}
+    """The member's ``SHARED_KEYS`` (compared, C2) and its ``build_report`` (never compared: what a refusal's fix
+    command is made of, ``unify``)."""
+    raw = store.manifest.raw
+    return {**{key: raw.get(key) for key in SHARED_KEYS}, "build_report": raw.get("build_report")}
 
 
 def local_member_lengths(members: list[tuple[Member, Path, dict]]) -> np.ndarray:
@@ -187,8 +190,8 @@ def write_collection(dst: str | os.PathLike, sources: list[tuple[str | None, str
                      member_table: bool | None = None) -> Collection:
     """Write a collection at ``dst`` listing the stores of ``sources`` in order; return it opened.
 
-    Members must agree on token dtype, vocabulary, tokenizer identity (name and hash) and special
-    tokens but ``image`` (spec/COLLECTION.md C2); members with and without a loss mask or an image
+    Members must agree on token dtype, vocabulary, tokenizer identity (the hash; the name without one) and
+    special tokens but ``image`` (spec/COLLECTION.md C2); members with and without a loss mask or an image
     id mix, recorded in ``unified`` (§2.3); names must be unique (give ``NAME=PATH``).
     Every document's length is recorded in ``doc_lengths.bin`` (§2.4), so that packing and opening it read
     no member. ``member_table``: keep the member list in ``members.bin`` and ``member_names.txt`` (§2.5, format

@@ -18,7 +18,7 @@ from pathlib import Path
 import xxhash
 
 from .. import format as F
-from ..collection.member_checks import checksum_problem, manifest_checksum
+from ..collection.member_checks import changed_member, manifest_checksum
 from ..storage import uri
 from ..storage.cache import Fetcher
 from ..storage.errors import storage_errors
@@ -44,7 +44,7 @@ def member_manifest(members, m: int, local: Path) -> tuple[bytes, dict]:
             fs, rpath = uri.filesystem(url, f.so)
             raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
         if xxhash.xxh3_64_intdigest(raw) != recorded:
-            raise checksum_problem(coll.manifest, m, manifest_checksum(raw), f"{url}/{F.MANIFEST}")
+            raise changed_member(coll.manifest, m, manifest_checksum(raw), f"{url}/{F.MANIFEST}")
     label = f"{url}/{F.MANIFEST}"
     return raw, F.parse_manifest(F.parse_json(raw, file=label), file=label).files
 

@@ -21,7 +21,7 @@ from . import uri
 from .cache import Origin, cache_root, mark_verified, mirror_path
 from .errors import require_bucket, storage_errors
 
-__all__ = ["remote_output", "upload_tree", "exists"]
+__all__ = ["remote_output", "upload_tree", "exists", "refuse_occupied"]
 
 _COMMITS = (F.MANIFEST, F.PACK_INDEX_JSON)
 
@@ -69,6 +69,28 @@ def _objects_under(url: str, storage_options: dict | None) -> int:
         return 0
 
 
+def refuse_occupied(url: str, storage_options: dict | None = None, *, overwrite: bool = False) -> None:
+    """Unless ``overwrite``, ``DatasetExistsError`` when the prefix ``url`` holds a dataset (its manifest) or any other
+    object; a missing bucket is a ``StorageError`` either way (checked before any work is done, not at the upload)."""
+    with storage_errors(url, storage_options):
+        taken = exists(url, storage_options)
+        others = 0
+        if not taken:
+            require_bucket(uri.filesystem(url, storage_options)[0], url, storage_options)
+            others = _objects_under(url, storage_options)
+    if overwrite:
+        return
+    if taken:
+        raise DatasetExistsError(f"{url}: already exists (pass overwrite=True to replace it)", file=url,
+                                 expected="no existing dataset", found="exists",
+                                 cli=f"{url}: already exists (pass --overwrite to replace it)")
+    if others:  # the upload removes what the new tree lacks: never someone else's objects
+        what = f"{url}: holds {others} object(s) but is not a packfmt dataset (no {F.MANIFEST})"
+        raise DatasetExistsError(f"{what}; write to an empty prefix, or pass overwrite=True to replace them",
+                                 file=url, expected="an empty prefix", found=f"{others} object(s)",
+                                 cli=f"{what}; write to an empty prefix, or pass --overwrite to replace them")
+
+
 @contextmanager
 def remote_output(url: str, storage_options: dict | None = None, *, overwrite: bool = False, cache_dir=None):
     """Yield the local directory to write the dataset at ``url`` into; upload it when the block succeeds.
@@ -76,21 +98,7 @@ def remote_output(url: str, storage_options: dict | None = None, *, overwrite: b
     Refuses an existing remote dataset unless ``overwrite`` (checked before any work is done).
     """
     url = url.rstrip("/")
-    with storage_errors(url, storage_options):
-        taken = exists(url, storage_options)
-        others = 0
-        if not taken:  # fail before the work, not at the upload
-            require_bucket(uri.filesystem(url, storage_options)[0], url, storage_options)
-            others = _objects_under(url, storage_options)
-    if taken and not overwrite:
-        raise DatasetExistsError(f"{url}: already exists (pass overwrite=True to replace it)", file=url,
-                                 expected="no existing dataset", found="exists",
-                                 cli=f"{url}: already exists (pass --overwrite to replace it)")
-    if others and not overwrite:  # the upload removes what the new tree lacks: never someone else's objects
-        what = f"{url}: holds {others} object(s) but is not a packfmt dataset (no {F.MANIFEST})"
-        raise DatasetExistsError(f"{what}; write to an empty prefix, or pass overwrite=True to replace them",
-                                 file=url, expected="an empty prefix", found=f"{others} object(s)",
-                                 cli=f"{what}; write to an empty prefix, or pass --overwrite to replace them")
+    refuse_occupied(url, storage_options, overwrite=overwrite)
     local = mirror_path(url, storage_options, cache_dir)
     root = cache_root(cache_dir)
     with storage_errors(url, storage_options, root):
