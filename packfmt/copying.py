@@ -8,7 +8,7 @@ behind). Members are resolved as the collection resolves them (spec/COLLECTION.m
 
 How (FORMAT.md §5.1, §5.4; the house's two writers, not a third):
 
-* A remote ``SRC`` is fetched whole into the node-local cache first (``storage.fetch_dataset``: every file
+* A remote ``SRC`` is fetched whole into the node-local cache first (``remote.fetch_dataset``: every file
   downloaded hashed and checked against its manifest), then read from there.
 * Every data file is copied hashed as it streams and checked against its manifest's size and xxh3_64
   (``collection.verified_copy.copy_verified``): a damaged source fails the copy, naming the file, and is never copied.
@@ -96,7 +96,7 @@ def copy_dataset(src: str | os.PathLike, dst: str | os.PathLike, *, overwrite: b
     _refuse_overlap(src, dst)
     fetched = None
     if is_remote(src):
-        from .storage import fetch_dataset
+        from .remote import fetch_dataset
 
         fetched = fetch_dataset(src, storage_options, cache_dir)  # pinned while ``fetched`` lives
         root = Path(fetched.path)
