@@ -34,7 +34,7 @@ from .manifest import CollectionManifest, is_collection
 from .member_template import MAX_TEMPLATES, Template, listed_in
 from .unify import member_differences
 
-__all__ = ["member_problems", "member_doc_lengths", "GROUP_OFFSETS"]
+__all__ = ["member_error", "member_problems", "member_doc_lengths", "GROUP_OFFSETS"]
 
 #: Offsets of consecutive members read end to end and checked (V13) in one vectorised pass: 8 MiB.
 GROUP_OFFSETS = 1 << 20
@@ -62,6 +62,15 @@ def member_problems(coll: CollectionManifest, m: int, found_checksum: str, sm: F
                                + (f" ({why})" if why else ""), file=F.MANIFEST, field=name, expected=expected,
                                found=found))
     return out
+
+
+def member_error(exc: FormatError, entry) -> FormatError:
+    """``exc``, raised by a member's own store, naming the member (its ``name`` and ``path``): its ``file`` is the
+    member's file as the collection reaches it (``../web/manifest.json``), not a name of the collection's own."""
+    file = exc.file if not exc.file or os.path.isabs(exc.file) else f"{entry.path}/{exc.file}"
+    where = f"member {entry.name!r} ({entry.path}): "
+    return type(exc)(where + str(exc), file=file, field=exc.field, expected=exc.expected, found=exc.found,
+                     cli=None if exc.cli is None else where + exc.cli)
 
 
 def manifest_checksum(raw: bytes) -> str:
