@@ -89,10 +89,12 @@ FAMILIES: dict[str, list[tuple]] = {
                      ("tcoll/manifest.json", "json", ("files",), ("tcoll",)),
                      ("tcoll/manifest.json", "json", ("members",), ("tcoll",)),
                      ("tcoll/manifest.json", "json", ("counts",), ("tcoll",))],
-    "layout": [("shards/manifest.json", "json", ("layout",), ("shards",))]
+    "layout": [("shards/manifest.json", "json", ("layout",), ("shards",)),
+               ("shards/manifest.json", "json", ("layout", "member_packs"), ("shards",))]
               + [t for t in _index("shards", "w", {**_PLAIN, **_ROWS})],
     "mixture": [("coll/packs/w/index.json", "json", ("mixture",), ("coll",)),
                 ("coll/packs/p/index.json", "json", ("mixture",), ("coll",)),
+                ("coll/packs/w/index.json", "json", ("mixture", "rounds"), ("coll",)),
                 ("shards/manifest.json", "json", ("layout", "source", "mixture"), ("shards",))],
     "pack_index": _index("img", "plain", _PLAIN)
                   + _index("img", "mat", {**_PLAIN, F.PACK_TOKEN_OFFSETS: (I8, 1), F.PACKED_TOKENS: (TOKEN, 1),

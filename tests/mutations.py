@@ -116,11 +116,31 @@ def _number_near(value: Any, rng: random.Random) -> Any:
     return rng.choice([-1, 0, 2**63, 1.5, "3"])
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shift(values: list, where: str, rng: random.Random, first: int | None = None) -> str:
+    """Move an amount from one integer of ``values`` to another (``first``, when given): the sum is kept, so only a
+    check of the parts (each shard's packs, each round's) can catch it."""
+    ints = [i for i, v in enumerate(values) if _is_int(v)]
+    if len(ints) < 2:
+        return f"{where}: unchanged (no two counts)"
+    a = first if first is not None else rng.choice(ints)
+    b = rng.choice([i for i in ints if i != a])
+    step = rng.choice([1, values[a], -values[b]])
+    values[a] -= step
+    values[b] += step
+    return f"{where}: {step} moved from [{a}] to [{b}] (the sum kept)"
+
+
 def _edit(doc: Any, path: tuple, rng: random.Random) -> str:
     """Change the node at ``path`` of ``doc`` (in place; ``path`` not empty); what was done, in words."""
     parent, key = _get(doc, path[:-1]), path[-1]
     value = parent[key]
     where = "/".join(map(str, path))
+    if isinstance(parent, list) and _is_int(value) and rng.random() < 0.3:  # an element of a list of counts:
+        return _shift(parent, "/".join(map(str, path[:-1])), rng, first=key)  # a sum kept, parts changed
     kind = rng.choice(["type", "number", "number", "delete", "add", "nested", "list"])
     if kind == "delete":
         del parent[key]
@@ -131,13 +151,8 @@ def _edit(doc: Any, path: tuple, rng: random.Random) -> str:
         return f"{where}: key {k!r} set to {value[k]!r}"
     if kind == "list" and isinstance(value, list) and value:
         how = rng.choice(["drop", "dup", "reverse", "empty", "append", "shift", "shift"])
-        ints = [i for i, v in enumerate(value) if isinstance(v, int) and not isinstance(v, bool)]
-        if how == "shift" and len(ints) >= 2:  # a sum kept: only a check of the parts catches it
-            a, b = rng.sample(ints, 2)
-            step = rng.choice([1, value[a], -value[b]])
-            value[a] -= step
-            value[b] += step
-            return f"{where}: {step} moved from [{a}] to [{b}] (the sum kept)"
+        if how == "shift" and sum(map(_is_int, value)) >= 2:
+            return _shift(value, where, rng)
         if how == "drop":
             value.pop(rng.randrange(len(value)))
         elif how == "dup":
