@@ -152,3 +152,25 @@ def test_a_worker_that_dies_on_a_record_twice_is_a_crash_that_repeats(tmp_path, 
         assert "free memory" not in text and "lower" not in text
     assert err.file == str(src) and err.field == "workers"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_cli_names_the_record_with_two_workers_and_skips_it_when_asked(tmp_path, monkeypatch, capsys):
+    """``packfmt build ... --workers 2``: exit 1 and one line naming the record, its batch, the exception and the
+    option that skips it; with ``--on-error skip``, exit 0 and the skip counted under ``encode_error``."""
+    from packfmt import cli
+
+    src = write_input(tmp_path / "in.jsonl")
+    poison(monkeypatch, lambda: ValueError("unsupported text"))
+    args = ["build", "text", str(src), "-o", str(tmp_path / "ds"), "--tokenizer", str(SAMPLE_TOK), "--workers", "2",
+            "--batch-size", "4", "--no-progress"]
+    with time_limit(120, "a CLI build with 2 workers and a record the tokenizer raises on (a hang?)"):
+        assert cli.main(args) == 1
+        err = capsys.readouterr().err.strip()
+        assert err == (f"packfmt build: error: {src}:{LINE}: ValueError: unsupported text (raised while encoding the "
+                       f"batch of records {src}:5-8, and again when this record was encoded alone: the record fails "
+                       "every time, so it is not retried) [reason: encode_error] (use --on-error skip to count and "
+                       "skip such records)"), err
+        assert cli.main(args + ["--on-error", "skip"]) == 0
+    printed = capsys.readouterr().out
+    assert "10 records read = 9 written + 1 skipped" in printed and "skipped 1 x encode_error" in printed
+    assert f"{src}:{LINE}: ValueError: unsupported text" in printed
