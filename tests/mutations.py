@@ -214,7 +214,8 @@ def mutate_json(path: Path, subtree: tuple, rng: random.Random, swap_with: list[
         node = _get(doc, subtree)
     except (KeyError, IndexError, TypeError):
         node = _MISSING
-    choices = [subtree + p for p in _paths(node)[1:]] if node is not _MISSING else []
+    # inside the subtree, or (a subtree named) the subtree itself: a record null, removed, of another type
+    choices = [subtree + p for p in _paths(node)[0 if subtree else 1:]] if node is not _MISSING else []
     if not choices:  # nothing inside (an empty record): replace it
         what = "replaced whole"
         if subtree:

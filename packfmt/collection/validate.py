@@ -251,9 +251,9 @@ class _CollectionIndexChecks(LayoutChecks, _IndexChecks):
         from .mixture_record import check_mixture_record
         from .proportions import copies_of_record
 
-        mixture = self.pm.raw.get("mixture")
-        if mixture is None:
+        if "mixture" not in self.pm.raw:  # (a null one is no object: refused, as the reader refuses it)
             return None
+        mixture = self.pm.raw["mixture"]
         label = self.file(F.PACK_INDEX_JSON)
         try:
             check_mixture_record(mixture, file=label, names=self.ds.member_names, packs=self.pm.num_packs)
