@@ -128,7 +128,7 @@ def read_json_bytes(path, *, file: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise FormatError(f"{file}: missing (expected a JSON file at {path})", file=file, expected="file", found="missing") from None
+        raise FormatError(f"{file}: missing (expected a JSON file at {path})", file=file, field="file", expected="file", found="missing") from None
     try:
         size = os.fstat(fd).st_size
         if size > MAX_JSON_BYTES:
@@ -153,10 +153,21 @@ def parse_json(raw: bytes, *, file: str) -> dict:
     try:
         obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
-        raise FormatError(f"{file}: not valid UTF-8 JSON ({exc})", file=file, expected="JSON object", found="unparseable") from None
+        raise FormatError(f"{file}: not valid UTF-8 JSON ({exc})", file=file, field=_where_unparseable(exc),
+                          expected="JSON object", found="unparseable") from None
     if not isinstance(obj, dict):
         raise FormatError(file=file, field="<root>", expected="JSON object", found=type(obj).__name__)
     return obj
+
+
+def _where_unparseable(exc: Exception) -> str:
+    """The ``field`` of a JSON file that does not parse: where the parser stopped (a line and column, a byte), or why
+    (``nesting``: deeper than the parser goes; ``<text>``: a duplicate key or NaN/Infinity, named in the message)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"byte {exc.start}"
+    return "nesting" if isinstance(exc, RecursionError) else "<text>"
 
 
 def _no_duplicate_keys(pairs):

@@ -75,6 +75,11 @@ class PackIndex:
         self.manifest = IF.parse_pack_index_manifest(
             F.read_json(self.path / F.PACK_INDEX_JSON, file=self._label + F.PACK_INDEX_JSON), file=self._label + F.PACK_INDEX_JSON)
         self._check_binding(store.index_binding())
+        if "mixture" in self.manifest.raw and "collection" in self.manifest.binding:  # COLLECTION C5 (§5)
+            from .collection.mixture_record import check_mixture_record
+
+            check_mixture_record(self.manifest.raw["mixture"], file=self._label + F.PACK_INDEX_JSON,
+                                 names=store.members.names, packs=self.manifest.num_packs)
         if self.manifest.name != name:
             raise FormatError(file=self._label + F.PACK_INDEX_JSON, field="name", expected=repr(name) + " (the directory name)",
                               found=repr(self.manifest.name))

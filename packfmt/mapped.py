@@ -24,7 +24,7 @@ def map_file(path: Path, dtype: np.dtype, shape: tuple[int, ...], *, file: str) 
         found = os.path.getsize(path)
     except FileNotFoundError:
         raise FormatError(f"{file}: missing (expected {expected} bytes of {np.dtype(dtype).str} {shape})",
-                          file=file, expected=f"{expected} bytes", found="missing") from None
+                          file=file, field="file", expected=f"{expected} bytes", found="missing") from None
     if found != expected:
         raise FormatError(f"{file}: size: expected {expected} bytes ({np.dtype(dtype).str} x {shape}), found {found}",
                           file=file, field="size", expected=expected, found=found)
@@ -59,7 +59,7 @@ def check_files_table(root: str | os.PathLike, files: dict[str, F.FileEntry], la
             size = os.path.getsize(p)
         except FileNotFoundError:
             raise FormatError(f"{label}: missing (listed in the manifest with {entry.bytes} bytes)",
-                              file=label, expected=f"{entry.bytes} bytes", found="missing") from None
+                              file=label, field="file", expected=f"{entry.bytes} bytes", found="missing") from None
         if size != entry.bytes:
             raise FormatError(f"{label}: size: expected {entry.bytes} bytes (manifest), found {size}",
                               file=label, field="size", expected=entry.bytes, found=size)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from .errors import InputError, PackfmtError
 from .report_paths import build_report_paths
+from .record_errors import ENCODE_ERROR, encode_batch, encode_error_message
 from .skips import Tally
 from .sources import Raw
 from .writer import DatasetWriter
@@ -81,13 +82,20 @@ def _dead_worker_error(lost, batches: dict[int, list], workers: int, batch_size:
                  f"{_records_of(batch)}), its second try (the first: {before}; retried in a fresh worker)")
     else:
         where = "holding no batch, as the worker it replaced did"
-    oom = "the out-of-memory killer sends SIGKILL: " if lost.how.endswith("SIGKILL") else ""
-    todo = "lower {w} (now {n}) or {b} (now {s}), or free memory, then run the build again; nothing was written"
+    if batch is None or lost.how.endswith("SIGKILL") or lost.unreplaced is not None:  # memory: fewer, smaller batches
+        oom = "the out-of-memory killer sends SIGKILL: " if lost.how.endswith("SIGKILL") else ""
+        todo = "lower {w} (now {n}) or {b} (now {s}), or free memory, then run the build again; nothing was written"
+    else:  # a crash (a signal, an exit) that repeats on the same records: one of them, not the number of workers
+        oom = ("it ended the same way on the same records twice, so a record makes the encoding code crash (not a "
+               "lack of memory): ")
+        find = "run the build again with {one} (now {s}) to find the record, then " if len(batch) > 1 else ""
+        todo = find + "remove it or fix the tokenizer; nothing was written"
     head = f"{who} {where}; {oom}"
-    return PackfmtError(head + todo.format(w="workers=", n=workers, b="batch_size=", s=batch_size),
+    return PackfmtError(head + todo.format(w="workers=", n=workers, b="batch_size=", s=batch_size, one="batch_size=1"),
                         file=batch[0][0] if batch else None, field="workers",
                         expected="every batch tokenized by a worker that lives (one retry)", found=who,
-                        cli=head + todo.format(w="--workers", n=workers, b="--batch-size", s=batch_size))
+                        cli=head + todo.format(w="--workers", n=workers, b="--batch-size", s=batch_size,
+                                               one="--batch-size 1"))
 
 
 def _worker_start_error(failed, converter, workers: int) -> PackfmtError:
@@ -114,7 +122,7 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
     if workers <= 1:
         for batch in batches:
             good = payloads(batch)
-            yield batch, (converter.encode(good) if good else [])
+            yield batch, (encode_batch(converter, good) if good else [])
         return
     pending: dict[int, list] = {}  # seq -> batch, in submission order
 
@@ -125,7 +133,7 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
         logging.getLogger(__name__).warning("packfmt build: worker %d of %d (pid %s) %s %s", index, workers, pid,
                                             how, what)
 
-    pool = EncodePool(factory, workers, _pool_context(), on_lost=replaced)
+    pool = EncodePool(factory, workers, _pool_context(), on_lost=replaced, encode=_encode_in_worker)
     finished = False
     try:
         try:
@@ -147,6 +155,11 @@ def _encoded_batches(batches: Iterator[list], converter, factory, workers: int,
         finished = True
     finally:
         pool.close(finished)
+
+
+def _encode_in_worker(converter, payloads: list) -> list:
+    """What a worker runs on a batch (module level: a spawned worker unpickles it)."""
+    return encode_batch(converter, payloads, in_worker=True)
 
 
 def _prepared_batches(records: Iterable[Raw], converter, batch_size: int, limit: int | None) -> Iterator[list]:
@@ -187,6 +200,12 @@ def _write_doc(writer: DatasetWriter, tally: Tally, file: str, line: int, doc: D
     tally.images += len(images)
 
 
+def _failure(out: Failure, batch: list) -> tuple[str, str]:
+    """``(reason, message)`` of a record's failure; an ``encode_error`` names its batch."""
+    reason, message = out
+    return reason, (encode_error_message(message, _records_of(batch)) if reason == ENCODE_ERROR else message)
+
+
 def _consume(batch: list, results: list, writer: DatasetWriter, tally: Tally) -> None:
     res = iter(results)
     for file, line, item in batch:
@@ -197,8 +216,8 @@ def _consume(batch: list, results: list, writer: DatasetWriter, tally: Tally) ->
         out = next(res)
         if isinstance(out, InputError):
             tally.bad(file, line, out.reason, str(out), out.cli)
-        elif len(out) == 2:  # Failure (reason, message) from a worker
-            tally.bad(file, line, out[0], out[1])
+        elif len(out) == 2:  # Failure (reason, message), from a converter or encode_batch
+            tally.bad(file, line, *_failure(out, batch))
         else:
             _write_doc(writer, tally, file, line, out)
     tally.end_batch()
@@ -212,13 +231,13 @@ def convert_records(records: Iterable[Raw], converter, batch_size: int) -> Itera
     """
     for batch in _prepared_batches(records, converter, batch_size, None):
         good = [item for _, _, item in batch if not isinstance(item, InputError)]
-        res = iter(converter.encode(good) if good else [])
+        res = iter(encode_batch(converter, good) if good else [])
         for file, line, item in batch:
             out = item if isinstance(item, InputError) else next(res)
             if isinstance(out, InputError):
                 yield file, line, None, (out.reason, str(out), out.cli)
             elif len(out) == 2:  # Failure (reason, message)
-                yield file, line, None, (out[0], out[1], None)
+                yield file, line, None, (*_failure(out, batch), None)
             else:
                 yield file, line, out, None
 

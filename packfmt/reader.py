@@ -47,7 +47,8 @@ class Store(Dataset):
         self.origin = origin
         if not self.path.is_dir():
             raise FormatError(f"{self.path}: not a directory (expected a packfmt dataset directory)",
-                              file=str(self.path), expected="directory", found="missing" if not self.path.exists() else "file")
+                              file=str(self.path), field="path", expected="directory",
+                              found="missing" if not self.path.exists() else "file")
         #: the manifest's bytes, read once: parsed here, hashed by a collection that binds its checksum (C3)
         self.manifest_bytes = F.read_json_bytes(self.path / F.MANIFEST, file=F.MANIFEST)
         obj = F.parse_json(self.manifest_bytes, file=F.MANIFEST)

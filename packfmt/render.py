@@ -82,15 +82,15 @@ def _format_build_report(br: dict) -> str:
 
 def format_index(name: str, ix: dict) -> list[str]:
     pad = ix["padding"]
-    oc = ix["oversize_counts"]
+    oc = {k: "?" if v is None else f"{v:,}" for k, v in ix["oversize_counts"].items()}  # None: stats holds no count
     lines = [
         f"pack index {name!r}: {ix['algorithm']}, capacity {ix['capacity']:,}, oversize={ix['oversize']}"
         + (", materialized" if ix["materialized"] else ""),
         f"  {ix['packs']:,} packs, {ix['segments']:,} segments, {ix['packed_tokens']:,} tokens; fill efficiency "
         f"{pct(ix['fill_efficiency'])}; documents per pack mean {ix['documents_per_pack']['mean']:.2f}, "
         f"max {ix['documents_per_pack']['max']}",
-        f"  oversize: {oc['split_documents']:,} split, {oc['truncated_documents']:,} truncated "
-        f"({oc['truncated_tokens']:,} tokens), {oc['dropped_documents']:,} dropped ({oc['dropped_tokens']:,} tokens)",
+        f"  oversize: {oc['split_documents']} split, {oc['truncated_documents']} truncated "
+        f"({oc['truncated_tokens']} tokens), {oc['dropped_documents']} dropped ({oc['dropped_tokens']} tokens)",
     ]
     if "images_per_pack" in ix:
         lines.append(f"  images per pack mean {ix['images_per_pack']['mean']:.2f}, max {ix['images_per_pack']['max']}")

@@ -61,6 +61,10 @@ _HINTS: dict[str, tuple[str, str]] = {
     "image_path_escapes_root": ("the image paths leave image_root=: pass the folder they are relative to",
                                 "the image paths leave --image-root: pass the folder they are relative to"),
     "undecodable_text": ("the files are not UTF-8 text", "the files are not UTF-8 text"),
+    "encode_error": ("the tokenizer (or the converter) raised on every record, each alone too: the message names the "
+                     "exception; encode one record with the tokenizer to see it",
+                     "the tokenizer (or the converter) raised on every record, each alone too: the message names the "
+                     "exception; encode one record with the tokenizer to see it"),
     "truncated_shard": ("the tar shard is cut short (an interrupted copy or download?): copy it again",
                         "the tar shard is cut short (an interrupted copy or download?): copy it again"),
     "unreadable_shard": ("the file is not a tar shard, or is corrupt: write or copy it again",

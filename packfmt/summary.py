@@ -175,14 +175,21 @@ def index_summary(index: PackIndex, doc_lengths: np.ndarray, batch_size: int = D
         "segments_per_pack": {"mean": float(np.diff(po).mean()) if n_packs else 0.0,
                               "max": int(np.diff(po).max()) if n_packs else 0},
         "pack_tokens": length_stats(totals),
-        "oversize_counts": {k: int(stats.get(k, 0)) for k in ("split_documents", "truncated_documents",
-                                                               "truncated_tokens", "dropped_documents", "dropped_tokens")},
+        "oversize_counts": {k: _stat_count(stats, k) for k in ("split_documents", "truncated_documents",
+                                                                "truncated_tokens", "dropped_documents", "dropped_tokens")},
         "padding": padding_costs(doc_lengths, cap, batch_size, n_packs, packed),
     }
     images = _images_per_pack(index, po)
     if images is not None:
         out["images_per_pack"] = images
     return out
+
+
+def _stat_count(stats: dict, key: str) -> int | None:
+    """A count the index's ``stats`` record (informative: spec FORMAT §4.1, readers MUST NOT depend on them): 0 when
+    absent, None when it is no count (a hand edit, which ``validate --deep`` reports: V33)."""
+    value = stats.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def documents_per_pack(segs: np.ndarray, po: np.ndarray, n_docs: int) -> np.ndarray:

@@ -77,7 +77,13 @@ def _kill_at(first_generation: bool) -> int:
     return int(seq or 0)
 
 
-def _worker(factory: Callable[[], Any], tasks, results, parent_ends: list, first_generation: bool = True) -> None:
+def _encode(converter, payload):
+    """The default task: ``converter.encode(payload)``."""
+    return converter.encode(payload)
+
+
+def _worker(factory: Callable[[], Any], tasks, results, parent_ends: list, first_generation: bool = True,
+            encode: Callable[[Any, Any], Any] = _encode) -> None:
     for conn in parent_ends:  # copies a fork made: the parent's ends of every worker's pipes, this one's too, so
         conn.close()          # that the parent's death ends our tasks (EOF) and our results (EPIPE): no orphan
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
@@ -105,17 +111,27 @@ def _worker(factory: Callable[[], Any], tasks, results, parent_ends: list, first
         if seq == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            reply = (seq, True, converter.encode(payload))
-        except Exception as exc:  # a bug, raised again in the parent (as it is, when it pickles)
-            try:
-                pickle.dumps(exc)
-            except Exception:
-                exc = RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            reply = (seq, False, exc)
+            reply = (seq, True, encode(converter, payload))
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # raised again in the parent (as it is, when it
+            reply = (seq, False, _portable(exc))                   # pickles): the worker lives on
         try:
             results.send(reply)
         except OSError:  # the parent is gone
             return
+
+
+def _portable(exc: BaseException) -> Exception:
+    """``exc`` as the parent can raise it: itself when it pickles, else a RuntimeError with its traceback; a
+    ``SystemExit`` or ``KeyboardInterrupt`` (which the parent would take for its own exit or Ctrl-C; a worker ignores
+    SIGINT) as a RuntimeError saying what the encoding code raised."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        what = f"SystemExit({exc.code!r})" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+        return RuntimeError(f"the encoding code raised {what} in a worker\n{traceback.format_exc()}")
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    return exc
 
 
 def _describe(exitcode: int | None) -> str:
@@ -130,14 +146,16 @@ def _describe(exitcode: int | None) -> str:
 
 
 class EncodePool:
-    """``submit(seq, payload)`` then ``result(seq)``: ``factory().encode(payload)`` run in ``workers`` processes.
+    """``submit(seq, payload)`` then ``result(seq)``: ``encode(factory(), payload)`` (default
+    ``factory().encode(payload)``) run in ``workers`` processes.
 
     ``on_lost(index, pid, how, tasks)``: called when a worker died and is replaced, ``tasks`` (the ones it held,
     the first the one it was running) given to its replacement."""
 
     def __init__(self, factory: Callable[[], Any], workers: int, ctx,
-                 on_lost: Callable[[int, int | None, str, list[int]], None] | None = None) -> None:
-        self._factory, self._ctx, self._on_lost = factory, ctx, on_lost
+                 on_lost: Callable[[int, int | None, str, list[int]], None] | None = None,
+                 encode: Callable[[Any, Any], Any] = _encode) -> None:
+        self._factory, self._ctx, self._on_lost, self._encode = factory, ctx, on_lost, encode
         self.procs, self._tasks, self._results = [], [], []
         self._held: list[dict[int, Any]] = []  # per worker: the tasks it holds unfinished, seq -> payload, in order
         self._done: dict[int, tuple] = {}
@@ -162,7 +180,8 @@ class EncodePool:
         task_r, task_w = ctx.Pipe(duplex=False)
         res_r, res_w = ctx.Pipe(duplex=False)
         parent_ends = [c for c in (*self._tasks, *self._results, *self._retired) if c is not None] + [task_w, res_r]
-        proc = ctx.Process(target=_worker, args=(self._factory, task_r, res_w, parent_ends, first_generation),
+        proc = ctx.Process(target=_worker, args=(self._factory, task_r, res_w, parent_ends, first_generation,
+                                                 self._encode),
                            daemon=True, name=f"packfmt-encode-{k + 1}")
         try:
             proc.start()

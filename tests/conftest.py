@@ -32,6 +32,8 @@ SLOW_FILES = {
 }
 
 SLOW_TESTS = {
+    "test_fuzz_commands.py::test_every_command_is_total_on_a_thousand_mutations_per_family":
+        "1,000 mutated files per family, every command on each in a subprocess, ~0.3 s a case",
     "test_many_members.py::test_a_hundred_thousand_members_read_pack_and_validate_like_one_store":
         "writes, opens, packs and validates 10^5 member stores, minutes",
     "test_torch_dataset.py::test_int32_index_dtype_equals_int64_everywhere": "every option combination, ~50 s",

@@ -118,7 +118,7 @@ def test_packfmt_plans_the_mixtures():
     assert len(mixtures) == 2
     for name, mix in mixtures.items():
         meta = expected("array")["indexes"][name]["index"]
-        copies, head, _ = copies_of_record(coll, mix["record"], meta["capacity"], meta["oversize"])
+        copies, head, _ = copies_of_record(coll, mix["record"], meta["capacity"], meta["oversize"], file=name)
         assert copies.tolist() == [d["copies"] for d in mix["documents"]], name
         assert extra_copy_draws(mix["record"]["seed"], np.arange(len(copies))).tolist() == [
             d["u"] for d in mix["documents"]]

@@ -17,7 +17,6 @@ so does a case the reader refuses when it opens the dataset while the quick ``va
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -26,15 +25,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from images import png
+from mutations import boundary_values, fix_checksums
 
 import packfmt
 from packfmt import format as F
 from packfmt import index_format as IF
-from packfmt._io import checksum_file
 from packfmt.packindex import build_pack_index
 
 HERE = Path(__file__).parent
-INT64 = np.iinfo(np.int64)
 TIME_LIMIT_S = 600
 
 
@@ -88,15 +86,6 @@ def _arrays(root: Path) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     return out
 
 
-def _values(dtype: np.dtype, old: int, length: int) -> list[int]:
-    if dtype.kind == "u":
-        top = int(np.iinfo(dtype).max)
-        vals = [0, 1, top, (old + 1) % (top + 1)]
-    else:
-        vals = [-1, 0, 1, old - 1, old + 1, length, length + 1, 2**31, 2**62, INT64.min, INT64.max]
-    return sorted({v for v in vals if v != old})
-
-
 def _positions(shape: tuple[int, ...]) -> list[int]:
     rows = shape[0]
     picks = sorted({r for r in (0, 1, rows // 2, rows - 2, rows - 1) if 0 <= r < rows})
@@ -104,33 +93,18 @@ def _positions(shape: tuple[int, ...]) -> list[int]:
     return [r * cols + c for r in picks for c in range(cols)]
 
 
-def _fix_checksums(root: Path, rel: str) -> None:
-    """Record the mutated file's new checksum wherever the format records it."""
-    parts = rel.split("/")
-    new = checksum_file(root / rel)
-    json_path = root / (F.MANIFEST if len(parts) == 1 else f"{F.PACKS_DIR}/{parts[1]}/{F.PACK_INDEX_JSON}")
-    doc = json.loads(json_path.read_text())
-    doc["files"][parts[-1]]["checksum"] = new
-    json_path.write_bytes(F.canonical_json(doc))
-    if len(parts) == 1 and rel in (F.TOKENS, F.DOC_OFFSETS):
-        for index_json in (root / F.PACKS_DIR).glob(f"*/{F.PACK_INDEX_JSON}"):
-            idx = json.loads(index_json.read_text())
-            idx["dataset"][rel] = new
-            index_json.write_bytes(F.canonical_json(idx))
-
-
 def _cases(base: Path, out: Path) -> list[tuple[Path, str]]:
     cases = []
     for rel, dtype, shape in _arrays(base):
         original = np.fromfile(base / rel, dtype=dtype)
         for pos in _positions(shape):
-            for value in _values(dtype, int(original[pos]), shape[0]):
+            for value in boundary_values(dtype, int(original[pos]), shape[0]):
                 case = out / f"c{len(cases)}"
                 shutil.copytree(base, case)
                 arr = original.copy()
                 arr[pos] = value
                 arr.tofile(case / rel)
-                _fix_checksums(case, rel)
+                fix_checksums(case, rel)
                 cases.append((case, f"{rel}[{pos}] = {value} (was {int(original[pos])})"))
     return cases
 

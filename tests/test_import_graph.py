@@ -22,7 +22,7 @@ FLOORS: list[tuple[str, ...]] = [
     # 0. foundation: errors, bytes and schemas, every invariant, pure algorithms; nothing here reads a dataset
     ("errors", "version", "_io", "_resident", "format", "index_format", "checks", "mapped", "images", "tokenize", "fast_tokenizer",
      "chat", "skips", "energon", "packing", "collection.manifest", "collection.unify",
-     "collection.layout", "collection.lengths", "collection.member_table", "collection.member_entry", "collection.versions",
+     "collection.layout", "collection.mixture_record", "collection.lengths", "collection.member_table", "collection.member_entry", "collection.versions",
      "collection.member_template", "collection.shard_rows"),
     # 1. where bytes live: local paths or object storage (never opens a dataset)
     ("storage",),
@@ -35,7 +35,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("opening", "remote"),
     # 5. what is done with a dataset: pack, merge, mix, check, describe, export, build
     ("packindex", "index_writer", "collection", "validation", "validate", "copying", "summary", "render", "inspect", "plot",
-     "export_webdataset", "megatron", "sources", "workers", "pipeline", "engines", "build", "report_paths"),
+     "export_webdataset", "megatron", "sources", "workers", "record_errors", "pipeline", "engines", "build", "report_paths"),
     # 6. frameworks
     ("torch", "ray"),
     # 7. the command line

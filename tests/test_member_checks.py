@@ -59,7 +59,9 @@ def test_a_broken_member_raises_what_its_store_raises_first_one_first(tmp_path):
         Store(paths[7])
     with pytest.raises(FormatError) as got:
         Collection(root).doc_lengths
-    assert str(got.value) == str(own.value) and "V13" in str(got.value)
+    # the store's error, naming the member and the file as the collection reaches it (as validate does, below)
+    assert str(got.value) == f"member 'm000007' (../stores/m000007): {own.value}" and "V13" in str(got.value)
+    assert got.value.file == f"../stores/m000007/{own.value.file}" and got.value.field == own.value.field
     report = validate(root)
     bad = sorted({p.file for p in report.errors})
     assert bad == [f"../stores/m{m:06d}/{F.DOC_OFFSETS}" for m in (7, 13)], bad

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import format as F
 from .._resident import narrow
 from .stats import segment_lengths_if_in_order, sort_within
 
@@ -143,7 +144,8 @@ def _copy_lengths(coll, lengths: np.ndarray, mixture: dict, index) -> np.ndarray
     """The lengths of the mixture's document copies: what its padding baselines pad (the same data)."""
     from .proportions import copies_of_record
 
-    copies = copies_of_record(coll, mixture, index.capacity, index.manifest.oversize)[0]
+    copies = copies_of_record(coll, mixture, index.capacity, index.manifest.oversize,
+                              file=f"{F.PACKS_DIR}/{index.name}/{F.PACK_INDEX_JSON}")[0]
     return np.repeat(lengths, copies)
 
 

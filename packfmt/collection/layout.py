@@ -14,6 +14,7 @@ from typing import Any
 from .. import format as F
 from ..errors import FormatError, WriteError
 from ..index_format import check_index_name
+from .mixture_record import check_mixture_record
 
 __all__ = ["LAYOUT_KIND", "LAYOUT_VERSION", "LAYOUT_VERSION_STR", "layout_of", "parse_layout", "refuse_laid_out"]
 
@@ -63,7 +64,9 @@ def parse_layout(obj: dict, version: tuple[int, int], *, file: str) -> dict | No
     F.require(source, "name", str, file=file, prefix="layout.source.")
     if "url" in source:
         F.require(source, "url", str, file=file, prefix="layout.source.")
-    F.require(source, "mixture", (dict, type(None)), file=file, prefix="layout.source.")
+    mixture = F.require(source, "mixture", (dict, type(None)), file=file, prefix="layout.source.")
+    if mixture is not None:  # the source's record, as its index held it (its member names and packs are not here)
+        check_mixture_record(mixture, file=file, field="layout.source.mixture")
     return raw
 
 

@@ -34,7 +34,7 @@ from .manifest import CollectionManifest, is_collection
 from .member_template import MAX_TEMPLATES, Template, listed_in
 from .unify import member_differences
 
-__all__ = ["member_problems", "member_doc_lengths", "first_changed_member", "changed_member", "GROUP_OFFSETS"]
+__all__ = ["member_error", "member_problems", "member_doc_lengths", "first_changed_member", "changed_member", "GROUP_OFFSETS"]
 
 #: Offsets of consecutive members read end to end and checked (V13) in one vectorised pass: 8 MiB.
 GROUP_OFFSETS = 1 << 20
@@ -95,6 +95,15 @@ def first_changed_member(root: str | os.PathLike, coll: CollectionManifest) -> t
         if xxh3_64_intdigest(raw) != digest:
             return m, manifest_checksum(raw), where
     return None
+
+
+def member_error(exc: FormatError, entry) -> FormatError:
+    """``exc``, raised by a member's own store, naming the member (its ``name`` and ``path``): its ``file`` is the
+    member's file as the collection reaches it (``../web/manifest.json``), not a name of the collection's own."""
+    file = exc.file if not exc.file or os.path.isabs(exc.file) else f"{entry.path}/{exc.file}"
+    where = f"member {entry.name!r} ({entry.path}): "
+    return type(exc)(where + str(exc), file=file, field=exc.field, expected=exc.expected, found=exc.found,
+                     cli=None if exc.cli is None else where + exc.cli)
 
 
 def manifest_checksum(raw: bytes) -> str:

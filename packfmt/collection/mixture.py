@@ -16,12 +16,11 @@ import numpy as np
 
 from .. import format as F
 from ..errors import WriteError
+from .mixture_record import MAX_WEIGHT, is_number_in
 
 __all__ = ["MAX_WEIGHT", "parse_weights", "member_keys", "member_weights", "extra_copy_draws", "document_copies",
            "kept_tokens", "pack_rounds", "RepeatedSegmentation", "mixture_record", "check_weights"]
 
-#: Largest weight a member may have (spec/COLLECTION.md §5): bounds the number of rounds.
-MAX_WEIGHT = 1000
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -55,8 +54,7 @@ def check_weights(weights: dict) -> dict[str, float]:
                          found=repr(weights))
     out = {}
     for key, w in weights.items():
-        ok = isinstance(key, str) and isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, bool)
-        if not ok or not (math.isfinite(float(w)) and 0 <= float(w) <= MAX_WEIGHT):
+        if not (isinstance(key, str) and is_number_in(w, 0, MAX_WEIGHT)):
             raise WriteError(f"weights: {key!r}: expected a number in [0, {MAX_WEIGHT}], found {w!r}",
                              field=f"weights[{key!r}]", expected=f"a number in [0, {MAX_WEIGHT}]", found=repr(w),
                              cli=f"--weights: {key}={w!r}: a weight must be a number in [0, {MAX_WEIGHT}]")

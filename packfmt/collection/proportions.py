@@ -16,8 +16,9 @@ import math
 import numpy as np
 
 from .. import format as F
-from ..errors import PackfmtError, WriteError
-from .mixture import MAX_WEIGHT, extra_copy_draws, kept_tokens, member_keys
+from ..errors import FormatError, PackfmtError, WriteError
+from .mixture import MAX_WEIGHT, check_weights, extra_copy_draws, kept_tokens, member_keys
+from .mixture_record import is_number_in
 
 __all__ = ["SUM_TOLERANCE", "check_proportions", "check_tokens", "plan_proportions", "key_shares", "collection_kept",
            "copies_of_record"]
@@ -33,8 +34,7 @@ def check_proportions(proportions) -> dict[str, float]:
                          found=repr(proportions))
     out = {}
     for key, p in proportions.items():
-        ok = isinstance(key, str) and isinstance(p, (int, float, np.integer, np.floating)) and not isinstance(p, bool)
-        if not ok or not (math.isfinite(float(p)) and 0 <= float(p) <= 1):
+        if not (isinstance(key, str) and is_number_in(p, 0, 1)):
             raise WriteError(f"proportions: {key!r}: expected a share in [0, 1], found {p!r}",
                              field=f"proportions[{key!r}]", expected="a number in [0, 1]", found=repr(p),
                              cli=f"--proportions: {key}={p!r}: a share must be a number in [0, 1]")
@@ -151,38 +151,37 @@ def collection_kept(coll, capacity: int, oversize: str) -> np.ndarray:
     return kept_tokens(seg, lengths)[1]
 
 
-def copies_of_record(coll, mixture: dict, capacity: int, oversize: str) -> tuple[np.ndarray, dict, list[dict]]:
+def copies_of_record(coll, mixture: dict, capacity: int, oversize: str, *, file: str
+                     ) -> tuple[np.ndarray, dict, list[dict]]:
     """``copies(d)`` of a recorded mixture, weights or proportions, recomputed from what it asked for.
 
-    Returns the copies and, recomputed, the record's head (``weights``, or ``target`` and ``plan``)
-    and per member fields. Raises a PackfmtError naming the ``mixture`` field it cannot use.
+    ``mixture``: a record whose keys and types ``mixture_record.check_mixture_record`` checked. Returns the copies
+    and, recomputed, the record's head (``weights``, or ``target`` and ``plan``) and per member fields. Raises a
+    FormatError naming ``file`` (the index's ``index.json``) and the ``mixture`` field that does not resolve (a key
+    naming no member, shares not summing to 1, a plan past 1000 copies).
     """
-    from .mixture import check_weights, document_copies, member_weights
+    from .mixture import document_copies, member_weights
 
     names = [m.name for m in coll.members]
-    seed = mixture.get("seed")
-    if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < F.SEED_LIMIT):
-        raise WriteError(field="mixture.seed", expected="an integer in [0, 2**63)", found=repr(seed))
-    if ("weights" in mixture) == ("target" in mixture):
-        raise WriteError(field="mixture", expected="exactly one of 'weights' and 'target'",
-                         found=sorted(k for k in ("weights", "target") if k in mixture))
+    seed = mixture["seed"]
     if "weights" in mixture:
-        weights = _asked(check_weights, mixture["weights"], field="mixture.weights")
-        resolved = _asked(member_weights, names, weights, field="mixture.weights")
+        weights = _asked(check_weights, mixture["weights"], file=file, field="mixture.weights")
+        resolved = _asked(member_weights, names, weights, file=file, field="mixture.weights")
         return (document_copies(coll.doc_start, resolved, seed), {"weights": weights},
                 [{"weight": float(w)} for w in resolved])
     target = mixture["target"]
-    if not isinstance(target, dict):
-        raise WriteError(field="mixture.target", expected="an object", found=repr(target))
-    proportions = _asked(check_proportions, target.get("proportions"), field="mixture.target.proportions")
-    tokens = _asked(check_tokens, target.get("tokens"), field="mixture.target.tokens")
+    proportions = _asked(check_proportions, target["proportions"], file=file, field="mixture.target.proportions")
+    tokens = target["tokens"]
     kept = collection_kept(coll, capacity, oversize)
-    return _asked(plan_proportions, names, coll.doc_start, kept, proportions, tokens, seed, field="mixture.target")
+    return _asked(plan_proportions, names, coll.doc_start, kept, proportions, tokens, seed, file=file,
+                  field="mixture.target")
 
 
-def _asked(fn, *args, field: str):
-    """``fn(*args)``, its WriteError re-raised as naming the record's ``field``."""
+def _asked(fn, *args, file: str, field: str):
+    """``fn(*args)``, its WriteError (a writer's words for what a user asked) raised as a FormatError naming the
+    record's ``file`` and ``field``."""
     try:
         return fn(*args)
     except PackfmtError as exc:
-        raise WriteError(str(exc), field=field, expected=exc.expected, found=exc.found) from None
+        raise FormatError(f"{file}: {field}: {exc}", file=file, field=field, expected=exc.expected,
+                          found=exc.found) from None

@@ -38,7 +38,8 @@ from .manifest import (
     parse_collection_manifest,
 )
 from .member_table import NAMES_FILE, listed_paths
-from .member_checks import changed_member, first_changed_member, manifest_checksum, member_doc_lengths, member_problems
+from .member_checks import (changed_member, first_changed_member, manifest_checksum, member_doc_lengths, member_error,
+                            member_problems)
 from .unify import ones_needed
 
 __all__ = ["Collection", "DEFAULT_OPEN_MEMBERS"]
@@ -160,11 +161,9 @@ class Collection(Dataset):
             return store
         try:
             opened = Store(self.member_path(m))
-        except FormatError:  # a collection listed as a member says so, and names a cycle
+        except FormatError as exc:  # a collection listed as a member says so, and names a cycle
             nested = nested_collection_error(self.path, m, self.members[m])
-            if nested is None:
-                raise
-            raise nested from None
+            raise (member_error(exc, self.members[m]) if nested is None else nested) from None
         store = self._check_member(m, opened)
         self._open[m] = store
         while len(self._open) > self.max_open_members:

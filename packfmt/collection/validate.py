@@ -192,6 +192,10 @@ class _CollectionView:
             self._arrays[F.DOC_OFFSETS] = offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
 
+    @property
+    def member_names(self) -> list[str]:
+        return self._members.names
+
     def binding(self) -> dict:
         from .manifest import member_list_checksum
 
@@ -238,6 +242,27 @@ class _CollectionIndexChecks(LayoutChecks, _IndexChecks):
         super().structural()
         if self.pm is not None and self._laid_out():
             self._layout_structural()
+        self._copies_asked = self._mixture_structural() if self.pm is not None else None
+
+    def _mixture_structural(self):
+        """C5 (structural) of a ``mixture``: its keys and types, as the reader checks them when it opens the index,
+        and what it asked for resolving (its keys name members, its shares plan an index): what ``inspect`` reads.
+        ``(copies, head, member fields)`` recomputed from it, or None (no mixture, or a problem reported)."""
+        from .mixture_record import check_mixture_record
+        from .proportions import copies_of_record
+
+        if "mixture" not in self.pm.raw:  # (a null one is no object: refused, as the reader refuses it)
+            return None
+        mixture = self.pm.raw["mixture"]
+        label = self.file(F.PACK_INDEX_JSON)
+        try:
+            check_mixture_record(mixture, file=label, names=self.ds.member_names, packs=self.pm.num_packs)
+            if self.ds.coll is None:  # a member failed: its lengths, which the plan needs, are not known
+                return None
+            return copies_of_record(self.ds.coll, mixture, self.pm.capacity, self.pm.oversize, file=label)
+        except PackfmtError as exc:
+            self.out.from_error(exc, label)
+            return None
 
     def _coverage_and_stats(self, segs, po, seg_len, length, doc_len, per_doc) -> None:
         if self._laid_out():
@@ -246,7 +271,7 @@ class _CollectionIndexChecks(LayoutChecks, _IndexChecks):
         mixture = self.pm.raw.get("mixture")
         if mixture is None:
             return super()._coverage_and_stats(segs, po, seg_len, length, doc_len, per_doc)
-        copies = self._copies(mixture, po)
+        copies = self._copies(mixture)
         if copies is None:
             return
         rounds = np.concatenate([[0], np.cumsum(mixture["rounds"])]).astype(np.int64)
@@ -258,28 +283,16 @@ class _CollectionIndexChecks(LayoutChecks, _IndexChecks):
         self._stats(segs, po, seg_len, doc_len, per_doc, copies=copies)
         self._record(mixture, copies, segs, seg_len)
 
-    def _copies(self, mixture, po) -> np.ndarray | None:
-        """copies(d) from what the record asked for (weights, or proportions and tokens) and its seed;
-        None (and a problem) when the record is unusable."""
-        from .proportions import copies_of_record
-
-        label = self.file(F.PACK_INDEX_JSON)
-        rounds = mixture.get("rounds")
-        if not (isinstance(rounds, list) and all(isinstance(x, int) and x >= 0 for x in rounds)
-                and sum(rounds) == po.shape[0] - 1):
-            self.out.add(label, "mixture.rounds", f"a list of pack counts summing to counts.packs={po.shape[0] - 1}",
-                         repr(rounds))
+    def _copies(self, mixture) -> np.ndarray | None:
+        """copies(d) from what the record asked for (weights, or proportions and tokens) and its seed, recomputed by
+        the structural check; None when the record is unusable (reported there) or has another number of rounds."""
+        if self._copies_asked is None:
             return None
-        try:
-            copies, self._head, self._member_fields = copies_of_record(self.ds.coll, mixture, self.pm.capacity,
-                                                                       self.pm.oversize)
-        except PackfmtError as exc:
-            composed = str(exc).startswith(f"{exc.field}: expected")
-            self.out.add(label, exc.field, exc.expected, exc.found, detail=None if composed else str(exc))
-            return None
-        if len(rounds) != int(copies.max()):
-            self.out.add(label, "mixture.rounds", f"{int(copies.max())} rounds (the most copies of a document)",
-                         len(rounds))
+        copies, self._head, self._member_fields = self._copies_asked
+        most = int(copies.max()) if copies.size else 0
+        if len(mixture["rounds"]) != most:
+            self.out.add(self.file(F.PACK_INDEX_JSON), "mixture.rounds", f"{most} rounds (the most copies of a "
+                         "document)", len(mixture["rounds"]))
             return None
         return copies
 
