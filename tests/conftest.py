@@ -22,6 +22,7 @@ SLOW_FILES = {
     "test_storage_errors.py": "a real S3-protocol server (moto) on 127.0.0.1",
     "test_storage_stream.py": "a real S3-protocol server (moto) on 127.0.0.1, 200 members fetched one by one",
     "test_storage_stream_images.py": "a real S3-protocol server (moto) on 127.0.0.1, image members streamed",
+    "test_storage_resume_plan.py": "a real S3-protocol server (moto): streamed epochs resumed through StatefulDataLoader",
     "test_storage_window.py": "a real S3-protocol server (moto), two shuffled epochs of 200 members streamed, ~2 min",
     "test_storage_shards_stream.py": "a real S3-protocol server (moto); a global index's ~100 shards written, uploaded "
                                      "and streamed by 2 ranks with window=2, 0 and 2 workers, ~2 min",

@@ -33,7 +33,7 @@ def ds(root) -> PackedDataset:
 
 
 def _plan(ds) -> tuple:
-    order, batch_size, lookahead, threads = ds._stream_plan
+    order, batch_size, lookahead, threads, _ = ds._stream_plan
     return order.tolist(), batch_size, lookahead, threads
 
 

@@ -67,6 +67,21 @@ class Holdings:
                     return True
         return False
 
+    def trim(self) -> None:
+        """Let go of the idle members past this process's share (the caller holds ``cond``): its share shrinks when
+        other processes start reading (a rank's workers after it prefetched alone), and what it let go of stays on
+        the disk for them to use or delete. Called after each batch and by each prefetch thread once a second."""
+        b = self.node.budget
+        if b.limit is None or not self.resident:
+            return
+        share = (b.limit - int(b._head[2])) // self._processes()  # (the header's ``fixed``, read without the lock)
+        held = sum(int(b.nbytes[m]) for m in self.resident)
+        for m in self._idle_order(None):
+            if held <= share:
+                break
+            held -= int(b.nbytes[m])
+            self.let_go(m)
+
     def let_go(self, m: int) -> None:
         """This process no longer holds member ``m`` (the caller holds ``cond``): unmapped, its rows no longer ready
         here, its pin let go. It stays on the node's disk for the other processes until room is needed."""

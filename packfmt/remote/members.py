@@ -177,6 +177,7 @@ class StreamedMembers(Holdings, ResidentMembers):
                 done = idle[self.plan.next_use(idle) == np.iinfo(np.int64).max].tolist()
                 for m in done:
                     self.let_go(m)
+            self.trim()
             self.cond.notify_all()
         if done and self.limit is None:  # no bound: nothing would ever make room, so what no process holds goes now
             with self.node.budget.transaction() as tx:

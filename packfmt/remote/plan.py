@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 
 import numpy as np
 
@@ -95,44 +96,55 @@ class Plan:
 def start(stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray, shard_of, lookahead: int,
           threads: int) -> None:
     """``stream`` (a ``members.StreamedMembers``) reads ``order`` from now on: its plan (see ``Plan``), and ``threads``
-    background threads fetching ahead over ``lookahead`` (position, member) pairs (started once; more when asked)."""
+    background threads fetching ahead over ``lookahead`` (position, member) pairs (started once; more when asked).
+    The threads hold ``stream`` weakly: a dataset dropped lets go of its members, and its threads end."""
     with stream.cond:
         stream.plan = Plan(stream, order, pack_offsets, segments, shard_of)
         stream.cond.notify_all()
     with stream.cond:
         running = stream.prefetchers
         for _ in range(threads - len(running)):
-            running.append(threading.Thread(target=_run, args=(stream, lookahead), daemon=True, name="packfmt-prefetch"))
+            running.append(threading.Thread(target=_run, args=(weakref.ref(stream), lookahead), daemon=True,
+                                            name="packfmt-prefetch"))
             running[-1].start()
 
 
-def _run(stream, lookahead: int) -> None:
-    """Fetch the plan's coming members in order while the limit allows (see the module doc)."""
+def _run(ref, lookahead: int) -> None:
+    """Fetch the plan's coming members in order while the limit allows (see the module doc), as long as the members
+    object lives; once a second, let go of what this process holds idle past its share (``eviction.trim``)."""
     while True:
-        todo = None
-        with stream.cond:
-            plan = stream.plan
-            for p, m in (plan.upcoming(lookahead) if plan is not None else ()):
-                if m in stream.resident or m in stream.fetching or m in stream.failed:
-                    continue
-                if m in stream.claimed:  # another thread has not reserved its room yet: nothing past it before
-                    break  # (a smaller later member would fit where it may not, and be evicted for it: fetched twice)
-                todo = (p, m, plan)
-                stream.claimed.add(m)
-                break
-            if todo is None:
-                stream.cond.wait(timeout=1.0)
+        stream = ref()
+        if stream is None:
+            return
+        if not _step(stream, lookahead):
+            with stream.cond:
+                stream.trim()
+                stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin), or a second passed
+        del stream
+
+
+def _step(stream, lookahead: int) -> bool:
+    """Fetch the plan's next member missing here, if any and if it fits; False when there was nothing to do."""
+    todo = None
+    with stream.cond:
+        plan = stream.plan
+        for p, m in (plan.upcoming(lookahead) if plan is not None else ()):
+            if m in stream.resident or m in stream.fetching or m in stream.failed:
                 continue
-        p, m, plan = todo
-        try:
-            done = stream.fetch(m, before=p)
-        except Exception:  # noqa: BLE001 - the batch that needs it fetches it again and reports the error
-            done = True
-        finally:
-            with stream.cond:
-                stream.claimed.discard(m)
-                stream.cond.notify_all()
-        if not done:
-            with stream.cond:
-                if stream.plan is plan:
-                    stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin)
+            if m in stream.claimed:  # another thread has not reserved its room yet: nothing past it before
+                break  # (a smaller later member would fit where it may not, and be evicted for it: fetched twice)
+            todo = (p, m)
+            stream.claimed.add(m)
+            break
+    if todo is None:
+        return False
+    p, m = todo
+    try:
+        done = stream.fetch(m, before=p)
+    except Exception:  # noqa: BLE001 - the batch that needs it fetches it again and reports the error
+        done = True
+    finally:
+        with stream.cond:
+            stream.claimed.discard(m)
+            stream.cond.notify_all()
+    return done

@@ -81,7 +81,8 @@ class PackedDataset(Dataset):
         stream: a remote collection read member by member (README "Remote data"): opening fetches its manifest
             and pack index only; each batch fetches the members it touches (verified as every cached file is),
             the node's cache folder within ``cache_limit`` bytes, shared by every rank and DataLoader worker of the
-            node that reads it (README "Remote data"). ``packfmt.torch.prefetch.prefetch(ds, sampler.epoch_indices())`` fetches them ahead.
+            node that reads it (README "Remote data"). ``packfmt.torch.prefetch.prefetch(ds, sampler, batch_size=B)`` fetches
+            them ahead, following every iteration of the sampler (resumes included).
 
     Item (``ds[i]``), with ``n`` tokens in the pack (``capacity`` when padded) and ``k`` segments;
     all its tensors are views of one buffer (except a zero-copy ``input_ids``):
@@ -248,8 +249,18 @@ class PackedDataset(Dataset):
         if not -n_packs <= i < n_packs:
             raise IndexError(f"pack {i} out of range [0, {n_packs})")
         i = int(i) % n_packs
+        self._follow(np.array([i], dtype=np.int64))
         with self._rows((i,)):
             return self._item(a, i)
+
+    def _follow(self, packs: np.ndarray) -> None:
+        """A streamed read planned from a sampler (``prefetch.prefetch(ds, sampler)``): its newest iteration planned
+        before the batch ``packs`` is read, when it changed (one ``stat``)."""
+        spec = getattr(self, "_stream_plan", None)
+        if spec is not None and spec[4] is not None:
+            from .prefetch import follow
+
+            follow(self, packs)
 
     def _rows(self, packs):
         """An index read shard by shard (``remote.shard_index``): the shards of ``packs`` held, their rows
@@ -319,6 +330,7 @@ class PackedDataset(Dataset):
         """
         a = self._views()
         ids = np.asarray(indices, dtype=np.int64).reshape(-1)
+        self._follow(ids)
         with self._rows(ids):
             return self._items(a, ids, indices)
 

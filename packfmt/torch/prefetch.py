@@ -1,11 +1,14 @@
 """Exact prefetch of a streamed collection's members from the sampler's order (README "Remote data").
 
-``prefetch(ds, order)`` gives a ``PackedDataset`` opened with ``stream=True`` the order it will read packs in
-(``DistributedPackSampler.epoch_indices()``); in the process that reads, ``start(ds)`` hands it to the member cache
-as a ``packfmt.remote.plan.Plan`` (Belady eviction, background threads fetching the coming members: see there).
-
-With DataLoader workers, give ``batch_size``: worker ``w`` of ``W`` reads batches ``w, w + W, ...``
-of the order (the DataLoader's round-robin), and each worker plans its own share.
+``prefetch(ds, sampler, batch_size=B)`` gives a ``PackedDataset`` opened with ``stream=True`` the order it will read
+packs in: at every ``iter(sampler)`` (each epoch, and after ``load_state_dict`` from the position it resumes at, on
+any number of ranks, with or without torchdata's ``StatefulDataLoader``) the sampler publishes the packs that
+iteration yields (``_plan_channel``), and every process that reads (the loop's own, or each DataLoader worker) plans
+from them before its next batch: a ``packfmt.remote.plan.Plan`` (Belady eviction, background threads fetching the
+coming members). A DataLoader worker reads every ``W``-th batch of that order from the one it is handed first (the
+DataLoader deals batches round-robin, after a resume from the worker after the last one that yielded): it finds that
+batch in the order and plans its own share from there. ``prefetch(ds, order)`` (pack ids, e.g.
+``sampler.epoch_indices()``) plans one fixed order instead; call it again for every epoch.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import warnings
 import numpy as np
 
 from ..remote import plan as P
+from . import _plan_channel as C
 
 __all__ = ["DEFAULT_LOOKAHEAD", "prefetch"]
 
@@ -22,15 +26,17 @@ __all__ = ["DEFAULT_LOOKAHEAD", "prefetch"]
 DEFAULT_LOOKAHEAD = 4096
 
 
-def prefetch(ds, order, *, batch_size: int | None = None, lookahead: int | None = None, threads: int = 2,
+def prefetch(ds, source, *, batch_size: int | None = None, lookahead: int | None = None, threads: int = 2,
              window: int | None = None) -> None:
-    """Plan ``ds`` (a ``PackedDataset`` with ``stream=True``) to read ``order`` (pack ids, e.g. ``sampler.epoch_indices()``)
-    and start fetching its members ahead in a background thread. Call again for every epoch.
+    """Plan ``ds`` (a ``PackedDataset`` with ``stream=True``) to read what ``source`` gives and fetch its members ahead.
 
-    ``lookahead``: how far ahead to prefetch: the (position, member) pairs of the order, from the next pack
-    read on, the threads consider at a time (default ``DEFAULT_LOOKAHEAD``, 4096; >= 1); ``threads``: how many
-    members are fetched at once (>= 1). ``window``: the old name of ``lookahead`` (a ``DeprecationWarning``; it
-    goes in the next version): not the samplers' ``window=K``, their shuffle window of members.
+    ``source``: the sampler (``DistributedPackSampler``, ``PackSampler``), whose every iteration the plan follows
+    (the way to use it: resumes and new epochs need nothing more); or an order of pack ids, planned once.
+    ``batch_size``: the DataLoader's (needed with workers: which batches a worker reads). ``lookahead``: how far
+    ahead to prefetch: the (position, member) pairs of the order, from the next pack read on, the threads consider at
+    a time (default ``DEFAULT_LOOKAHEAD``, 4096; >= 1); ``threads``: how many members are fetched at once (>= 1).
+    ``window``: the old name of ``lookahead`` (a ``DeprecationWarning``; it goes in the next version): not the
+    samplers' ``window=K``, their shuffle window of members.
     """
     if window is not None:
         if lookahead is not None:
@@ -44,18 +50,25 @@ def prefetch(ds, order, *, batch_size: int | None = None, lookahead: int | None 
     for key, value in (("lookahead", lookahead), ("threads", threads)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ValueError(f"prefetch: {key}: expected an integer >= 1, found {value!r}")
-    ds._stream_plan = (np.asarray(order, dtype=np.int64).reshape(-1), batch_size, int(lookahead), int(threads))
-    if ds._arrays is not None:
-        start(ds)
+    if hasattr(source, "pending_indices"):  # a sampler: its every iteration published, the plan follows them
+        channel = source.plan_channel()
+        C.publish(channel.path, source.pending_indices())
+        ds._stream_plan = (None, batch_size, int(lookahead), int(threads), channel.path)
+        ds._plan_seen = None
+    else:
+        ds._stream_plan = (np.asarray(source, dtype=np.int64).reshape(-1), batch_size, int(lookahead), int(threads),
+                           None)
+        if ds._arrays is not None:
+            start(ds)
 
 
 def start(ds) -> None:
-    """In the process that reads (called by the dataset once its arrays are open): this process's plan and threads."""
+    """A fixed order's plan, in the process that reads (called by the dataset once its arrays are open)."""
     spec = getattr(ds, "_stream_plan", None)
     a = ds._views()
-    if spec is None or not ds.store.streamed:  # a local read ignores the plan
+    if spec is None or spec[4] is not None or not ds.store.streamed:  # a sampler's: ``follow``; a local read: none
         return
-    order, batch_size, lookahead, threads = spec
+    order, batch_size, lookahead, threads, _ = spec
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
@@ -64,6 +77,50 @@ def start(ds) -> None:
             return  # which batches this worker reads is not known: fetch on demand
         b = np.arange(order.shape[0]) // batch_size
         order = order[b % info.num_workers == info.id]
+    _plan(ds, a, order, lookahead, threads)
+
+
+def follow(ds, packs: np.ndarray) -> None:
+    """Before ``ds`` reads ``packs``: when the sampler published a new iteration since, plan this process's share of
+    it from the batch ``packs`` on (``W`` DataLoader workers: every ``W``-th batch of ``batch_size`` from it)."""
+    spec = getattr(ds, "_stream_plan", None)
+    if spec is None or spec[4] is None:
+        return
+    key = C.identity(spec[4])
+    if key is None or key == getattr(ds, "_plan_seen", None):
+        return
+    ds._plan_seen = key
+    order = C.read(spec[4])
+    a = ds._views()
+    if order is None or not ds.store.streamed:
+        return
+    _, batch_size, lookahead, threads, _ = spec
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    workers = info.num_workers if info is not None else 1
+    size = batch_size or packs.shape[0] or 1
+    first = _batch_at(order, packs, size)
+    if first is None or (workers > 1 and batch_size is None):
+        return  # not a batch of this iteration (another order is read): fetch on demand
+    n = -(-order.shape[0] // size)
+    mine = np.arange(first, n, workers)
+    share = np.concatenate([order[b * size:(b + 1) * size] for b in mine.tolist()]) if mine.size else order[:0]
+    _plan(ds, a, share, lookahead, threads)
+
+
+def _batch_at(order: np.ndarray, packs: np.ndarray, size: int) -> int | None:
+    """The index ``j`` of the batch ``order[j * size : (j + 1) * size]`` that equals ``packs``, the first one."""
+    if not packs.shape[0]:
+        return None
+    heads = order[::size]
+    for j in np.flatnonzero(heads == packs[0]).tolist():
+        if np.array_equal(order[j * size:j * size + packs.shape[0]], packs):
+            return j
+    return None
+
+
+def _plan(ds, a: dict, order: np.ndarray, lookahead: int, threads: int) -> None:
     P.start(a["members"], order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]),
             getattr(ds.index, "shard_of", None), lookahead, threads)
 

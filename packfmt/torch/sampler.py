@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from ..errors import PackfmtError
+from ._plan_channel import Channel, publish
 from ._deal import check_nodes, deal_balanced, deal_rounds, deal_size, done_positions, epoch_order, group_runs, remaining
 from ._state import STATE_KEYS, Position, SamplerStateError, check_state, lockstep_state, next_position
 
@@ -93,6 +94,7 @@ class DistributedPackSampler(Sampler[int]):
         self._iter_at = Position()  # where its deal begins
         self._yielded = 0        # indices that iterator handed out (its position in the deal)
         self._cache: tuple[tuple[int, Position], np.ndarray] | None = None  # ((epoch, deal), its assignment)
+        self._channel: Channel | None = None  # where each iteration's packs are published (``plan_channel``)
 
     @staticmethod
     def _pack_weights(dataset, balance: str) -> np.ndarray | None:
@@ -198,7 +200,15 @@ class DistributedPackSampler(Sampler[int]):
         self._resume = None
         indices = self.epoch_indices(start=at)
         self._iter_epoch, self._iter_at, self._yielded = self.epoch, at, yielded
+        if self._channel is not None:  # what this iteration yields, for the processes that read it (``prefetch``)
+            publish(self._channel.path, indices[yielded:])
         return self._iterate(indices, yielded)
+
+    def plan_channel(self) -> Channel:
+        """Where every ``iter(self)`` from now on publishes the packs it yields (``packfmt.torch.prefetch``)."""
+        if self._channel is None:
+            self._channel = Channel()
+        return self._channel
 
     def _iterate(self, indices: np.ndarray, start: int) -> Iterator[int]:
         for j in range(start, indices.shape[0]):
