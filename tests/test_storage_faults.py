@@ -10,27 +10,21 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import limits
 import packfmt
-from packfmt.build import build_text
-from packfmt.collection import write_collection
 from packfmt.errors import FormatError
-from packfmt.packindex import build_pack_index
 from packfmt.storage.errors import StorageError
 from packfmt.storage.transport import RETRIES_ENV, TIMEOUT_ENV, policy_of
 from packfmt.storage.upload import upload_tree
 
 from s3_proxy import FaultProxy
-from s3_server import BUCKET, cache, explicit_options, s3_server, time_limit  # noqa: F401  (fixtures)
+from s3_server import BUCKET, cache, explicit_options, s3_server, time_limit, write_sample  # noqa: F401
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-SAMPLE = Path(packfmt.__file__).parent / "sample_data"
-TOK = str(SAMPLE / "tokenizer")
 URL = f"s3://{BUCKET}/f"
 STORE, OTHER, COLL, INDEX = f"{URL}/s", f"{URL}/t", f"{URL}/m", "ffd-128"
 KINDS = ["stall", "reset", "503", "500"]
@@ -40,15 +34,7 @@ TIMEOUT, RETRIES = 1, 2  # a stalled request: refused after about 3 x 1 s (plus 
 @pytest.fixture(scope="module")
 def data(s3_server, tmp_path_factory):
     """A store, and a collection of it and another store, each with pack index ffd-128 (straight to the server)."""
-    os.environ["PACKFMT_CACHE"] = str(tmp_path_factory.mktemp("writer-cache"))
-    try:
-        build_text([SAMPLE / "text.jsonl"], STORE, TOK)
-        build_text([SAMPLE / "text.jsonl"], OTHER, TOK, limit=20)
-        build_pack_index(STORE, capacity=128)
-        write_collection(COLL, [(None, STORE), (None, OTHER)])
-        build_pack_index(COLL, capacity=128)
-    finally:
-        del os.environ["PACKFMT_CACHE"]
+    write_sample(URL, tmp_path_factory.mktemp("writer-cache"))
 
 
 @pytest.fixture

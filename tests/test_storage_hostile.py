@@ -27,20 +27,15 @@ import pytest
 import xxhash
 
 import packfmt
-from packfmt.build import build_text
 from packfmt.cli import main
-from packfmt.collection import write_collection
 from packfmt.errors import FormatError, PackfmtError
-from packfmt.packindex import build_pack_index
 from packfmt.storage.cache import evict, mirror_path
 from packfmt.storage.errors import StorageError, evicting
 from packfmt.validate import validate
 
-from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
+from s3_server import BUCKET, cache, s3_key, s3_server, time_limit, write_sample  # noqa: F401  (fixtures)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-SAMPLE = Path(packfmt.__file__).parent / "sample_data"
-TOK = str(SAMPLE / "tokenizer")
 URL = f"s3://{BUCKET}/h"
 STORE, OTHER, COLL, TCOLL, INDEX = f"{URL}/s", f"{URL}/t", f"{URL}/m", f"{URL}/mt", "ffd-128"
 
@@ -62,39 +57,27 @@ sys.addaudithook(_audit)  # (once per process; does nothing while no folder is w
 @pytest.fixture(scope="module")
 def data(s3_server, tmp_path_factory):
     """Two stores and two collections of them (a JSON member list and a member table), each with index ffd-128."""
-    os.environ["PACKFMT_CACHE"] = str(tmp_path_factory.mktemp("writer-cache"))
-    try:
-        build_text([SAMPLE / "text.jsonl"], STORE, TOK)
-        build_text([SAMPLE / "text.jsonl"], OTHER, TOK, limit=20)
-        for url, table in ((COLL, False), (TCOLL, True)):
-            write_collection(url, [(None, STORE), (None, OTHER)], member_table=table)
-            build_pack_index(url, capacity=128)
-    finally:
-        del os.environ["PACKFMT_CACHE"]
-
-
-def _key(url: str) -> str:
-    return url.removeprefix("s3://")
+    write_sample(URL, tmp_path_factory.mktemp("writer-cache"))
 
 
 def _hostile(s3, src: str, dst: str, path: str) -> None:
     """A copy of collection ``src`` at ``dst`` (same parent: its other member paths still lead to their stores) whose
     member 0 has path ``path``, in its JSON member list or in its member table (checksums recomputed: only the
     path is wrong)."""
-    for key in s3.find(_key(src)):
+    for key in s3.find(s3_key(src)):
         if not key.endswith("/manifest.json") or "/packs/" in key:
-            s3.pipe_file(key.replace(_key(src), _key(dst), 1), s3.cat_file(key))
-    obj = json.loads(s3.cat_file(f"{_key(src)}/manifest.json"))
+            s3.pipe_file(key.replace(s3_key(src), s3_key(dst), 1), s3.cat_file(key))
+    obj = json.loads(s3.cat_file(f"{s3_key(src)}/manifest.json"))
     if obj["members"] == "table":
-        lines = s3.cat_file(f"{_key(src)}/member_names.txt").decode().split("\n")
+        lines = s3.cat_file(f"{s3_key(src)}/member_names.txt").decode().split("\n")
         lines[0] = lines[0].split("\t", 1)[0] + "\t" + path
         names = "\n".join(lines).encode()
-        s3.pipe_file(f"{_key(dst)}/member_names.txt", names)
+        s3.pipe_file(f"{s3_key(dst)}/member_names.txt", names)
         digest = "xxh3_64:" + xxhash.xxh3_64_hexdigest(names)
         obj["files"]["member_names.txt"] = {"bytes": len(names), "checksum": digest}
     else:
         obj["members"][0]["path"] = path
-    s3.pipe_file(f"{_key(dst)}/manifest.json", json.dumps(obj).encode())
+    s3.pipe_file(f"{s3_key(dst)}/manifest.json", json.dumps(obj).encode())
 
 
 @pytest.fixture
@@ -177,9 +160,9 @@ def test_dataloader_workers_refuse_what_their_parent_did_not_see(s3_server, outs
         _hostile(s3_server, COLL, url, "../s")  # a faithful copy, first
         ds = PackedDataset(url, INDEX, stream=stream)
         _hostile(s3_server, COLL, f"{URL}/x", _climb_to(outside, url))
-        hostile = s3_server.cat_file(f"{_key(URL)}/x/manifest.json")
+        hostile = s3_server.cat_file(f"{s3_key(URL)}/x/manifest.json")
         if stream:
-            s3_server.pipe_file(f"{_key(url)}/manifest.json", hostile)
+            s3_server.pipe_file(f"{s3_key(url)}/manifest.json", hostile)
         else:
             (mirror_path(url) / "manifest.json").write_bytes(hostile)
         copy = pickle.loads(pickle.dumps(ds))
@@ -206,7 +189,7 @@ def _reset_peak() -> None:
 def test_a_huge_remote_manifest_is_refused_with_memory_bounded(s3_server, data, cache, capsys):
     url, size = f"{URL}/huge", 200 << 20
     chunk = b" " * (8 << 20)
-    with s3_server.open(f"{_key(url)}/manifest.json", "wb") as f:  # (in parts: this process never holds it)
+    with s3_server.open(f"{s3_key(url)}/manifest.json", "wb") as f:  # (in parts: this process never holds it)
         f.write(b"{")
         for _ in range(size // len(chunk)):
             f.write(chunk)
@@ -230,7 +213,7 @@ def test_a_huge_remote_manifest_is_refused_with_memory_bounded(s3_server, data, 
         with capsys.disabled():
             print(f"{name}: peak memory grew by {grew / 2**20:.1f} MiB reading a {size >> 20} MiB manifest")
         assert grew < size // 8, f"{name}: peak memory grew by {grew:,} bytes for a {size:,}-byte manifest"
-    s3_server.rm_file(f"{_key(url)}/manifest.json")
+    s3_server.rm_file(f"{s3_key(url)}/manifest.json")
 
 
 MALFORMED = {
@@ -246,16 +229,16 @@ MALFORMED = {
 @pytest.mark.parametrize("what", list(MALFORMED))
 def test_malformed_remote_json_is_one_format_error(s3_server, data, cache, capsys, what, where):
     url = f"{URL}/bad"
-    for key in s3_server.find(_key(COLL)):  # a copy of the collection (and of its first member, at bad-s)
-        s3_server.pipe_file(key.replace(_key(COLL), _key(url), 1), s3_server.cat_file(key))
-    for key in s3_server.find(_key(STORE)):
-        s3_server.pipe_file(key.replace(_key(STORE), f"{_key(url)}-s", 1), s3_server.cat_file(key))
-    obj = json.loads(s3_server.cat_file(f"{_key(url)}/manifest.json"))
+    for key in s3_server.find(s3_key(COLL)):  # a copy of the collection (and of its first member, at bad-s)
+        s3_server.pipe_file(key.replace(s3_key(COLL), s3_key(url), 1), s3_server.cat_file(key))
+    for key in s3_server.find(s3_key(STORE)):
+        s3_server.pipe_file(key.replace(s3_key(STORE), f"{s3_key(url)}-s", 1), s3_server.cat_file(key))
+    obj = json.loads(s3_server.cat_file(f"{s3_key(url)}/manifest.json"))
     obj["members"][0]["path"] = "../bad-s"
-    s3_server.pipe_file(f"{_key(url)}/manifest.json", json.dumps(obj).encode())
+    s3_server.pipe_file(f"{s3_key(url)}/manifest.json", json.dumps(obj).encode())
     target = {"manifest.json": f"{url}/manifest.json", "member manifest.json": f"{url}-s/manifest.json",
               "index.json": f"{url}/packs/{INDEX}/index.json"}[where]
-    s3_server.pipe_file(_key(target), MALFORMED[what])
+    s3_server.pipe_file(s3_key(target), MALFORMED[what])
     opens = {"packfmt.open": lambda: packfmt.open(url)}
     if where != "member manifest.json":  # (a streamed open reads a member's manifest when a batch needs it)
         opens["stream=True"] = lambda: packfmt.open(url, stream=True).pack_index(INDEX)
