@@ -321,7 +321,7 @@ class Remote:
         if known is not None:  # e.g. an endpoint that refuses every connection: the usual message, and what was tried
             return StorageError(f"{known} ({tried})", file=url, field=known.field, expected=known.expected,
                                 found=known.found)
-        return StorageError(f"{url}: no answer after {tried} (last: {why}); the server stalls, drops connections or "
+        return StorageError(f"{url}: gave up after {tried} (last: {why}); the server stalls, drops connections or "
                             f"is overloaded: try again later, or give it more time with {self.policy.settings()}",
                             file=url, field="request", expected=f"an answer within {self.policy.timeout:g} s a "
                             f"request, {self.policy.retries} retries", found=why)
