@@ -82,10 +82,10 @@ def _remote_record(url: str, storage_options: dict | None, size: int) -> bytes |
     """The first ``size`` bytes of the collection's ``doc_lengths.bin`` at ``url`` (spec/COLLECTION.md §2.4), or None."""
     from .collection.lengths import LENGTHS_FILE
     from .storage.errors import storage_errors
-    from .storage.uri import filesystem
+    from .storage.transport import remote
 
     with storage_errors(url, storage_options):
-        fs, rpath = filesystem(url.rstrip("/"), storage_options)
+        fs, rpath = remote(url.rstrip("/"), storage_options)
         try:
             return fs.cat_file(f"{rpath}/{LENGTHS_FILE}", start=0, end=size)
         except FileNotFoundError:

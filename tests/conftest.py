@@ -20,6 +20,10 @@ SLOW_FILES = {
     "test_storage.py": "a real S3-protocol server (moto) on 127.0.0.1",
     "test_storage_cache.py": "a real S3-protocol server (moto) on 127.0.0.1, several processes",
     "test_storage_errors.py": "a real S3-protocol server (moto) on 127.0.0.1",
+    "test_storage_faults.py": "a real S3-protocol server (moto) behind a fault proxy; each persistent fault waits out "
+                              "3 attempts of 1 s, ~2 min",
+    "test_storage_hostile.py": "a real S3-protocol server (moto) on 127.0.0.1; a 200 MiB manifest in the bucket, "
+                               "every open mode of a hostile collection, ~1 min",
     "test_storage_stream.py": "a real S3-protocol server (moto) on 127.0.0.1, 200 members fetched one by one",
     "test_storage_stream_images.py": "a real S3-protocol server (moto) on 127.0.0.1, image members streamed",
     "test_storage_resume_plan.py": "a real S3-protocol server (moto): streamed epochs resumed through StatefulDataLoader",

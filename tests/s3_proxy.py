@@ -78,6 +78,11 @@ class FaultProxy:
         with self._lock:
             self._faults.append([kind, match, times])
 
+    def left(self) -> int:
+        """Faults asked for and not yet served (0: every one hit a request)."""
+        with self._lock:
+            return sum(f[2] for f in self._faults)
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
@@ -134,6 +139,11 @@ class FaultProxy:
                 if head is None:
                     return
                 method, target, headers, raw = head
+                if headers.get("expect", "").lower() == "100-continue":  # (botocore's PUT): answered here, so that
+                    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the body comes; not relayed (not signed)
+                    await writer.drain()
+                    raw = b"".join(line for line in raw.splitlines(keepends=True)
+                                   if not line.lower().startswith(b"expect:"))
                 body = await reader.readexactly(int(headers.get("content-length", 0) or 0))
                 path = unquote(urlsplit(target).path)
                 with self._lock:

@@ -114,6 +114,34 @@ def _accepts(port: int) -> bool:
         return False
 
 
+def s3_key(url: str) -> str:
+    """``s3://bkt/a/b`` -> ``bkt/a/b``: the path the server's fixture (an s3fs file system) takes."""
+    return url.removeprefix("s3://")
+
+
+def write_sample(root: str, writer_cache) -> None:
+    """The sample datasets, written straight to the server under ``root`` (``s3://bkt/...``): stores ``s`` (the sample
+    text) and ``t`` (its first 20 records), collections ``m`` (of both, a JSON member list) and ``mt`` (the same, a
+    member table), each with pack index ``ffd-128``; ``writer_cache``: the cache folder the writes go through."""
+    import packfmt
+    from packfmt.build import build_text
+    from packfmt.collection import write_collection
+    from packfmt.packindex import build_pack_index
+
+    sample = os.path.join(os.path.dirname(packfmt.__file__), "sample_data")
+    text, tok = os.path.join(sample, "text.jsonl"), os.path.join(sample, "tokenizer")
+    os.environ["PACKFMT_CACHE"] = str(writer_cache)
+    try:
+        build_text([text], f"{root}/s", tok)
+        build_text([text], f"{root}/t", tok, limit=20)
+        build_pack_index(f"{root}/s", capacity=128)
+        for name, table in (("m", False), ("mt", True)):
+            write_collection(f"{root}/{name}", [(None, f"{root}/s"), (None, f"{root}/t")], member_table=table)
+            build_pack_index(f"{root}/{name}", capacity=128)
+    finally:
+        del os.environ["PACKFMT_CACHE"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -69,17 +69,16 @@ def test_cli_build_pack_validate_inspect_read(s3_server, cache, tmp_path, capsys
 
 
 def test_upload_puts_manifest_last_and_refuses_existing(s3_server, cache, monkeypatch):
-    import s3fs
+    from packfmt.storage.transport import Remote
 
     order: list[str] = []
-    real = s3_server.put_file  # fsspec caches file systems: packfmt's uploads go through this same instance
-    assert s3fs.S3FileSystem() is s3_server
+    real = Remote.put_file  # every request packfmt makes goes through storage/transport's Remote
 
-    def recording(lpath, rpath, *a, **kw):
+    def recording(self, lpath, rpath, *a, **kw):
         order.append(rpath.rsplit("/", 1)[-1])
-        return real(lpath, rpath, *a, **kw)
+        return real(self, lpath, rpath, *a, **kw)
 
-    monkeypatch.setattr(s3_server, "put_file", recording)
+    monkeypatch.setattr(Remote, "put_file", recording)
     url = f"{URL}/order/ds"
     result = build_text([SAMPLE / "text.jsonl"], url, TOK)
     assert result.path == url

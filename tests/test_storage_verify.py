@@ -16,19 +16,15 @@ import numpy as np
 import pytest
 
 import packfmt
-from packfmt.build import build_text
 from packfmt.collection import write_collection
 from packfmt.errors import ChecksumError, FormatError, PackfmtError, WriteError
-from packfmt.packindex import build_pack_index
 from packfmt.storage import verify as V
 from packfmt.storage.cache import cache_root, mirror_path
 from packfmt.validate import validate
 
-from s3_server import BUCKET, cache, s3_server, time_limit  # noqa: F401  (fixtures)
+from s3_server import BUCKET, cache, s3_key, s3_server, time_limit, write_sample  # noqa: F401  (fixtures)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-SAMPLE = Path(packfmt.__file__).parent / "sample_data"
-TOK = str(SAMPLE / "tokenizer")
 URL = f"s3://{BUCKET}/v"
 STORE, OTHER, COLL, INDEX = f"{URL}/s", f"{URL}/t", f"{URL}/m", "ffd-128"
 TCOLL = f"{URL}/mt"  # the same collection with its member list as a member table (spec/COLLECTION.md §2.5)
@@ -37,32 +33,18 @@ TCOLL = f"{URL}/mt"  # the same collection with its member list as a member tabl
 @pytest.fixture(scope="module")
 def data(s3_server, tmp_path_factory):
     """A store and a collection (of it and another store) in the bucket, each with pack index ffd-128."""
-    os.environ["PACKFMT_CACHE"] = str(tmp_path_factory.mktemp("writer-cache"))
-    try:
-        build_text([SAMPLE / "text.jsonl"], STORE, TOK)
-        build_text([SAMPLE / "text.jsonl"], OTHER, TOK, limit=20)
-        build_pack_index(STORE, capacity=128)
-        write_collection(COLL, [(None, STORE), (None, OTHER)])
-        build_pack_index(COLL, capacity=128)
-        write_collection(TCOLL, [(None, STORE), (None, OTHER)], member_table=True)
-        build_pack_index(TCOLL, capacity=128)
-    finally:
-        del os.environ["PACKFMT_CACHE"]
-
-
-def _key(url: str) -> str:
-    return url.removeprefix("s3://")
+    write_sample(URL, tmp_path_factory.mktemp("writer-cache"))
 
 
 @contextmanager
 def corrupt(fs, url: str):
     """The object at ``url`` with its first byte flipped for the duration of the block."""
-    good = fs.cat_file(_key(url))
-    fs.pipe_file(_key(url), bytes([good[0] ^ 1]) + good[1:])
+    good = fs.cat_file(s3_key(url))
+    fs.pipe_file(s3_key(url), bytes([good[0] ^ 1]) + good[1:])
     try:
         yield
     finally:
-        fs.pipe_file(_key(url), good)
+        fs.pipe_file(s3_key(url), good)
 
 
 def _flip(path: Path, at: int = 100) -> None:
@@ -129,7 +111,7 @@ def test_object_of_another_size_is_refused_whatever_the_chunking(s3_server, data
     import packfmt.storage.download as C
 
     monkeypatch.setattr(C, "CHUNK_BYTES", chunk)
-    key = _key(f"{STORE}/tokens.bin")
+    key = s3_key(f"{STORE}/tokens.bin")
     good = s3_server.cat_file(key)
     assert len(good) > 2 * 1000  # several chunks of 1000 bytes
     bad = {"longer": good + b"\0", "shorter": good[:-1], "missing": None}[damage]
@@ -218,7 +200,7 @@ def test_validate_sees_the_dataset_only(s3_server, data, cache):
         report = validate(url, deep=True)
         assert report.ok and report.warnings == [], report.format()
     mirrored = sorted(p.relative_to(mirror_path(STORE)).as_posix() for p in mirror_path(STORE).rglob("*") if p.is_file())
-    assert mirrored == sorted(p.removeprefix(_key(STORE) + "/") for p in s3_server.find(_key(STORE)))
+    assert mirrored == sorted(p.removeprefix(s3_key(STORE) + "/") for p in s3_server.find(s3_key(STORE)))
     assert list((cache / V.STATE).rglob("*.verified")) and list((cache / V.STATE).rglob(V.PIN))
 
 
@@ -228,11 +210,11 @@ def test_a_collections_lengths_record_is_mirrored_verified_or_left_out_when_miss
     from the bucket is left out: the collection opens on its members' own lengths and validate warns."""
     url = f"{COLL}/doc_lengths.bin"
     coll = packfmt.open(COLL)
-    assert (mirror_path(COLL) / "doc_lengths.bin").read_bytes() == s3_server.cat_file(_key(url))
+    assert (mirror_path(COLL) / "doc_lengths.bin").read_bytes() == s3_server.cat_file(s3_key(url))
     lengths = coll.doc_lengths.copy()
     assert validate(COLL).ok
-    good = s3_server.cat_file(_key(url))
-    s3_server.rm_file(_key(url))
+    good = s3_server.cat_file(s3_key(url))
+    s3_server.rm_file(s3_key(url))
     try:
         shutil.rmtree(cache, ignore_errors=True)
         bare = packfmt.open(COLL)
@@ -241,13 +223,13 @@ def test_a_collections_lengths_record_is_mirrored_verified_or_left_out_when_miss
         report = validate(COLL)
         assert report.ok and [(p.file, p.found) for p in report.warnings] == [("doc_lengths.bin", "missing")]
     finally:
-        s3_server.pipe_file(_key(url), good)
+        s3_server.pipe_file(s3_key(url), good)
 
 
 def _collection_with_member_path(s3_server, url: str, path: str) -> None:
-    obj = json.loads(s3_server.cat_file(f"{_key(COLL)}/manifest.json"))
+    obj = json.loads(s3_server.cat_file(f"{s3_key(COLL)}/manifest.json"))
     obj["members"][0]["path"] = path
-    s3_server.pipe_file(f"{_key(url)}/manifest.json", json.dumps(obj).encode())
+    s3_server.pipe_file(f"{s3_key(url)}/manifest.json", json.dumps(obj).encode())
 
 
 @pytest.mark.parametrize("path", ["../../../../../../../../tmp/packfmt-escape", "../../../other-bkt/v/s", "../../.."])
@@ -286,7 +268,7 @@ def test_a_member_table_is_mirrored_verified_and_never_left_out(s3_server, data,
             assert np.array_equal(a[i]["input_ids"], b[i]["input_ids"])
     assert validate(TCOLL, deep=True).ok
     for name in ("members.bin", "member_names.txt"):
-        key = f"{_key(TCOLL)}/{name}"
+        key = f"{s3_key(TCOLL)}/{name}"
         good = s3_server.cat_file(key)
         s3_server.rm_file(key)
         try:

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import contextmanager
 
@@ -33,12 +32,12 @@ MEMBERS = "members"
 def _listed_members(fs, rpath: str) -> set[str]:
     """The member paths the collection manifest at ``rpath`` lists (empty when there is none or it is no collection)."""
     from .. import format as F
+    from ..errors import FormatError
+    from ..storage.remote_json import read_json
 
     try:
-        obj = json.loads(fs.cat_file(f"{rpath}/{F.MANIFEST}"))
-    except FileNotFoundError:
-        return set()
-    except ValueError:
+        _, obj = read_json(fs, f"{rpath}/{F.MANIFEST}", fs.url(f"{rpath}/{F.MANIFEST}"))
+    except (FileNotFoundError, FormatError):
         return set()
     from ..collection.member_table import NAMES_FILE, listed_paths
 
@@ -48,7 +47,7 @@ def _listed_members(fs, rpath: str) -> set[str]:
         except FileNotFoundError:
             return None
 
-    return set(listed_paths(obj.get("members"), names)) if isinstance(obj, dict) else set()
+    return set(listed_paths(obj.get("members"), names))
 
 
 def _sweep(fs, rpath: str, keep: set[str], under: str = "") -> None:
@@ -74,13 +73,13 @@ def remote_job(url: str, storage_options: dict | None, *, overwrite: bool, ray_a
     prefix) are removed; a collection already at ``url`` is left as it was.
     """
     from ..storage.errors import require_bucket, storage_errors
+    from ..storage.transport import remote
     from ..storage.upload import exists
-    from ..storage.uri import filesystem
     from .context import Job, ray_context
 
     with storage_errors(url, storage_options):
         taken = exists(url, storage_options)
-        fs, rpath = filesystem(url, storage_options)
+        fs, rpath = remote(url, storage_options)
         if not taken:  # fail before the work, not at the upload
             require_bucket(fs, url, storage_options)
     if taken and not overwrite:
@@ -117,7 +116,7 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
     from ..collection.manifest import Member
     from ..collection.writer import check_members_agree, collection_manifest
     from ..storage.errors import storage_errors
-    from ..storage.uri import filesystem
+    from ..storage.transport import remote
 
     members = []
     for i, r in enumerate(r for r in returns if r["dir"] is not None):
@@ -131,7 +130,7 @@ def commit_remote(url: str, storage_options: dict | None, returns: list[dict], r
     manifest["build_report"] = report
     keep = {f"{MEMBERS}/{r['dir']}" for r in returns if r["dir"] is not None}
     with storage_errors(url, storage_options):
-        fs, rpath = filesystem(url, storage_options)
+        fs, rpath = remote(url, storage_options)
         fs.invalidate_cache(rpath)
         if fs.exists(f"{rpath}/{F.MANIFEST}"):
             fs.rm_file(f"{rpath}/{F.MANIFEST}")  # the replaced dataset stops existing first (§5.4)

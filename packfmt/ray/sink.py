@@ -131,10 +131,10 @@ class MemberSink(Datasink):
                 "lengths": local_member_lengths([(member, local, shared)])}
 
     def _remove_remote(self, name: str) -> None:
-        from ..storage.uri import filesystem
+        from ..storage.transport import remote
 
         try:
-            fs, rpath = filesystem(f"{self.staging}/{name}", self.storage_options)
+            fs, rpath = remote(f"{self.staging}/{name}", self.storage_options)
             if fs.exists(rpath):
                 fs.rm(rpath, recursive=True)
         except Exception as exc:  # noqa: BLE001 - best effort; the driver removes unlisted prefixes before committing

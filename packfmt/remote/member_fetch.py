@@ -19,9 +19,9 @@ import xxhash
 
 from .. import format as F
 from ..collection.member_checks import changed_member, manifest_checksum
-from ..storage import uri
 from ..storage.cache import Fetcher
 from ..storage.errors import storage_errors
+from ..storage.transport import remote
 
 __all__ = ["member_manifest", "fetch_member"]
 
@@ -41,7 +41,7 @@ def member_manifest(members, m: int, local: Path) -> tuple[bytes, dict]:
     if raw is None or xxhash.xxh3_64_intdigest(raw) != recorded:
         f = members.fetcher
         with storage_errors(url, f.so, f.root):
-            fs, rpath = uri.filesystem(url, f.so)
+            fs, rpath = remote(url, f.so)
             raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
         if xxhash.xxh3_64_intdigest(raw) != recorded:
             raise changed_member(coll.manifest, m, manifest_checksum(raw), f"{url}/{F.MANIFEST}")
@@ -57,7 +57,7 @@ def fetch_member(members, m: int, local: Path, raw: bytes, files: dict) -> None:
     fetcher = Fetcher(f.so, f.root, None, f.mode)  # one per member: its counts and pins are its own
     local.mkdir(parents=True, exist_ok=True)
     with storage_errors(url, f.so, f.root):
-        fs, rpath = uri.filesystem(url, f.so)
+        fs, rpath = remote(url, f.so)
         jobs = [lambda name=name, entry=entry: fetcher.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name,
                                                              entry, label)
                 for name, entry in files.items()]

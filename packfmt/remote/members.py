@@ -38,6 +38,7 @@ from ..storage import uri
 from ..storage.budget import ABSENT, PRESENT, RESERVED
 from ..storage.cache import Fetcher
 from ..storage.errors import StorageError, storage_errors
+from ..storage.transport import remote
 from .eviction import Holdings, resident_bound
 from .member_fetch import fetch_member, member_manifest
 from .mirror import mirror_collection_files
@@ -92,7 +93,7 @@ class StreamedMembers(Holdings, ResidentMembers):
         with self.pack_lock:
             f = self.fetcher
             with storage_errors(self.url, f.so, f.root):
-                fs, rpath = uri.filesystem(self.url, f.so)
+                fs, rpath = remote(self.url, f.so)
                 mirror_collection_files(f, fs, rpath, self.url, self.coll.path, {name: entry})
         self.node.update_fixed()
 
@@ -105,7 +106,7 @@ class StreamedMembers(Holdings, ResidentMembers):
             f = self.fetcher
             refuse_materialized(self.url, name, self.packs[name])
             with storage_errors(self.url, f.so, f.root):
-                fs, rpath = uri.filesystem(self.url, f.so)
+                fs, rpath = remote(self.url, f.so)
                 mirror_pack(f, fs, rpath, self.url, self.coll.path, name, self.packs[name])
             self.mirrored.add(name)
         self.node.update_fixed()

@@ -8,11 +8,15 @@ its manifest entry, stat-bound markers, a file lock per file); this module decid
 
 ``check_mirror`` is the other direction: a mirror re-opened by its local path (a DataLoader worker re-opening what its
 parent fetched) has every file whose stat moved since it was verified hashed again (``storage.verify``).
+
+Containment (spec/SECURITY.md A17): a collection's member paths are resolved lexically inside its bucket
+(``storage.uri.check_member_paths``: every member at once) before anything of a member is fetched or a folder made
+for it, and a mirror re-opened by its local path has its member paths checked against the mirror of its bucket
+(``check_mirror``) before the reader resolves any of them on the local disk.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -23,10 +27,12 @@ from ..collection.member_table import NAMES_FILE, listed_paths
 from ..collection.versions import parse_collection_version
 from ..errors import FormatError
 from ..storage import uri
+from ..storage.uri import escapes
 from ..storage import verify as V
 from ..storage.cache import Fetched, Fetcher, Pin, evict
 from ..storage.errors import storage_errors
 from ..storage.in_flight import in_order, members_in_flight
+from ..storage.transport import remote
 from .pack_mirror import drop_gone, mirror_pack, remote_pack_manifests
 
 __all__ = ["fetch_dataset", "mirror_dataset", "mirror_collection_manifest", "mirror_collection_files",
@@ -59,19 +65,23 @@ def mirror_dataset(f: Fetcher, url: str, *, packs: bool = True, raw: bytes | Non
     bucket (None: read here). ``pin``: hold a pin on its mirror folder (a collection's members are covered by the one
     pin on the folder that holds them all: one descriptor, not one a member, which at 10^5 members would pass the
     process's limit on open files)."""
-    fs, rpath = uri.filesystem(url, f.so)
+    fs, rpath = remote(url, f.so)
     local = f.mirror(url)
+    label = f"{url}/{F.MANIFEST}"
     if raw is None:
-        raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
+        raw, obj = f.manifest_json(fs, f"{rpath}/{F.MANIFEST}", url)
+    else:
+        obj = F.parse_json(raw, file=label)
     if pin:
         f.result.pins.append(Pin(f.root, local))
     else:
         V.ensure_dir(local)
     V.drop_legacy(local)
-    obj = json.loads(raw)
     if obj.get("format") == "packfmt-collection":
-        label = f"{url}/{F.MANIFEST}"
-        cm = mirror_collection_manifest(f, fs, rpath, url, local, obj)  # its own files first: a member table lists the members
+        # its own files first (a member table lists the members)
+        cm = mirror_collection_manifest(f, fs, rpath, url, local, obj)
+        # every member path inside the bucket, before anything of a member is fetched (A17)
+        uri.check_member_paths(url, cm.members.paths, file=label, name_of=lambda i: cm.members[i].name)
         urls = [uri.member_url(url, p, file=label, field=f"members[{i}].path") for i, p in enumerate(cm.members.paths)]
         if pin and urls:  # before any member is fetched: another process's eviction skips them from now on
             common = Path(os.path.commonpath([local, *{f.mirror(u).parent for u in urls}]))
@@ -80,8 +90,8 @@ def mirror_dataset(f: Fetcher, url: str, *, packs: bool = True, raw: bytes | Non
         # a collection reads its own indexes only (packs=False)
         in_order(lambda i: mirror_dataset(f, urls[i], packs=False, pin=False), len(urls), members_in_flight())
     else:
-        for name, entry in F.parse_manifest(obj, file=f"{url}/{F.MANIFEST}").files.items():
-            f.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
+        for name, entry in F.parse_manifest(obj, file=label).files.items():
+            f.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, label)
     if packs:
         mirror_packs(f, fs, rpath, url, local)
     f.write_atomic(local / F.MANIFEST, raw)
@@ -129,23 +139,43 @@ def mirror_packs(f: Fetcher, fs, rpath: str, url: str, local: Path) -> None:
 
 
 def check_mirror(path: Path, mode: str | None = None) -> None:
-    """A local open of a mirrored dataset (a DataLoader worker re-opening what its parent fetched): every file
-    verified there whose stat changed since is hashed again; one that no longer matches is removed and refused.
-    A collection's own files first, then every member's (listed in its manifest, or in its member table, which has
-    just been checked). Paths outside a cache: nothing to do (a few ``stat`` calls)."""
+    """A local open of a mirrored dataset (a DataLoader worker re-opening what its parent fetched): a collection's
+    member paths must stay inside the mirror of its bucket (``FormatError`` otherwise: the reader would resolve them
+    on the local disk); every file verified there whose stat changed since is hashed again; one that no longer
+    matches is removed and refused. A collection's own files first, then every member's (listed in its manifest, or
+    in its member table, which has just been checked). Paths outside a cache: nothing to do (a few ``stat`` calls)."""
     mode = V.verify_mode(mode)
     root = None if mode == V.FETCHED else V.cache_of(path)
     if root is None:
         return
     top = Path(path).absolute()
     try:
-        obj = json.loads((top / F.MANIFEST).read_bytes())
-    except (OSError, ValueError):
+        obj = F.read_json(top / F.MANIFEST, file=F.MANIFEST)
+    except FormatError:
         return  # the reader reports an unreadable manifest
     V.check_dir(root, top, mode)
-    if isinstance(obj, dict) and obj.get("format") == "packfmt-collection":
-        for rel in _member_paths(top, obj.get("members")):
+    if obj.get("format") == "packfmt-collection":
+        paths = _member_paths(top, obj.get("members"))
+        _contained(root, top, paths)
+        for rel in paths:
             V.check_own_files(root, os.path.normpath(os.path.join(top, rel)), mode)
+
+
+def _contained(root: Path, top: Path, paths: list[str]) -> None:
+    """Refuse the first member path of the mirrored collection ``top`` that leaves the mirror of its bucket
+    (``<cache>/<key>/<bucket>/``): the lexical rule of a URL's members (``storage.uri.escapes``), on the mirror."""
+    rel = os.path.relpath(os.path.normpath(top), root).split(os.sep)
+    base = "/".join(rel[1:])  # bucket/path, below the file system's key
+    i = escapes(base, paths) if base else (0 if paths else None)
+    if i is None:
+        return
+    bucket = root / rel[0] / (rel[1] if len(rel) > 1 else "")
+    label = str(top / F.MANIFEST)
+    raise FormatError(f"{label}: members[{i}].path: expected a member inside the cache's mirror of its bucket "
+                      f"({bucket}), found {paths[i]!r}; nothing of it was read. This mirror's manifest is not one "
+                      f"packfmt checked (an older packfmt, or a hand edit): remove {top} and open the dataset's URL "
+                      "again", file=label, field=f"members[{i}].path", expected=f"a path inside {bucket}",
+                      found=paths[i])
 
 
 def _member_paths(top: Path, members) -> list[str]:

@@ -31,7 +31,7 @@ import xxhash
 from ..storage import verify as V
 from ..storage.budget import PRESENT, Budget, disk_bytes
 from ..storage.cache import LOG_CAP
-from ..storage.errors import StorageError
+from ..storage.errors import StorageError, evicting
 
 __all__ = ["NodeCache", "PAGE"]
 
@@ -176,10 +176,11 @@ class NodeCache:
         if fd is None:
             return False
         try:
-            for index in self.members.sharded:
-                index.punch_shard(m, self.exclusive)
-            for d in (self.mirror_dir(m), self.state_dir(m)):
-                _remove_files(d)
+            with evicting(self.root):  # a cache turned read-only: one StorageError naming it
+                for index in self.members.sharded:
+                    index.punch_shard(m, self.exclusive)
+                for d in (self.mirror_dir(m), self.state_dir(m)):
+                    _remove_files(d)
         finally:
             if fd >= 0:
                 os.close(fd)

@@ -4,12 +4,12 @@ A dataset fetched whole (``mirror.mirror_packs``) mirrors every index; a streame
 ``members``) lists them at open and mirrors one only when ``pack_index(name)`` first opens it, so a collection
 with several indexes (capacities, mixtures) fetches only the one it trains from before its first batch. Each file
 is fetched and verified as every cached file is (``storage.cache.Fetcher.file``: hashed while it streams, checked
-against ``index.json``), ``index.json`` last.
+against ``index.json``), ``index.json`` last. Each ``index.json`` is read bounded and parsed by the one JSON rule
+(``storage.remote_json``), and an index's name is checked (FORMAT.md §4) before a folder is made for it.
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shutil
 from pathlib import Path
@@ -19,13 +19,15 @@ from .. import index_format as IF
 from ..errors import FormatError
 from ..storage import verify as V
 from ..storage.cache import Fetcher
+from ..storage.remote_json import read_json
 
 __all__ = ["remote_pack_manifests", "mirror_pack", "drop_gone", "refuse_materialized"]
 
 
 def remote_pack_manifests(fs, rpath: str) -> dict[str, bytes]:
-    """``index.json`` bytes of every committed pack index under ``rpath/packs/`` (one listing, one small GET each;
-    a folder without ``index.json`` is an upload in flight or a stray folder, and left out)."""
+    """``index.json`` bytes of every committed pack index under ``rpath/packs/`` (one listing, one small GET each,
+    bounded and checked to be a JSON object: ``storage.remote_json.read_json``; a folder without ``index.json`` is an
+    upload in flight or a stray folder, and left out). ``fs``: a ``storage.transport.Remote``."""
     remote = f"{rpath}/{F.PACKS_DIR}"
     fs.invalidate_cache(remote)
     try:
@@ -36,8 +38,9 @@ def remote_pack_manifests(fs, rpath: str) -> dict[str, bytes]:
     for name in names:
         if name.startswith("."):
             continue
+        path = f"{remote}/{name}/{F.PACK_INDEX_JSON}"
         try:
-            out[name] = fs.cat_file(f"{remote}/{name}/{F.PACK_INDEX_JSON}")
+            out[name] = read_json(fs, path, fs.url(path))[0]
         except FileNotFoundError:
             continue
     return out
@@ -49,13 +52,24 @@ def mirror_pack(fetcher: Fetcher, fs, rpath: str, url: str, local: Path, name: s
     never shows an index whose files are not all there."""
     remote = f"{rpath}/{F.PACKS_DIR}"
     label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"
-    idx = IF.parse_pack_index_manifest(json.loads(raw), file=label)
+    _check_name(url, name)
+    idx = IF.parse_pack_index_manifest(F.parse_json(raw, file=label), file=label)
     ldir = local / F.PACKS_DIR / name
     ldir.mkdir(parents=True, exist_ok=True)
     V.drop_legacy(ldir)
     for fname, entry in idx.files.items():
         fetcher.file(fs, f"{remote}/{name}/{fname}", f"{url}/{F.PACKS_DIR}/{name}/{fname}", ldir / fname, entry, label)
     fetcher.write_atomic(ldir / F.PACK_INDEX_JSON, raw)
+
+
+def _check_name(url: str, name: str) -> None:
+    """A pack index's name as FORMAT.md §4 allows (a plain name: never a path), before anything is made for it."""
+    try:
+        IF.check_index_name(name)
+    except FormatError as exc:
+        where = f"{url}/{F.PACKS_DIR}/{name}/"
+        raise FormatError(f"{where}: {exc}; a folder of the bucket's packs/ that is no pack index: rename or remove "
+                          "it", file=where, field="name", expected=exc.expected, found=exc.found) from None
 
 
 def drop_gone(root: Path, local: Path, present: set[str]) -> None:
@@ -72,7 +86,7 @@ def refuse_materialized(url: str, name: str, raw: bytes) -> None:
     """A materialized index holds its packs' tokens, one more copy of the collection's: a streamed read would fetch
     them whole (uncounted by ``cache_limit``) before its first batch, and read no member. Refused, naming the way on."""
     label = f"{url}/{F.PACKS_DIR}/{name}/{F.PACK_INDEX_JSON}"
-    idx = IF.parse_pack_index_manifest(json.loads(raw), file=label)
+    idx = IF.parse_pack_index_manifest(F.parse_json(raw, file=label), file=label)
     if idx.materialized:
         copy = sum(e.bytes for n, e in idx.files.items() if n not in (F.PACK_OFFSETS, F.SEGMENTS))
         raise FormatError(f"{label}: materialized: expected false for a streamed read, found true: the index holds its "

@@ -43,11 +43,11 @@ from ..collection.layout import layout_of
 from ..errors import FormatError
 from ..index import PackIndex
 from ..mapped import map_file
-from ..storage import uri
 from ..storage import verify as V
 from ..storage.cache import log_download
 from ..storage.errors import storage_errors
 from ..storage.ranges import read_range
+from ..storage.transport import remote
 
 __all__ = ["ShardedIndex", "sharded", "punch_hole"]
 
@@ -94,8 +94,8 @@ def sharded(coll, name: str, raw: bytes) -> bool:
     if layout is None or layout["index"] != name:
         return False
     try:
-        return R.listed(json.loads(raw).get("files", {}))
-    except (ValueError, AttributeError):
+        return R.listed(F.parse_json(raw, file=name).get("files", {}))
+    except (FormatError, AttributeError):
         return False  # the whole-index path reports it
 
 
@@ -108,7 +108,8 @@ class ShardedIndex(PackIndex):
         self.store, self.name, self._members = coll, IF.check_index_name(name), members
         self._label = f"{F.PACKS_DIR}/{name}/"
         self.url = f"{members.url}/{F.PACKS_DIR}/{name}/"
-        self.manifest = IF.parse_pack_index_manifest(json.loads(raw), file=self.url + F.PACK_INDEX_JSON)
+        self.manifest = IF.parse_pack_index_manifest(F.parse_json(raw, file=self.url + F.PACK_INDEX_JSON),
+                                                     file=self.url + F.PACK_INDEX_JSON)
         self._check_binding(coll.index_binding())
         if self.manifest.name != name:
             raise FormatError(file=self.url + F.PACK_INDEX_JSON, field="name", expected=repr(name) + " (the directory "
@@ -159,7 +160,7 @@ class ShardedIndex(PackIndex):
     def _fetch(self, fname: str) -> None:
         f = self._members.fetcher
         with storage_errors(self.url + fname, f.so, f.root):
-            fs, rpath = uri.filesystem(self._members.url, f.so)
+            fs, rpath = remote(self._members.url, f.so)
             f.file(fs, f"{rpath}/{F.PACKS_DIR}/{self.name}/{fname}", self.url + fname, self.path / fname,
                    self.manifest.files[fname], self.url + F.PACK_INDEX_JSON)
 

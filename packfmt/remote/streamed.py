@@ -1,13 +1,13 @@
 """A remote collection opened with ``stream=True`` (README "Remote data"; spec/SECURITY.md A16).
 
-``open_streamed`` fetches the collection's manifest and member table, lists its pack indexes, and returns a
-``StreamedCollection``: the ``Collection`` over the mirror whose members (its ``members.StreamedMembers``, made by its
-constructor), pack indexes and ``doc_lengths.bin`` are fetched, verified, only when something first reads them.
+``open_streamed`` fetches the collection's manifest and member table, checks that every member path stays inside
+the collection's bucket (spec/SECURITY.md A17: all at once, before the manifest reaches the mirror, so nothing
+resolves a member path on the local disk unchecked), lists its pack indexes, and returns a ``StreamedCollection``:
+the ``Collection`` over the mirror whose members (its ``members.StreamedMembers``, made by its constructor), pack
+indexes and ``doc_lengths.bin`` are fetched, verified, only when something first reads them.
 """
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ..collection.reader import Collection
 from ..storage import uri
 from ..storage.cache import Fetcher, Origin, Pin, parse_limit
 from ..storage.errors import storage_errors
+from ..storage.transport import remote
 from .members import StreamedMembers
 from .mirror import mirror_collection_manifest
 from .pack_mirror import drop_gone, remote_pack_manifests
@@ -32,17 +33,17 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
     f = Fetcher(storage_options, cache_dir, None, verify)  # no LRU pass: this object evicts its own members
     try:
         with storage_errors(url, storage_options, f.root):
-            fs, rpath = uri.filesystem(url, storage_options)
+            fs, rpath = remote(url, storage_options)
             local = f.mirror(url)
-            raw = f.manifest(fs, f"{rpath}/{F.MANIFEST}", url)
-            if not is_collection(json.loads(raw)):  # a store: the door fetches it whole (opening.open_url)
-                for pin in f.result.pins:
-                    pin.close()
+            raw, obj = f.manifest_json(fs, f"{rpath}/{F.MANIFEST}", url)
+            if not is_collection(obj):  # a store: the door fetches it whole (opening.open_url)
                 return None
             f.result.pins.append(Pin(f.root, local))
             # its own files (a member table) mirrored; not doc_lengths.bin (8 bytes a document: 8 GB at 10^9), which
             # a streamed read never reads (StreamedCollection.doc_lengths fetches it if something asks)
-            mirror_collection_manifest(f, fs, rpath, url, local, json.loads(raw), leave=(LENGTHS_FILE,))
+            cm = mirror_collection_manifest(f, fs, rpath, url, local, obj, leave=(LENGTHS_FILE,))
+            uri.check_member_paths(url, cm.members.paths, file=f"{url}/{F.MANIFEST}",
+                                   name_of=lambda i: cm.members[i].name)
             packs = remote_pack_manifests(fs, rpath)  # listed; each mirrored when pack_index first opens it
             drop_gone(f.root, local, set(packs))
             f.write_atomic(local / F.MANIFEST, raw)

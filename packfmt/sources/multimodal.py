@@ -115,10 +115,10 @@ def _read_file(path: Path | str, rel: str, storage_options: dict | None = None) 
 def _read_object(url: str, rel: str, storage_options: dict | None) -> bytes:
     """An image object's bytes; a missing object is the ``missing_image`` skip a missing file is."""
     from ..storage.errors import storage_errors
-    from ..storage.uri import filesystem
+    from ..storage.transport import remote
 
     with storage_errors(url, storage_options):
-        fs, path = filesystem(url, storage_options)
+        fs, path = remote(url, storage_options)
         try:
             return fs.cat_file(path)
         except (FileNotFoundError, IsADirectoryError):

@@ -3,11 +3,14 @@
 Only this package imports fsspec, and only when a URL is given (``pip install 'packfmt[s3]'``). It knows bytes at
 URLs and the cache's mechanics, never a dataset: which files a dataset at a URL has is ``packfmt.remote``'s.
 
-* ``uri``: local path or URL; the fsspec file system of a URL.
+* ``uri``: local path or URL; the fsspec file system of a URL; member paths resolved inside their bucket.
+* ``transport``: every request to object storage, with a deadline and bounded retries (``remote``, ``Remote``;
+  ``$PACKFMT_TIMEOUT``, ``$PACKFMT_RETRIES``).
+* ``remote_json``: JSON read from a URL, its size bounded before its bytes are read, parsed by ``format``'s rule.
 * ``inputs``: build inputs in object storage fetched to a temp dir.
 * ``cache``: files at URLs mirrored into a verified, locked, bounded node-local cache (``Fetcher``, pins, LRU).
 * ``verify``: what the cache knows of each mirrored file (markers bound to its stat), kept outside the mirror.
-* ``errors``: back-end and cache failures as one-line ``StorageError``s naming the URL and the fix.
+* ``errors``: back-end and cache failures (an eviction's too) as one-line ``StorageError``s naming the URL and the fix.
 * ``upload``: outputs written locally and uploaded with the manifest last.
 * ``ranges``: ranged reads of remote inputs (JSONL byte ranges cut at newlines, Parquet row groups) for the Ray build.
 """

@@ -38,7 +38,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import posixpath
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -46,11 +45,12 @@ from pathlib import Path
 
 from .. import format as F
 from .. import index_format as IF
-from ..errors import FormatError
 from . import uri
 from . import verify as V
 from .download import download
-from .errors import require_bucket
+from .errors import evicting, eviction_error
+from .remote_json import read_manifest
+from .transport import as_remote, remote
 
 __all__ = ["LOG", "LOG_CAP", "log_download", "Fetched", "Fetcher", "Origin", "Pin", "cache_root", "evict", "mark_verified", "mirror_path", "parse_limit"]
 
@@ -152,12 +152,13 @@ class Fetcher:
 
     def mirror(self, url: str) -> Path:
         """Where the cache mirrors ``url`` (``<cache>/<root key>/<bucket>/<path>``)."""
-        _, path = uri.filesystem(url, self.so)
+        _, path = remote(url, self.so)  # (the back end of every request: no request here)
         return self.root / uri.root_key(url, self.so) / path.lstrip("/")
 
     def file(self, fs, rpath: str, url: str, local: Path, entry: F.FileEntry, label: str) -> None:
         """The object ``rpath`` (``url``) at ``local``, verified against ``entry`` (listed by manifest ``label``):
-        served from the cache when its marker is current, else hashed again or downloaded under its file lock."""
+        served from the cache when its marker is current, else hashed again or downloaded under its file lock.
+        ``fs``: a ``transport.Remote`` (a back end from ``uri.filesystem`` is put under the same rules)."""
         if V.status(self.root, local, entry, self.mode) == V.OK:
             return
         with V.locked(self.root, local):
@@ -169,7 +170,8 @@ class Fetcher:
                     return
                 why = "changed in the cache"
             V.forget(self.root, local)  # a file without a current marker is never served, even if the download fails
-            st = download(fs, rpath, url, local, V.temp_path(self.root, local, "part"), entry, label)
+            st = download(as_remote(fs, self.so), rpath, url, local, V.temp_path(self.root, local, "part"), entry,
+                          label)
             V.write_marker(self.root, local, entry, st)
         with self.count_lock:  # members are fetched in threads (``in_flight``)
             self.result.downloaded += 1
@@ -178,14 +180,15 @@ class Fetcher:
             evict(self.root, self.limit)
 
     def manifest(self, fs, rpath: str, url: str) -> bytes:
-        """The bytes of the manifest at ``rpath``, read from the bucket (a commit point: never from the cache)."""
-        try:
-            return fs.cat_file(rpath)
-        except FileNotFoundError:
-            require_bucket(fs, url, self.so)
-            raise FormatError(f"{url}: not a packfmt dataset (no {posixpath.basename(rpath)} there); check the URL, "
-                              "or write one with packfmt build / merge", file=url, expected="a manifest",
-                              found="missing") from None
+        """The bytes of the manifest at ``rpath``, read from the bucket (a commit point: never from the cache), of a
+        JSON object (``manifest_json``)."""
+        return self.manifest_json(fs, rpath, url)[0]
+
+    def manifest_json(self, fs, rpath: str, url: str) -> tuple[bytes, dict]:
+        """``(bytes, object)`` of the manifest at ``rpath`` of the dataset at ``url``, read from the bucket
+        (``remote_json.read_json``: its size bounded before its bytes are read, then ``format.parse_json``'s rules);
+        a ``FormatError`` naming the URL when it is missing, too large or not a JSON object."""
+        return read_manifest(as_remote(fs, self.so), rpath, url, self.so)
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         """``data`` at ``path`` through a rename: a killed process leaves the old file or none, never part of one.
@@ -267,44 +270,64 @@ def evict(root: Path, limit: int) -> int:
 
     A file is removed only while this pass holds an exclusive lock on every pin over it (``_pins_over``): none is
     held by a process that has its dataset open. The locks are taken per file and let go after it (a few descriptors
-    at a time, whatever the number of datasets): a process that pins the dataset afterwards fetches the file again."""
+    at a time, whatever the number of datasets): a process that pins the dataset afterwards fetches the file again.
+    A file that cannot be removed (a folder turned read-only) is passed over for the next; if the cache is still
+    over its limit after them all because of one, that is a ``StorageError`` naming the folder (``eviction_error``),
+    not a bound silently broken."""
     from filelock import FileLock
 
-    freed = 0
-    state = root / V.STATE
-    with FileLock(str(state / ".evict.lock")):
-        files = []
-        for rec in state.rglob("*.verified"):
-            data = root / rec.relative_to(state).with_name(rec.name[:-len(".verified")])
-            try:
-                files.append((rec.stat().st_mtime, os.path.getsize(data), data, rec))
-            except OSError:
-                continue
-        total = sum(f[1] for f in files)
-        if total <= limit:
-            return 0
-        known: set[Path] = set()  # folders with a pin file
-        busy: set[Path] = set()  # pins some process held during this pass
-        for _, size, data, rec in sorted(files, key=lambda f: f[0]):
-            if total <= limit:
-                break
-            pins = _pins_over(rec.parent, state, known)
-            if busy.intersection(pins):
-                continue
-            fds = _lock_all(pins)
-            if fds is None:
-                busy.update(d for d in pins if _held(d))  # which one: remembered for this pass
-                continue
-            try:
-                rec.unlink(missing_ok=True)
-                data.unlink(missing_ok=True)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            total -= size
-            freed += size
-        if total > limit:
-            warnings.warn(f"{root}: the cache holds {total:,} bytes, over its limit of {limit:,}: the rest belongs to "
-                          "datasets open in some process on this node (raise cache_limit= / $PACKFMT_CACHE_LIMIT)",
-                          stacklevel=2)
+    lock = FileLock(str(root / V.STATE / ".evict.lock"))
+    with evicting(root):
+        lock.acquire()
+    try:
+        freed, total, failed = _evict_pass(root, limit)
+    finally:
+        lock.release()
+    if total > limit and failed is not None:
+        raise eviction_error(failed, root, total, limit)
+    if total > limit:
+        warnings.warn(f"{root}: the cache holds {total:,} bytes, over its limit of {limit:,}: the rest belongs to "
+                      "datasets open in some process on this node (raise cache_limit= / $PACKFMT_CACHE_LIMIT)",
+                      stacklevel=2)
     return freed
+
+
+def _evict_pass(root: Path, limit: int) -> tuple[int, int, OSError | None]:
+    """``evict``'s pass, under its lock: ``(bytes freed, bytes the cache holds after, the first OSError met)``."""
+    state = root / V.STATE
+    files = []
+    for rec in state.rglob("*.verified"):
+        data = root / rec.relative_to(state).with_name(rec.name[:-len(".verified")])
+        try:
+            files.append((rec.stat().st_mtime, os.path.getsize(data), data, rec))
+        except OSError:
+            continue
+    total, freed, failed = sum(f[1] for f in files), 0, None
+    known: set[Path] = set()  # folders with a pin file
+    busy: set[Path] = set()  # pins some process held during this pass
+    for _, size, data, rec in sorted(files, key=lambda f: f[0]):
+        if total <= limit:
+            break
+        pins = _pins_over(rec.parent, state, known)
+        if busy.intersection(pins):
+            continue
+        try:
+            fds = _lock_all(pins)
+        except OSError as exc:
+            failed = failed or exc
+            continue
+        if fds is None:
+            busy.update(d for d in pins if _held(d))  # which one: remembered for this pass
+            continue
+        try:  # (the file first: one that cannot be removed keeps its marker, and is counted by the next pass)
+            data.unlink(missing_ok=True)
+            rec.unlink(missing_ok=True)
+        except OSError as exc:
+            failed = failed or exc
+            continue
+        finally:
+            for fd in fds:
+                os.close(fd)
+        total -= size
+        freed += size
+    return freed, total, failed

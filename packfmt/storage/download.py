@@ -1,6 +1,7 @@
 """One object of a remote dataset downloaded into the cache (``cache.Fetcher.file``): ranged GETs, the bytes hashed
 and counted in order as they arrive, written to a temp name and renamed into place only when the count and the
-xxh3_64 are the ones its manifest lists. Nothing here decides what to fetch or when (``cache``, ``packfmt.remote``)."""
+xxh3_64 are the ones its manifest lists. Nothing here decides what to fetch or when (``cache``, ``packfmt.remote``).
+Each GET is ``transport``'s (a deadline, retries, one ``StorageError`` when they are spent)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .. import format as F
 from .._io import CHUNK_BYTES
 from ..errors import ChecksumError, FormatError
 from .in_flight import env_count
+from .transport import Remote, as_remote
 
 __all__ = ["RANGES_ENV", "RANGES_IN_FLIGHT", "download", "ranges_in_flight"]
 
@@ -25,14 +27,17 @@ RANGES_IN_FLIGHT = 4
 RANGES_ENV = "PACKFMT_FETCH_RANGES"
 
 
-def download(fs, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntry, label: str) -> os.stat_result:
+def download(fs: Remote, rpath: str, url: str, local: Path, tmp: Path, entry: F.FileEntry,
+             label: str) -> os.stat_result:
     """Stream ``rpath`` into ``local`` through ``tmp``, refusing any byte count or checksum but the manifest's;
     return the stat of the file it renamed into place (what its marker records).
 
     Read as ranged GETs of at most ``CHUNK_BYTES`` (``fs.cat_file(start, end)``), the last one reaching one byte
     past the listed size, so an object longer than listed is seen without reading the rest of it and no request
     asks for the object's size first (one request per chunk: a small file is one round trip). Up to
-    ``ranges_in_flight()`` of them are in flight at once; their bytes are hashed, counted and written in order."""
+    ``ranges_in_flight()`` of them are in flight at once; their bytes are hashed, counted and written in order.
+    ``fs``: a ``transport.Remote`` (a back end itself is put under the environment's request rules)."""
+    fs = as_remote(fs)
     h, n = xxhash.xxh3_64(), 0
     try:
         with open(tmp, "wb") as dst:
@@ -71,28 +76,20 @@ def _chunks(fs, rpath: str, url: str, entry: F.FileEntry, label: str):
         return FormatError(f"{url}: missing (listed in {label} with {entry.bytes} bytes); the upload is incomplete: "
                            "write the dataset again", file=url, expected=f"{entry.bytes} bytes", found="missing")
 
-    if entry.bytes == 0:  # (a range of an empty object is not satisfiable: read it as a stream, one chunk at most)
+    if entry.bytes == 0:  # (a range of an empty object is not satisfiable: its size asked instead, one HEAD)
         try:
-            src = fs.open(rpath, "rb", block_size=CHUNK_BYTES)
+            size = fs.size(rpath)
         except FileNotFoundError:
             raise missing() from None
-        with src:
-            yield src.read(CHUNK_BYTES)
+        yield fs.cat_file(rpath, start=0, end=1) if size else b""
         return
     ranges = [(n, min(n + CHUNK_BYTES, entry.bytes + 1)) for n in range(0, entry.bytes + 1, CHUNK_BYTES)]
     # several at once only through an async back end (s3fs, gcsfs, adlfs, http: one event loop, safe from threads);
     # a sync one (a local or in-memory file system, sftp) is read one range after another, as before
-    k = min(ranges_in_flight(), len(ranges)) if getattr(fs, "async_impl", False) else 1
+    k = min(ranges_in_flight(), len(ranges)) if fs.async_impl else 1
 
-    def get(r: tuple[int, int]) -> bytes:
-        try:
-            return fs.cat_file(rpath, start=r[0], end=r[1])
-        except FileNotFoundError:
-            raise
-        except Exception:  # S3 refuses a range that starts at the object's end (416, "not satisfiable") where a
-            if _size(fs, rpath) == r[0]:  # file would answer nothing: an object ending exactly there holds no byte
-                return b""  # of it (the range one byte past a listed size that is a multiple of CHUNK_BYTES)
-            raise
+    def get(r: tuple[int, int]) -> bytes:  # (a range past the object's end: b"", ``Remote.cat_file``)
+        return fs.cat_file(rpath, start=r[0], end=r[1])
 
     if k == 1:  # one chunk (a small file: one round trip), or one at a time asked for: no thread
         results = map(get, ranges)
@@ -128,10 +125,3 @@ def _missing_as(results, missing):
     except FileNotFoundError:
         raise missing() from None
 
-
-def _size(fs, rpath: str) -> int | None:
-    """The object's size as the store reports it now (one HEAD), or None when it cannot be had."""
-    try:
-        return int(fs.info(rpath)["size"])
-    except Exception:
-        return None

@@ -16,7 +16,8 @@ from pathlib import Path
 from ..errors import PackfmtError
 from .uri import bucket_of, endpoint
 
-__all__ = ["StorageError", "storage_errors", "describe", "missing_bucket", "require_bucket"]
+__all__ = ["StorageError", "storage_errors", "describe", "missing_bucket", "require_bucket", "eviction_error",
+           "evicting"]
 
 #: errnos of a cache folder that cannot hold the files (not of the network).
 _CACHE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EFBIG}
@@ -99,3 +100,23 @@ def storage_errors(url: str, storage_options: dict | None = None, cache: Path | 
         if err is None:
             raise
         raise err from None
+
+
+def eviction_error(exc: OSError, cache: Path, held: int | None = None, limit: int | None = None) -> StorageError:
+    """The ``StorageError`` of an ``OSError`` met while evicting files from the cache folder ``cache`` (a folder turned
+    read-only, a file another user owns): it names the folder, the file, what it holds against its limit when known,
+    and the ways to move or bound the cache."""
+    what = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+    where = f": {exc.filename}" if exc.filename else ""
+    over = f"; it holds {held:,} bytes, over its limit of {limit:,}" if held is not None and limit is not None else ""
+    return StorageError(f"{cache}: cannot evict files from the cache folder ({what}{where}){over}; {_CACHE_FIX}",
+                        file=str(cache), field="cache", expected="a writable folder (to evict from)", found=what)
+
+
+@contextmanager
+def evicting(cache: Path):
+    """An ``OSError`` inside the block (removing a cached file, taking a lock beside it) as ``eviction_error``."""
+    try:
+        yield
+    except OSError as exc:
+        raise eviction_error(exc, cache) from None

@@ -2,7 +2,7 @@
 
 A Ray build cuts its remote inputs on the driver and has each actor read only its own slice, so no
 input file lands anywhere (no shared file system, no driver download). Everything here reads
-through fsspec (``uri.filesystem``; credentials as the back end reads them, plus
+through fsspec (``transport.remote``; credentials as the back end reads them, plus
 ``storage_options``) and only the bytes asked for:
 
 * ``line_ranges``: byte ranges of a JSONL object cut just after a newline, found by small ranged
@@ -13,13 +13,16 @@ through fsspec (``uri.filesystem``; credentials as the back end reads them, plus
 * ``dataset_manifest``: a dataset's ``manifest.json`` alone (one GET), and ranged reads of its own files:
   what a caller checks before it mirrors the dataset (``packfmt merge`` refuses a pack-ordered layout so).
 
-Failures are one-line ``StorageError``s naming the URL (``errors.storage_errors``).
+Every request is ``transport``'s (a deadline, retries, one ``StorageError`` when they are spent); other failures
+are one-line ``StorageError``s naming the URL too (``errors.storage_errors``).
 """
 
 from __future__ import annotations
 
+import io
+
 from .errors import StorageError, require_bucket, storage_errors
-from .uri import filesystem
+from .transport import Remote, remote
 
 __all__ = ["dataset_manifest", "line_ranges", "open_object", "read_range", "row_groups"]
 
@@ -38,7 +41,7 @@ def _missing(fs, url: str, storage_options: dict | None) -> StorageError:
 def read_range(url: str, begin: int, end: int, storage_options: dict | None = None) -> bytes:
     """Bytes ``[begin, end)`` of the object at ``url`` (one ranged GET)."""
     with storage_errors(url, storage_options):
-        fs, path = filesystem(url, storage_options)
+        fs, path = remote(url, storage_options)
         data = fs.cat_file(path, start=begin, end=end) if end > begin else b""
     if len(data) != end - begin:
         raise StorageError(f"{url}: bytes {begin}-{end}: expected {end - begin} bytes, found {len(data)} (the object "
@@ -62,7 +65,7 @@ def line_ranges(url: str, records: int, storage_options: dict | None = None) -> 
     """``[(begin, end), ...]`` covering the object, each ending just after a newline (the last: at the end),
     of about ``records`` lines each (estimated from the average line length of the first ``SAMPLE`` bytes)."""
     with storage_errors(url, storage_options):
-        fs, path = filesystem(url, storage_options)
+        fs, path = remote(url, storage_options)
         try:
             size = int(fs.size(path))
         except FileNotFoundError:
@@ -82,13 +85,45 @@ def line_ranges(url: str, records: int, storage_options: dict | None = None) -> 
 
 
 def open_object(url: str, storage_options: dict | None = None):
-    """A seekable binary file object reading ``url`` by ranges (for a Parquet footer and row groups)."""
+    """A seekable binary file object reading ``url`` by ranged GETs (for a Parquet footer and row groups)."""
     with storage_errors(url, storage_options):
-        fs, path = filesystem(url, storage_options)
+        fs, path = remote(url, storage_options)
         try:
-            return fs.open(path, "rb")
+            size = fs.size(path)
         except FileNotFoundError:
             raise _missing(fs, url, storage_options) from None
+    return io.BufferedReader(_ObjectFile(fs, path, size, url, storage_options), buffer_size=1 << 20)
+
+
+class _ObjectFile(io.RawIOBase):
+    """The object ``path`` of ``size`` bytes, read by ranged GETs (``Remote.cat_file``) where the reader asks."""
+
+    def __init__(self, fs: Remote, path: str, size: int, url: str, storage_options: dict | None) -> None:
+        super().__init__()
+        self.fs, self.path, self.size, self.url, self.so, self.pos = fs, path, size, url, storage_options, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = max(0, offset + (0, self.pos, self.size)[whence])
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        n = max(0, min(len(buf), self.size - self.pos))
+        if not n:
+            return 0
+        with storage_errors(self.url, self.so):
+            data = self.fs.cat_file(self.path, start=self.pos, end=self.pos + n)
+        buf[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def row_groups(url: str, storage_options: dict | None = None) -> list[int]:
@@ -101,27 +136,20 @@ def row_groups(url: str, storage_options: dict | None = None) -> list[int]:
 
 
 def dataset_manifest(url: str, storage_options: dict | None = None):
-    """``(obj, read)``: the parsed ``manifest.json`` of the dataset at ``url`` (one GET, bounded and checked as
-    ``format.read_json`` checks a local one) and ``read(name, at_most)``, the first bytes of one of its own files
-    (a ranged GET; ``collection.manifest.collection_reader`` of a URL). Nothing is mirrored into the cache."""
+    """``(obj, read)``: the parsed ``manifest.json`` of the dataset at ``url`` (bounded and checked as
+    ``format.read_json`` checks a local one: ``remote_json.read_json``) and ``read(name, at_most)``, the first bytes
+    of one of its own files (a ranged GET; ``collection.manifest.collection_reader`` of a URL). Nothing is mirrored
+    into the cache."""
     from .. import format as F
-    from ..errors import FormatError
+    from .remote_json import read_manifest
 
     url = url.rstrip("/")
-    label = f"{url}/{F.MANIFEST}"
     with storage_errors(url, storage_options):
-        fs, rpath = filesystem(url, storage_options)
-        try:
-            raw = fs.cat_file(f"{rpath}/{F.MANIFEST}", start=0, end=F.MAX_JSON_BYTES + 1)
-        except FileNotFoundError:
-            require_bucket(fs, url, storage_options)
-            raise FormatError(f"{url}: not a packfmt dataset (no {F.MANIFEST} there); check the URL, or write one "
-                              "with packfmt build / merge", file=url, expected="a manifest", found="missing") from None
-    if len(raw) > F.MAX_JSON_BYTES:
-        raise FormatError(file=label, field="size", expected=f"<= {F.MAX_JSON_BYTES} bytes", found=f"> {len(raw) - 1}")
+        fs, rpath = remote(url, storage_options)
+        _, obj = read_manifest(fs, f"{rpath}/{F.MANIFEST}", url, storage_options)
 
     def read(name: str, at_most: int) -> bytes:
         with storage_errors(f"{url}/{name}", storage_options):
             return fs.cat_file(f"{rpath}/{name}", start=0, end=at_most)  # FileNotFoundError: as the reader expects
 
-    return F.parse_json(raw, file=label), read
+    return obj, read

@@ -6,7 +6,9 @@ replace, outermost first (readers then see no dataset rather than a mix of two),
 files the new tree does not have, (3) puts the data files, (4) puts the commit points, innermost
 first and the top one last. A failure before (4) leaves nothing that opens; rerun the command.
 The local copy is written where the cache mirrors ``url`` and marked verified after the upload, so
-the writer's node reads it back without downloading.
+the writer's node reads it back without downloading. Every request (the listing, each PUT and DELETE; a large
+file's multipart upload) is ``transport``'s: a deadline, retries, one ``StorageError`` when they are spent, and a
+rerun puts everything again.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from pathlib import Path
 
 from .. import format as F
 from ..errors import DatasetExistsError
-from . import uri
 from .cache import Origin, cache_root, mark_verified, mirror_path
 from .errors import require_bucket, storage_errors
+from .transport import remote
 
 __all__ = ["remote_output", "upload_tree", "exists", "refuse_occupied"]
 
@@ -27,14 +29,14 @@ _COMMITS = (F.MANIFEST, F.PACK_INDEX_JSON)
 
 
 def exists(url: str, storage_options: dict | None = None, commit: str = F.MANIFEST) -> bool:
-    fs, rpath = uri.filesystem(url, storage_options)
+    fs, rpath = remote(url, storage_options)
     fs.invalidate_cache(rpath)
     return fs.exists(f"{rpath}/{commit}")
 
 
 def upload_tree(local: Path, url: str, storage_options: dict | None = None, subdir: str = "") -> int:
     """Upload ``local/subdir`` to ``url/subdir`` (commit points last; stale remote files removed); return files put."""
-    fs, rpath = uri.filesystem(url, storage_options)
+    fs, rpath = remote(url, storage_options)
     base = Path(local) / subdir if subdir else Path(local)
     rbase = f"{rpath}/{subdir}" if subdir else rpath
     rels = sorted(p.relative_to(base).as_posix() for p in base.rglob("*")
@@ -61,7 +63,7 @@ def upload_tree(local: Path, url: str, storage_options: dict | None = None, subd
 
 def _objects_under(url: str, storage_options: dict | None) -> int:
     """How many objects lie under the prefix ``url`` (0 when none)."""
-    fs, rpath = uri.filesystem(url, storage_options)
+    fs, rpath = remote(url, storage_options)
     fs.invalidate_cache(rpath)
     try:
         return len(fs.find(rpath))
@@ -76,7 +78,7 @@ def refuse_occupied(url: str, storage_options: dict | None = None, *, overwrite:
         taken = exists(url, storage_options)
         others = 0
         if not taken:
-            require_bucket(uri.filesystem(url, storage_options)[0], url, storage_options)
+            require_bucket(remote(url, storage_options)[0], url, storage_options)
             others = _objects_under(url, storage_options)
     if overwrite:
         return
