@@ -99,6 +99,55 @@ def test_a_live_processs_reservation_is_its_own(tmp_path):
         assert not tx.fetching_elsewhere(2) and tx.reclaim() == [2]
 
 
+def test_a_reused_slot_gives_back_what_its_last_holder_reserved(tmp_path):
+    """Slots are reused: the next process takes the dead one's slot number, and the reservation it finds under it is
+    not its own (before, it was taken for a live fetch by everyone: two DataLoader workers waited on it for ever)."""
+    path = tmp_path / "ledger"
+    b = Budget(path, 8, LIMIT)
+    p = mp.get_context("fork").Process(target=_reserve_and_die, args=(path,))
+    p.start()
+    p.join(60)
+    c = Budget(path, 8, LIMIT)  # the first free slot: the dead child's
+    with b.transaction() as tx:
+        assert int(b.slot_of[3]) == c.slot and tx.fetching_elsewhere(3)  # (a live slot: b cannot tell)
+    with c.transaction() as tx:
+        assert not tx.fetching_elsewhere(3)
+        assert tx.reclaim() == [3] and tx.state(3) == ABSENT
+        tx.reserve(5, 100)
+        assert tx.reclaim() == []  # what it reserved itself stays its own
+    with b.transaction() as tx:
+        assert tx.fetching_elsewhere(5)
+
+
+def _hold_until(ready, event):
+    ready.set()  # (its fork hooks ran before this line: the copies of the parent's descriptors are closed)
+    event.wait(60)
+    os._exit(0)
+
+
+def test_a_forked_child_does_not_hold_its_parents_slot(tmp_path):
+    """A DataLoader worker is forked with its parent's descriptors; the parent's slot is not held by it (the lock
+    belongs to the shared open file): once the parent lets go, its reservations come back while the child lives."""
+    path = tmp_path / "ledger"
+    a = Budget(path, 4, LIMIT)
+    ctx = mp.get_context("fork")
+    ready, event = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_hold_until, args=(ready, event))
+    child.start()
+    try:
+        assert ready.wait(60)
+        with a.transaction() as tx:
+            tx.reserve(2, 100)
+        a.close()
+        b = Budget(path, 4, LIMIT)
+        with b.transaction() as tx:
+            assert tx.reclaim() == [2]
+        assert child.is_alive()
+    finally:
+        event.set()
+        child.join(60)
+
+
 def test_a_ledger_of_other_items_begins_again(tmp_path):
     path = tmp_path / "ledger"
     b = Budget(path, 4, LIMIT)

@@ -34,6 +34,10 @@ def member_manifest(members, m: int, local: Path) -> tuple[bytes, dict]:
     the bucket's) checked against the collection's record (C3), and its files table."""
     coll, url = members.coll, members.member_url(m)
     recorded = members.digests[m]
+    with members.cond:  # read and checked before by a prefetch that then found no room: no second request
+        known = members.manifests.pop(m, None)
+    if known is not None:
+        return known
     try:
         raw = (local / F.MANIFEST).read_bytes()
     except OSError:

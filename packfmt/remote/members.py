@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 
 import numpy as np
@@ -38,6 +39,7 @@ from ..storage import uri
 from ..storage.budget import ABSENT, PRESENT, RESERVED
 from ..storage.cache import Fetcher
 from ..storage.errors import StorageError, storage_errors
+from ..storage.inherited import close_in_child
 from ..storage.transport import remote
 from .eviction import Holdings, resident_bound
 from .member_fetch import fetch_member, member_manifest
@@ -76,8 +78,11 @@ class StreamedMembers(Holdings, ResidentMembers):
         self.sharded: list = []  # indexes read shard by shard (``shard_index``): member k's fetch readies shard k
         self.prefetchers: list = []  # the threads fetching ahead of the plan (``plan.start``)
         self.claimed: set[int] = set()  # members a prefetch thread is fetching (from before their manifest is read)
+        self.moves = 0  # batches done here: a prefetch that found no room tries again after one (or after a second)
+        self.manifests: OrderedDict[int, tuple[bytes, dict]] = OrderedDict()  # checked manifests of members absent
         self.wait_s = float(os.environ.get(WAIT_ENV) or WAIT_S)
         self.node = NodeCache(self)
+        close_in_child(self)  # a forked worker holds none of this process's pins
 
     def member_url(self, m: int) -> str:
         return uri.member_url(self.url, self.coll.members[m].path, file=f"{self.url}/manifest.json",
@@ -179,6 +184,7 @@ class StreamedMembers(Holdings, ResidentMembers):
                 for m in done:
                     self.let_go(m)
             self.trim()
+            self.moves += 1
             self.cond.notify_all()
         if done and self.limit is None:  # no bound: nothing would ever make room, so what no process holds goes now
             with self.node.budget.transaction() as tx:
@@ -243,8 +249,9 @@ class StreamedMembers(Holdings, ResidentMembers):
                         tx.reserve(m, need)
                         fd, reserved = self.node.take_pin(m), True
                         break
-                    if before is not None:
-                        return False  # a prefetch never waits for room
+                    if before is not None:  # a prefetch never waits for room; it keeps what it read for its
+                        self._keep_manifest(m, raw, files)  # next try (``plan._run``: after a batch or a second)
+                        return False
             if state == ABSENT and raw is None:
                 raw, files = member_manifest(self, m, local)  # C3 first: nothing it lists is requested before
                 continue
@@ -273,6 +280,13 @@ class StreamedMembers(Holdings, ResidentMembers):
                 self.stores[m] = store
         return True
 
+    def _keep_manifest(self, m: int, raw: bytes, files: dict) -> None:
+        with self.cond:
+            self.manifests[m] = (raw, files)
+            self.manifests.move_to_end(m)
+            while len(self.manifests) > KEPT_MANIFESTS:
+                self.manifests.popitem(last=False)
+
     def _no_room(self, m: int, need: int | None) -> StorageError:
         with self.node.budget.transaction() as tx:
             used = tx.used()
@@ -293,6 +307,13 @@ class StreamedMembers(Holdings, ResidentMembers):
         node = getattr(self, "node", None)
         if node is not None:
             node.budget.close()
+
+    def drop_inherited(self) -> None:
+        """In a forked child: close the copies of this process's pins (``storage.inherited``); the child's reads open
+        their own members object."""
+        for fd in list(self.resident.values()):
+            os.close(fd)
+        self.resident = {}
 
     def __del__(self) -> None:
         if getattr(self, "pid", None) == os.getpid():  # (a forked child's copy closes nothing of its parent's)

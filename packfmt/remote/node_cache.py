@@ -60,6 +60,8 @@ class NodeCache:
         with self.budget.transaction() as tx:
             if self.budget.fresh:
                 self.adopt(tx)
+            else:
+                self.reclaim(tx)  # what dead processes were fetching (one may have held the slot this one took)
         self.update_fixed()
 
     # -- where a member lives

@@ -24,6 +24,7 @@ import numpy as np
 __all__ = ["Plan", "start"]
 
 _NEVER = np.iinfo(np.int64).max
+_NO_ROOM = "no room"  # a prefetch that found no room: tried again after a batch is done here, or after a second
 
 
 class Plan:
@@ -116,15 +117,21 @@ def _run(ref, lookahead: int) -> None:
         stream = ref()
         if stream is None:
             return
-        if not _step(stream, lookahead):
+        moves = stream.moves
+        step = _step(stream, lookahead)
+        if step is not True:
             with stream.cond:
                 stream.trim()
-                stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin), or a second passed
+                if step is _NO_ROOM:  # only a batch done here (or another process, which a second stands for) makes
+                    stream.cond.wait_for(lambda: stream.moves != moves, timeout=1.0)  # room: no retry before
+                else:
+                    stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin), or a second passed
         del stream
 
 
-def _step(stream, lookahead: int) -> bool:
-    """Fetch the plan's next member missing here, if any and if it fits; False when there was nothing to do."""
+def _step(stream, lookahead: int):
+    """Fetch the plan's next member missing here, if any and if it fits: True when it did, ``_NO_ROOM`` when it did
+    not fit, False when there was nothing to do."""
     todo = None
     with stream.cond:
         plan = stream.plan
@@ -147,4 +154,4 @@ def _step(stream, lookahead: int) -> bool:
         with stream.cond:
             stream.claimed.discard(m)
             stream.cond.notify_all()
-    return done
+    return True if done else _NO_ROOM

@@ -14,7 +14,8 @@ that every process maps (``Budget``); every change to it is made inside ``transa
   ``limit`` must first make room (the caller evicts items no process holds, inside the same transaction);
 - a reservation belongs to a process *slot*: a lock file the process holds for its lifetime. A slot whose lock is
   free belongs to a dead process, and its reservations are given back (``reclaim``), so a killed process never
-  leaks budget; the items a dead process left on disk stay ``PRESENT`` (adopted: any process may use them or
+  leaks budget; a slot is reused by the next process, which gives back the reservations it finds under its slot
+  and did not make; the items a dead process left on disk stay ``PRESENT`` (adopted: any process may use them or
   evict them).
 
 Nothing here knows what an item is: ``remote`` decides what to fetch and what to evict, and deletes the files.
@@ -28,6 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from .inherited import close_in_child
 
 __all__ = ["ABSENT", "RESERVED", "PRESENT", "Budget", "Transaction", "disk_bytes"]
 
@@ -82,6 +85,8 @@ class Budget:
         self.last = mm[at:at + 8 * n].view(np.int64)
         self._mm = mm
         self.slot, self._slot_fd = self._take_slot()
+        self.mine: set[int] = set()  # items this object reserved and has not committed or dropped
+        close_in_child(self)  # a forked child does not hold this process's slot
 
     # -- process slots
     def _slot_path(self, k: int) -> Path:
@@ -147,6 +152,10 @@ class Budget:
     def __del__(self) -> None:
         self.close()
 
+    def drop_inherited(self) -> None:
+        """In a forked child: close the copies of this process's descriptors (``storage.inherited``)."""
+        self.close()
+
 
 class Transaction:
     """What one process may read and change of the ledger while it holds its lock (``Budget.transaction``)."""
@@ -187,13 +196,20 @@ class Transaction:
         b = self.b
         return b.state[item] == RESERVED and int(b.slot_of[item]) != b.slot and b.alive(int(b.slot_of[item]))
 
+    def _dead(self, item: int) -> bool:
+        """The reservation of ``item`` belongs to no live fetch: its slot is free, or it is this process's slot and
+        this process never made it (a dead process held the slot before: slots are reused)."""
+        b = self.b
+        slot = int(b.slot_of[item])
+        return item not in b.mine if slot == b.slot else not b.alive(slot)
+
     def reclaim(self) -> list[int]:
         """Give back the reservations of dead processes; the items they were fetching (now ``ABSENT``: their partial
         files are the caller's to remove)."""
         b = self.b
         out = []
         for item in np.flatnonzero(b.state == RESERVED).tolist():
-            if not b.alive(int(b.slot_of[item])):
+            if self._dead(item):
                 b.state[item], b.nbytes[item] = ABSENT, 0
                 out.append(item)
         return out
@@ -202,17 +218,20 @@ class Transaction:
         """Count ``nbytes`` for ``item`` (reserved by this process; more bytes for an item it reserved already)."""
         b = self.b
         b.state[item], b.slot_of[item], b.nbytes[item] = RESERVED, b.slot, int(nbytes)
+        b.mine.add(int(item))
 
     def commit(self, item: int, nbytes: int) -> None:
         """``item`` is on disk, taking ``nbytes``."""
         b = self.b
         b.state[item], b.nbytes[item] = PRESENT, int(nbytes)
+        b.mine.discard(int(item))
         self.touch([item])
 
     def drop(self, item: int) -> None:
         """``item`` is no longer on disk (evicted, or its fetch failed)."""
         b = self.b
         b.state[item], b.nbytes[item] = ABSENT, 0
+        b.mine.discard(int(item))
 
     def touch(self, items) -> None:
         """``items`` were used now (the node's least recently used order)."""
