@@ -1,0 +1,66 @@
+"""The tables of ``bench_stream_peers.py``: medians per library, issue 30's goals, GET bytes by file, profiles."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from stream_peers_setup import LIBRARIES
+
+SUMMARY = ["shard", "library", "fetched_x", "vs_cached", "ttfb_process_s", "ttfb_dataset_s", "tokens_per_s", "disk_x",
+           "missing_docs", "extra_docs"]
+GOALS = ["shard", "goal", "packfmt", "best_peer", "bound", "met"]
+
+
+def print_profile(path: Path, title: str, top: int = 30) -> None:
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    pstats.Stats(str(path), stream=buf).sort_stats("cumulative").print_stats(top)
+    text = buf.getvalue()
+    print(f"--- profile: {title}\n" + text[text.find("ncalls"):], file=sys.stderr, flush=True)
+
+
+def by_file(counts) -> dict:
+    """GET bytes and objects by file name, digits as ``#`` (``shard.#.mds``, ``manifest.json``), all nodes."""
+    out = {}
+    for c in counts:
+        for path, n in c.items():
+            key = re.sub(r"\d+", "#", path.rsplit("/", 1)[-1]) or "(bucket)"
+            b, k = out.get(key, (0, 0))
+            out[key] = (b + n, k + 1)
+    return {k: {"bytes": b, "objects": n} for k, (b, n) in sorted(out.items())}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per shard size and library: medians of the streamed runs (of every run for the documents' counts)."""
+    out = []
+    keys = sorted({(r["shard"], r["library"]) for r in rows}, key=lambda k: (k[0], LIBRARIES.index(k[1])))
+    for shard, lib in keys:
+        s = [r for r in rows if r["shard"] == shard and r["library"] == lib and r["run"] == "streamed"]
+        med = {k: float(np.median([r[k] for r in s])) for k in SUMMARY[2:-2]}
+        out.append({"shard": shard, "library": lib, **med,
+                    "missing_docs": max(r["missing_docs"] for r in s), "extra_docs": max(r["extra_docs"] for r in s)})
+    return out
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    """Per shard size, issue 30's three numbers: packfmt's bytes fetched <= the best peer's, its streamed rate >= 0.95x
+    its fully cached one, its time to first batch <= the fastest peer's."""
+    out = []
+    by = {(r["shard"], r["library"]): r for r in summarize(rows)}
+    for shard in sorted({s for s, _ in by}):
+        ours, peers = by.get((shard, "packfmt")), [v for (s, lib), v in by.items() if s == shard and lib != "packfmt"]
+        if ours is None:
+            continue
+        for key, want in (("fetched_x", "<= best peer"), ("vs_cached", ">= 0.95"), ("ttfb_process_s", "<= best peer")):
+            best = min(peers, key=lambda v: v[key]) if peers and key != "vs_cached" else None
+            bound = 0.95 if key == "vs_cached" else (best[key] if best else None)
+            met = None if bound is None else (ours[key] >= bound if key == "vs_cached" else ours[key] <= bound)
+            out.append({"shard": shard, "goal": f"{key} {want}", "packfmt": ours[key],
+                        "best_peer": best["library"] if best else "-", "bound": bound, "met": met})
+    return out
