@@ -283,7 +283,7 @@ class Context:
         for p in self.proxies:  # the fill goes through the same endpoint (packfmt's cache is keyed by it), unlimited
             p.set(latency=0.0 if mode == "fill" else a.latency_ms / 1e3, rate=0 if mode == "fill" else a.mbps * 1e6)
             p.take()
-            p.requests = 0
+            p.requests, p.asked = 0, type(p.asked)()
         disk = setup.DiskPeak(caches)
         try:
             t0, results = setup.spawn_nodes(specs, work, self.namespaces, a.run_timeout)
@@ -292,7 +292,8 @@ class Context:
         counts = [p.take() for p in self.proxies]
         got = [sum(c.values()) for c in counts]
         row = {"shard": self.shard, "library": self.lib, "run": mode, "repeat": self.repeat,
-               "fetched_bytes": sum(got), "fetched_x": sum(got) / self.nbytes, "fetched_by_file": report.by_file(counts),
+               "fetched_bytes": sum(got), "fetched_x": sum(got) / self.nbytes,
+               "fetched_by_file": report.by_file(counts, [p.asked for p in self.proxies]),
                "requests": sum(p.requests for p in self.proxies), "disk_peak_bytes": peaks}
         if node_limit:
             row["disk_x"] = max(peaks) / node_limit

@@ -25,19 +25,29 @@ def print_profile(path: Path, title: str, top: int = 30) -> None:
     print(f"--- profile: {title}\n" + text[text.find("ncalls"):], file=sys.stderr, flush=True)
 
 
-def by_file(counts) -> dict:
-    """GET bytes and objects by file name, digits as ``#`` (``shard.#.mds``, ``manifest.json``), all nodes."""
-    out = {}
-    for c in counts:
-        for path, n in c.items():
-            key = re.sub(r"\d+", "#", path.rsplit("/", 1)[-1]) or "(bucket)"
-            b, k = out.get(key, (0, 0))
-            out[key] = (b + n, k + 1)
-    return {k: {"bytes": b, "objects": n} for k, (b, n) in sorted(out.items())}
+def by_file(got: list, asked: list) -> dict:
+    """By file name, digits as ``#`` (``shard.#.mds``, ``manifest.json``; the bucket's listings as ``(bucket)``), all
+    nodes together: GET body bytes, objects read, and requests by method."""
+    out: dict = {}
+    for counts in got:
+        for path, n in counts.items():
+            row = out.setdefault(kind(path), {"bytes": 0, "objects": 0})
+            row["bytes"] += n
+            row["objects"] += 1
+    for counts in asked:
+        for (method, path), n in counts.items():
+            row = out.setdefault(kind(path), {"bytes": 0, "objects": 0})
+            row[method] = row.get(method, 0) + n
+    return dict(sorted(out.items()))
+
+
+def kind(path: str) -> str:
+    """``/bucket/a/b/shard.00012.mds`` -> ``shard.#.mds``; ``/bucket`` (a listing) -> ``(bucket)``."""
+    return re.sub(r"\d+", "#", path.rstrip("/").rsplit("/", 1)[-1]) if path.strip("/").count("/") else "(bucket)"
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per shard size and library: medians of the streamed runs (of every run for the documents' counts)."""
+    """Per shard size and library: medians of the streamed runs (the documents missing or extra: the most of a run)."""
     out = []
     keys = sorted({(r["shard"], r["library"]) for r in rows}, key=lambda k: (k[0], LIBRARIES.index(k[1])))
     for shard, lib in keys:
