@@ -49,7 +49,12 @@ import it is skipped with a message. Readers: ``benchmarks/stream_peers_driver.p
 
     python benchmarks/bench_stream_peers.py [--shard-size 2MiB[,100KiB,64MiB]] [--docs 400000] [--mbps 20]
         [--latency-ms 75] [--step-ms 20] [--nodes 2] [--ranks-per-node 1] [--workers 0] [--repeat 1]
-        [--libraries packfmt,mds,litdata] [--peers-python PATH] [--out benchmarks/results/bench_stream_peers.json]
+        [--libraries packfmt,mds,litdata] [--peers-python PATH] [--profile]
+        [--out benchmarks/results/bench_stream_peers.json]
+    python benchmarks/bench_stream_peers.py --shard-size 64MiB --window 1   # ~3.0 M documents, 1.5 GB a format
+
+The corpus grows past ``--docs`` until one node's cache holds two shards (64 MiB: ~3.0 M documents). With only two
+shards in a node's cache, packfmt needs ``--window 1``: a batch that straddles two windows of K shards holds 2K.
 """
 
 from __future__ import annotations
@@ -76,7 +81,7 @@ from common import RESULTS_DIR, commit_info, machine_info, print_table, write_js
 PEERS_PYTHON = "/work/peers-venv/bin/python"
 IMPORTS = {"mds": "streaming", "litdata": "litdata"}
 COLUMNS = ["shard", "library", "run", "repeat", "fetched_x", "requests", "ttfb_process_s", "ttfb_dataset_s",
-           "tokens_per_s", "vs_cached", "disk_x", "epoch_s", "missing_docs", "extra_docs"]
+           "tokens_per_s", "vs_cached", "disk_x", "epoch_s", "missing_docs", "extra_docs", "error"]
 
 
 def parse_size(text: str) -> int:
@@ -102,8 +107,8 @@ def peers_usable(python: str, libraries: list[str]) -> dict:
 
 
 def corpus_docs(args, shard_bytes: int) -> int:
-    """``--docs``, or more: enough that one node's cache holds two shards (~500 bytes a document)."""
-    need = math.ceil(2 * shard_bytes / args.cache_fraction / 500 * 1.1)
+    """``--docs``, or more: enough that one node's cache holds ``--shards-cached`` shards (~500 bytes a document)."""
+    need = math.ceil(args.shards_cached * shard_bytes / args.cache_fraction / 500 * 1.1)
     return max(args.docs, need)
 
 
@@ -111,7 +116,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shard-size", default="2MiB", type=lambda t: t.split(","),
                     help="shard / chunk size, or several, comma-separated (default 2MiB)")
-    ap.add_argument("--docs", type=int, default=400_000, help="documents (more when a node's cache would hold < 2 shards)")
+    ap.add_argument("--docs", type=int, default=400_000,
+                    help="documents (more when a node's cache would hold fewer than --shards-cached shards)")
+    ap.add_argument("--shards-cached", type=int, default=4,
+                    help="shards a node's cache holds at least (Streaming 0.13 refuses a cache_limit below 4 shards)")
     ap.add_argument("--mbps", type=float, default=20.0, help="each node's link, MB/s (0: no cap)")
     ap.add_argument("--latency-ms", type=float, default=75.0, help="each request's added latency")
     ap.add_argument("--step-ms", type=float, default=20.0, help="simulated step per batch x capacity tokens")
@@ -258,12 +266,24 @@ class Context:
         return per_shard * max(1, in_cache // (2 * readers) - 1)
 
     def runs(self) -> list[dict]:
-        out = [self.run("streamed", self.node_limit)]
-        self.run("fill", None)
-        out.append(self.run("cached", None))
+        """The streamed and the cached row; a run that fails ends the library's repeat with a row naming the error
+        (the other libraries go on)."""
+        out, mode = [], "streamed"
+        try:
+            out.append(self.run(mode, self.node_limit))
+            mode = "fill"
+            self.run(mode, None)
+            mode = "cached"
+            out.append(self.run(mode, None))
+        except RuntimeError as exc:
+            print(f"{self.lib}, {self.shard}: {exc}", file=sys.stderr, flush=True)
+            errors = re.findall(r"^(?:\[rank\d+\]: )?([\w.]+(?:Error|Exception): .*)$", str(exc), re.M)
+            out.append({"shard": self.shard, "library": self.lib, "run": mode,
+                        "repeat": self.repeat, "error": (errors or [str(exc).splitlines()[0]])[-1][:160]})
         shutil.rmtree(self.tmp / "runs", ignore_errors=True)
-        base = out[-1]["tokens_per_s"]
-        out[0]["vs_cached"] = out[0]["tokens_per_s"] / base if base else float("nan")
+        if len(out) == 2:
+            base = out[-1]["tokens_per_s"]
+            out[0]["vs_cached"] = out[0]["tokens_per_s"] / base if base else float("nan")
         for row in out:
             print("  " + ", ".join(f"{k} {row[k]:.3g}" if isinstance(row[k], float) else f"{k} {row[k]}"
                                    for k in COLUMNS if k in row), flush=True)
@@ -298,7 +318,8 @@ class Context:
         if node_limit:
             row["disk_x"] = max(peaks) / node_limit
         if a.profile and mode == "streamed":
-            report.print_profile(work / "first_batch.prof", f"{self.lib}, {self.shard}: rank 0, dataset built to first batch")
+            report.print_profile(work / "first_batch.prof",
+                                 f"{self.lib}, {self.shard}: rank 0, dataset built to first batch")
         row.update(self.timing(results, t0))
         row.update(self.once(results))
         return row
@@ -320,7 +341,8 @@ class Context:
                 "num_docs": int(self.lengths.shape[0]), "dist_port": port, "out": str(work / f"out{rank}.json"),
                 "delivered": str(work / f"delivered{rank}.npy"),
                 "profile": str(work / "first_batch.prof") if a.profile and mode == "streamed" and rank == 0 else None,
-                "env": {k: str(v) for k, v in env.items()}, "python": sys.executable if self.lib == "packfmt" else self.args.peers_python}
+                "env": {k: str(v) for k, v in env.items()},
+                "python": sys.executable if self.lib == "packfmt" else self.args.peers_python}
 
     def timing(self, results: list[dict], t0: float) -> dict:
         rates = []

@@ -1,4 +1,4 @@
-"""One reader (or writer) of ``bench_stream_peers.py``, run as its own process under the interpreter that has the library.
+"""One reader (or writer) of ``bench_stream_peers.py``: its own process, under the interpreter that has the library.
 
 packfmt runs under packfmt's virtualenv, MosaicML Streaming and LitData under the peers' one (``--peers-python``,
 ``benchmarks/peers_env.sh``), so this file imports nothing but numpy, torch and the one library a command names::

@@ -11,7 +11,7 @@ import numpy as np
 from stream_peers_setup import LIBRARIES
 
 SUMMARY = ["shard", "library", "fetched_x", "vs_cached", "ttfb_process_s", "ttfb_dataset_s", "tokens_per_s", "disk_x",
-           "missing_docs", "extra_docs"]
+           "missing_docs", "extra_docs", "error"]
 GOALS = ["shard", "goal", "packfmt", "best_peer", "bound", "met"]
 
 
@@ -51,8 +51,12 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     keys = sorted({(r["shard"], r["library"]) for r in rows}, key=lambda k: (k[0], LIBRARIES.index(k[1])))
     for shard, lib in keys:
-        s = [r for r in rows if r["shard"] == shard and r["library"] == lib and r["run"] == "streamed"]
-        med = {k: float(np.median([r[k] for r in s])) for k in SUMMARY[2:-2]}
+        mine = [r for r in rows if r["shard"] == shard and r["library"] == lib]
+        s = [r for r in mine if r["run"] == "streamed" and "error" not in r and "vs_cached" in r]
+        if not s:  # every repeat failed: the first error
+            out.append({"shard": shard, "library": lib, "error": next(r["error"] for r in mine if "error" in r)})
+            continue
+        med = {k: float(np.median([r[k] for r in s])) for k in SUMMARY[2:-3]}
         out.append({"shard": shard, "library": lib, **med,
                     "missing_docs": max(r["missing_docs"] for r in s), "extra_docs": max(r["extra_docs"] for r in s)})
     return out
@@ -64,8 +68,9 @@ def goals(rows: list[dict]) -> list[dict]:
     out = []
     by = {(r["shard"], r["library"]): r for r in summarize(rows)}
     for shard in sorted({s for s, _ in by}):
-        ours, peers = by.get((shard, "packfmt")), [v for (s, lib), v in by.items() if s == shard and lib != "packfmt"]
-        if ours is None:
+        ours = by.get((shard, "packfmt"))
+        peers = [v for (s, lib), v in by.items() if s == shard and lib != "packfmt" and "error" not in v]
+        if ours is None or "error" in ours:
             continue
         for key, want in (("fetched_x", "<= best peer"), ("vs_cached", ">= 0.95"), ("ttfb_process_s", "<= best peer")):
             best = min(peers, key=lambda v: v[key]) if peers and key != "vs_cached" else None

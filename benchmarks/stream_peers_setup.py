@@ -86,7 +86,8 @@ def write_peer(library: str, root: Path, corpus: dict, url: str, shard_bytes: in
     done = subprocess.run([python, str(DRIVER), f"write-{library}", str(spec)], env=peers_env(), cwd=root,
                           capture_output=True, text=True)  # (LitData's progress bars: shown only on a failure)
     if done.returncode:
-        raise RuntimeError(f"{library} writer failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+        raise RuntimeError(f"{library} writer failed (exit {done.returncode}):\n"
+                           f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
     upload(out, url)
 
 
@@ -164,8 +165,9 @@ def allocated(folder: Path) -> int:
 
 def spawn_nodes(specs: list[list[dict]], work: Path, namespaces: bool, timeout: float) -> tuple[float, list[dict]]:
     """Start every rank (``specs[q]``: node ``q``'s ranks, each a driver ``read`` spec with its ``python`` and
-    ``env``, the variables set on top of ``peers_env()``), each node's ranks in one private ``/dev/shm`` when ``namespaces``; wait for all. Returns (the time
-    just before the first start, each rank's result with ``node`` and ``t_spawn`` added)."""
+    ``env``, the variables set on top of ``peers_env()``), each node's ranks in one private ``/dev/shm`` when
+    ``namespaces``; wait for all. Returns (the time just before the first start, each rank's result with ``node``
+    and ``t_spawn`` added)."""
     procs, logs = [], []
     t0 = time.time()
     for q, node in enumerate(specs):
@@ -185,7 +187,8 @@ def spawn_nodes(specs: list[list[dict]], work: Path, namespaces: bool, timeout: 
             argv = ["sh", "-c", script]
         log = open(work / f"node{q}.log", "wb")
         logs.append(log)
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=peers_env()))
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env=peers_env()))
     deadline = time.monotonic() + timeout
     failed = []
     for q, p in enumerate(procs):
