@@ -309,12 +309,14 @@ class Context:
             t0, results = setup.spawn_nodes(specs, work, self.namespaces, a.run_timeout)
         finally:
             peaks = disk.stop()
+        at_peak = max(range(a.nodes), key=lambda q: peaks[q])
         counts = [p.take() for p in self.proxies]
         got = [sum(c.values()) for c in counts]
         row = {"shard": self.shard, "library": self.lib, "run": mode, "repeat": self.repeat,
                "fetched_bytes": sum(got), "fetched_x": sum(got) / self.nbytes,
                "fetched_by_file": report.by_file(counts, [p.asked for p in self.proxies]),
-               "requests": sum(p.requests for p in self.proxies), "disk_peak_bytes": peaks}
+               "requests": sum(p.requests for p in self.proxies), "disk_peak_bytes": peaks,
+               "disk_at_peak": dict(sorted(disk.at_peak[at_peak].items(), key=lambda kv: -kv[1])[:12])}
         if node_limit:
             row["disk_x"] = max(peaks) / node_limit
         if a.profile and mode == "streamed":

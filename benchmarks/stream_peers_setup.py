@@ -123,11 +123,12 @@ def shm_namespaces() -> bool:
 
 class DiskPeak:
     """Allocated bytes (``st_blocks``) under each node's cache folder, sampled every ``period`` seconds in a thread;
-    ``peak[q]``: the most seen for node ``q``."""
+    ``peak[q]``: the most seen for node ``q``, ``at_peak[q]``: those bytes by file name (digits as ``#``)."""
 
     def __init__(self, folders: list[Path], period: float = 0.01) -> None:
         self.folders, self.period = folders, period
         self.peak = [0] * len(folders)
+        self.at_peak: list[dict] = [{} for _ in folders]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="disk-peak")
         self._thread.start()
@@ -135,7 +136,10 @@ class DiskPeak:
     def _run(self) -> None:
         while not self._stop.is_set():
             for q, folder in enumerate(self.folders):
-                self.peak[q] = max(self.peak[q], allocated(folder))
+                kinds: dict = {}
+                total = allocated(folder, kinds)
+                if total > self.peak[q]:
+                    self.peak[q], self.at_peak[q] = total, kinds
             self._stop.wait(self.period)
 
     def stop(self) -> list[int]:
@@ -144,8 +148,12 @@ class DiskPeak:
         return self.peak
 
 
-def allocated(folder: Path) -> int:
-    """Bytes allocated on disk to the files under ``folder`` (0 if absent; files vanishing meanwhile skipped)."""
+_DIGITS = str.maketrans("0123456789", "#" * 10)
+
+
+def allocated(folder: Path, kinds: dict | None = None) -> int:
+    """Bytes allocated on disk to the files under ``folder`` (0 if absent; files vanishing meanwhile skipped);
+    ``kinds``: filled with them by file name, digits as ``#``."""
     total, stack = 0, [str(folder)]
     while stack:
         try:
@@ -157,7 +165,11 @@ def allocated(folder: Path) -> int:
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                 else:
-                    total += e.stat(follow_symlinks=False).st_blocks * 512
+                    n = e.stat(follow_symlinks=False).st_blocks * 512
+                    total += n
+                    if kinds is not None and n:
+                        key = e.name.translate(_DIGITS)
+                        kinds[key] = kinds.get(key, 0) + n
             except OSError:
                 pass
     return total

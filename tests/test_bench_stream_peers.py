@@ -29,6 +29,7 @@ def test_stream_peers_bench_runs_tiny_packfmt_and_skips_absent_peers(tmp_path, m
     assert 0.5 < streamed["fetched_x"] < 1.5, streamed["fetched_x"]
     assert cached["fetched_x"] < 0.25 * streamed["fetched_x"]  # the fill's files reused: manifests re-read only
     assert streamed["disk_x"] > 0 and "disk_x" not in cached
+    assert 0 < sum(streamed["disk_at_peak"].values()) <= max(streamed["disk_peak_bytes"])  # what was on disk then
     files = streamed["fetched_by_file"]  # the links' counts by file: every GET byte is some file's
     assert sum(f["bytes"] for f in files.values()) == streamed["fetched_bytes"]
     assert sum(n for f in files.values() for k, n in f.items() if k.isupper()) == streamed["requests"]
