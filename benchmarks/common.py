@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 #: ``benchmarks/results/`` (created on first write).
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-__all__ = ["RESULTS_DIR", "format_value", "print_table", "write_json", "machine_info", "timed"]
+__all__ = ["RESULTS_DIR", "format_value", "print_table", "write_json", "machine_info", "commit_info", "timed"]
 
 
 def format_value(value: Any) -> str:
@@ -102,6 +102,20 @@ def machine_info() -> dict:
         "cpus": os.cpu_count(),
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def commit_info() -> dict:
+    """The code measured: this checkout's commit and whether tracked files differ from it (``git``; None outside a
+    checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*cmd: str) -> str | None:
+        done = subprocess.run(["git", "-C", str(root), *cmd], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 class timed:

@@ -34,6 +34,8 @@ SLOW_FILES = {
     "test_energon.py": "Megatron-Energon's prepare and loader over exported shards",
     "test_torch_train_example.py": "torchrun with two CPU ranks training a tiny model",
     "test_bench_gpu_train.py": "the GPU benchmark's CPU smoke run (trains a small model)",
+    "test_bench_stream_peers.py": "the peers streaming benchmark's smoke run: moto, two proxies, two nodes' reader "
+                                  "processes streamed then cached, ~2 min",
 }
 
 SLOW_TESTS = {

@@ -10,8 +10,8 @@ connection):
 - ``fail(kind, match=, times=)``: the next ``times`` requests whose path contains ``match`` get ``kind``:
   ``"stall"`` (the request is read and never answered: the connection stays open), ``"reset"`` (the connection is
   closed with an RST), ``"503"`` / ``"500"`` (an S3 error answer, the upstream never asked);
-- ``got[path]``: body bytes of GET responses per path (``/bucket/key``); ``requests``: requests relayed; ``take()``
-  returns the counts and starts again.
+- ``got[path]``: body bytes of GET responses per path (``/bucket/key``); ``requests``: requests relayed, and
+  ``asked[(method, path)]`` of them per method and path; ``take()`` returns ``got`` and starts it again.
 
 It runs an asyncio loop in a thread of the process that makes it; ``close()`` stops it. Point a process at it with
 ``options()`` (fsspec ``storage_options``) or ``AWS_ENDPOINT_URL=proxy.endpoint``.
@@ -63,6 +63,7 @@ class FaultProxy:
         self.latency, self.rate = latency, rate
         self.got: Counter = Counter()
         self.requests = 0
+        self.asked: Counter = Counter()
         self._faults: list[list] = []  # [kind, match, times left]
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -148,6 +149,7 @@ class FaultProxy:
                 path = unquote(urlsplit(target).path)
                 with self._lock:
                     self.requests += 1
+                    self.asked[(method, path)] += 1
                 if self.latency:
                     await asyncio.sleep(self.latency)
                 fault = self._fault_for(path)
