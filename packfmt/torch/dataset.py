@@ -27,14 +27,8 @@ from ..errors import FormatError
 from ..index import PackIndex
 from ..opening import as_dataset, open_dataset
 from ._arena import _ALIGN, _alloc, _Arena
-from ._kernels import (
-    BATCH_SLOTS,
-    ROW_DIDS,
-    fill_item,
-    fill_packs,
-    pack_length,
-    plan_batch,
-)
+from ._kernels import ROW_DIDS, fill_item, fill_packs
+from ._plan import BATCH_SLOTS, pack_length, plan_batch
 from ._sources import _ImageIndex, _segment_sums
 from ._views import _INT32_LIMIT, INDEX_DTYPES, arrays_of
 from .batch import PackBatch, _batch_slots
