@@ -136,15 +136,17 @@ if prof:
     import cProfile
     profiler = cProfile.Profile()
     profiler.enable()
-own = [0.0]
+own = [0.0, 0.0]  # user, system
 def timed(f):
     @functools.wraps(f)
     def call(*a, **k):
-        c0 = time.process_time()
+        t0 = os.times()
         try:
             return f(*a, **k)
         finally:
-            own[0] += time.process_time() - c0
+            t1 = os.times()
+            own[0] += t1.user - t0.user
+            own[1] += t1.system - t0.system
     return call
 for name in ("segment_documents", "pack_items"):  # what the packing process times, timed here in this process
     setattr(packfmt.packing, name, timed(getattr(packfmt.packing, name)))
@@ -152,7 +154,7 @@ rc = main(sys.argv[1:])
 if prof:
     profiler.disable()
     profiler.dump_stats(prof)
-print(json.dumps({"bench_call_cpu_seconds": own[0]}), file=sys.stderr)
+print(json.dumps({"bench_call_cpu_seconds": own[0] + own[1], "bench_call_user_seconds": own[0]}), file=sys.stderr)
 sys.exit(rc)
 """
 
@@ -223,9 +225,10 @@ def spawn_wait(argv: list[str], env: dict, profile: Path | None = None) -> dict:
     if rc != 0:
         sys.stderr.write(stderr[-4000:])
         raise SystemExit(f"{' '.join(argv)}: exit status {rc}")
-    own = [json.loads(ln)["bench_call_cpu_seconds"] for ln in stderr.splitlines() if "bench_call_cpu_seconds" in ln]
-    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": usage.ru_maxrss * 1024, "stdout": stdout,
-            "own_call_cpu_s": own[-1] if own else None}
+    own = [json.loads(ln) for ln in stderr.splitlines() if "bench_call_cpu_seconds" in ln]
+    return {"wall_s": wall, "cpu_s": cpu, "user_s": usage.ru_utime, "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "stdout": stdout, "own_call_cpu_s": own[-1]["bench_call_cpu_seconds"] if own else None,
+            "own_call_user_s": own[-1]["bench_call_user_seconds"] if own else None}
 
 
 def print_profile(path: Path, title: str) -> None:
@@ -293,6 +296,7 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
             walls = sorted(x["wall_s"] for x in found)
             row = {"n_docs": n, "step": name, "wall_s": r["wall_s"], "wall_s_all": walls,
                    "cpu_s": min(x["cpu_s"] for x in found), "cpu_s_all": sorted(x["cpu_s"] for x in found),
+                   "user_s_all": sorted(x["user_s"] for x in found),
                    "peak_rss_mb": r["peak_rss_bytes"] / 2**20, "bytes_per_doc": r["peak_rss_bytes"] / n}
             if name == "pack_call":
                 infos = [json.loads(x["stdout"].strip().splitlines()[-1]) for x in found]
@@ -308,6 +312,10 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
                 own = sorted(x["cpu_s"] / x["own_call_cpu_s"] for x in found)
                 row["own_call_cpu_s"] = min(x["own_call_cpu_s"] for x in found)
                 row["cpu_x_own_call"], row["cpu_x_own_call_all"] = statistics.median(own), own
+                # user CPU alone: what a machine short of free huge pages adds as system time (compaction stalls
+                # on every large allocation, inside the call and out) left out
+                user = sorted(x["user_s"] / x["own_call_user_s"] for x in found)
+                row["user_x_own_call"], row["user_x_own_call_all"] = statistics.median(user), user
                 # what it does besides packing (CPU less its own call) over the floor's CPU (reading the offsets,
                 # writing as many rows), the floor run of the same repeat
                 floor_cpus = [x["cpu_s"] for x in floor_runs.get(label, [])]
@@ -360,6 +368,7 @@ def side_by_side(report: dict) -> list[dict]:
             t[f"{label} CPU s"] = row.get("cpu_s", float("nan"))
             t[f"{label} CPU x call"] = row.get("cpu_x_call", float("nan"))
             t[f"{label} CPU x own call"] = row.get("cpu_x_own_call", float("nan"))
+            t[f"{label} user x own call"] = row.get("user_x_own_call", float("nan"))
             t[f"{label} CPU-call x floor"] = row.get("cpu_above_call_x_floor", float("nan"))
     order = {"pack_call": 0, "floor": 1, "pack": 2, "validate_deep": 3, "inspect": 4, "shards": 5}
     return [table[k] for k in sorted(table, key=lambda k: (k[0], order.get(k[1], 9)))]
