@@ -75,8 +75,9 @@ def batches(n: int, batch: int) -> list[list[int]]:
     return [list(range(s, s + batch)) for s in range(0, n - batch + 1, batch)]
 
 
-def memmap_baseline(store, name: str, materialized: bool):
-    """One int64 array per pack copied out of an np.memmap, one concatenated tensor per batch."""
+def memmap_baseline(store, name: str, materialized: bool, plan: list[list[int]] | None = None):
+    """One int64 array per pack copied out of an np.memmap, one concatenated tensor per batch (``plan``: the packs of
+    each batch; default: consecutive batches of ``BATCH``)."""
     idx = store.pack_index(name)
     po, segs = np.asarray(idx.pack_offsets), np.asarray(idx.segments)
     if materialized:
@@ -88,7 +89,7 @@ def memmap_baseline(store, name: str, materialized: bool):
         start = np.asarray(store.doc_offsets)[segs[:, 0]] + segs[:, 1]
         stop = start + segs[:, 2] - segs[:, 1]
         ranges = [list(zip(start[po[i]:po[i + 1]].tolist(), stop[po[i]:po[i + 1]].tolist())) for i in range(len(po) - 1)]
-    plan = batches(len(ranges), BATCH)
+    plan = batches(len(ranges), BATCH) if plan is None else plan
 
     def pack(rs):
         if len(rs) == 1:

@@ -9,20 +9,22 @@ needs of a dataset), ``build_pack_index`` (ffd, capacity 256) and ``packfmt.vali
 Best of ``--repeat``; ratios are to the one store. For a member table, ``coll_table_check_s`` is reading
 and checking the table alone (the part of the open a store has no counterpart of) and ``table_check_ratio``
 that over the store's whole open. ``coll_manifests_read_s`` is reading every member's manifest alone and
-``coll_member_files_s`` every system call a structural validate makes of a member (manifest, listing, sizes,
-offsets) in plain Python: the floors of validate's per-member cost. ``--process`` also times each command as a
+``coll_member_files_s`` every system call a structural validate makes of a member (manifest, sizes, offsets) in
+plain Python: the floors of validate's per-member cost. ``--syscalls`` counts them (``strace -f -c``): the system
+calls of one structural validate per member, beyond the store's (``validate_syscalls_per_member``). ``--process`` also times each command as a
 whole process (``open``: a process that opens the data set and reads its lengths). Members are written by
 ``packfmt.torch.testing.write_split_stores``. ``--forms array,table``: the same members listed as the manifest's
 JSON array (collection format 1.3) and as a member table (2.0, spec/COLLECTION.md §2.5), side by side.
 
     python benchmarks/bench_members.py [--cases 1000x2,10000x2,1000x1000] [--repeat 3] [--full] [--forms array,table]
-        [--out NAME]
+        [--syscalls] [--process] [--reuse DIR] [--out NAME]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -44,6 +46,8 @@ from packfmt.torch.testing import write_flat_dataset, write_split_stores  # noqa
 from packfmt.validate import validate  # noqa: E402
 
 CAPACITY = 256
+#: The environment of every child process: the packfmt this process imported (``-P``: not the working directory's).
+CHILD_ENV = dict(os.environ, PYTHONPATH=str(Path(packfmt.__file__).resolve().parents[1]))
 
 
 def make(root: Path, members: int, per_member: int, forms: list[str]) -> tuple[Path, dict[str, Path]]:
@@ -91,7 +95,6 @@ def measure_manifest_floor(path: Path, repeat: int) -> float:
     """Reading every member's ``manifest.json`` (open, read, close: three system calls), the least any check of
     every member does (C3 hashes each one): the floor of a collection's structural validate, which a store of the
     same documents does not pay."""
-    import os
 
     coll = packfmt.open(path)
     names = [os.path.join(str(path), p, F.MANIFEST) for p in coll.members.paths]
@@ -109,10 +112,9 @@ def measure_manifest_floor(path: Path, repeat: int) -> float:
 
 def measure_member_files_floor(path: Path, repeat: int) -> float:
     """The system calls a structural validate makes of every member and nothing else: its ``manifest.json`` read
-    (open, read, close), its directory listed (nothing else in it), each other listed file's size (``stat``) and its
-    ``doc_offsets.bin`` read (V13), in plain Python with every path made beforehand: the floor of checking each
-    member once, which a store of the same documents (three files) does not pay."""
-    import os
+    (open, read, close), each other listed file's size (``stat``) and its ``doc_offsets.bin`` read (V13): seven for a
+    member without a loss mask, in plain Python with every path made beforehand: the floor of checking each member
+    once (C2, C3), which a store of the same documents (three files) does not pay."""
 
     coll = packfmt.open(path)
     dirs = [os.path.join(str(path), p, "") for p in coll.members.paths]
@@ -125,7 +127,6 @@ def measure_member_files_floor(path: Path, repeat: int) -> float:
             fd = os.open(d + F.MANIFEST, flags)
             os.read(fd, 1 << 14)
             os.close(fd)
-            os.listdir(d)
             for name in stated:
                 os.stat(d + name)
             fd = os.open(d + F.DOC_OFFSETS, flags)
@@ -133,6 +134,45 @@ def measure_member_files_floor(path: Path, repeat: int) -> float:
             os.close(fd)
 
     return best_of(read_all, repeat)
+
+
+#: ``--syscalls``: a process that validates the data set (structural) once, or twice: the difference is what one
+#: validate of it costs with every import made and every numba kernel loaded.
+VALIDATE_TIMES = ("import sys, packfmt; from packfmt.validate import validate\n"
+                  "for _ in range(int(sys.argv[2])):\n    assert validate(sys.argv[1]).ok")
+
+
+def count_syscalls(path: Path, times: int) -> dict[str, int]:
+    """System calls (name -> calls, and ``total``) of a process running ``VALIDATE_TIMES`` on ``path``, counted by
+    ``strace -f -c`` (every thread; the counts are exact, the times under strace are not used)."""
+    import subprocess
+
+    with tempfile.NamedTemporaryFile(prefix="bench_members_strace_", suffix=".txt") as out:
+        subprocess.run(["strace", "-f", "-c", "-o", out.name, sys.executable, "-P", "-c", VALIDATE_TIMES, str(path),
+                        str(times)], check=True, stdout=subprocess.DEVNULL, env=CHILD_ENV)
+        lines = Path(out.name).read_text().splitlines()
+    counts = {}
+    for line in lines:  # "% time  seconds  usecs/call  calls  [errors]  syscall", then a "total" line
+        parts = line.split()
+        if len(parts) >= 5 and parts[3].isdigit():
+            counts[parts[-1]] = int(parts[3])
+    return counts
+
+
+def measure_syscalls(store: Path, coll: Path, members: int) -> dict:
+    """System calls of one structural validate per member of the collection, beyond the store's: each process
+    validates once and twice, and the second validate's calls (twice minus once: no imports, no kernel loads) of the
+    collection less the store's, over the members. Also the same per call name (the largest five)."""
+    warm = {}
+    for name, path in (("store", store), ("coll", coll)):
+        once, twice = count_syscalls(path, 1), count_syscalls(path, 2)
+        warm[name] = {k: twice.get(k, 0) - once.get(k, 0) for k in set(once) | set(twice)}
+    per = {k: (warm["coll"].get(k, 0) - warm["store"].get(k, 0)) / members for k in warm["coll"]}
+    top = sorted((k for k in per if k != "total"), key=lambda k: -per[k])[:5]
+    return {"validate_syscalls_store": warm["store"].get("total", 0),
+            "validate_syscalls_coll": warm["coll"].get("total", 0),
+            "validate_syscalls_per_member": round(per.get("total", 0.0), 2),
+            "validate_syscalls_per_member_by_name": {k: round(per[k], 2) for k in top}}
 
 
 #: ``--process``: each command run as a whole process (interpreter start, imports, numba cache loads included).
@@ -149,11 +189,11 @@ def measure_processes(path: Path, repeat: int) -> dict:
 
     out = {}
     for name, argv in COMMANDS.items():
-        cmd = ([sys.executable, "-c", OPEN_PROCESS, str(path)] if argv is None else
-               [sys.executable, "-m", "packfmt.cli", *(a.format(p=path) for a in argv)])
+        cmd = ([sys.executable, "-P", "-c", OPEN_PROCESS, str(path)] if argv is None else
+               [sys.executable, "-P", "-m", "packfmt.cli", *(a.format(p=path) for a in argv)])
 
         def run(cmd=cmd):
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=CHILD_ENV)
 
         out[f"process_{name}_s"] = best_of(run, repeat)
     return out
@@ -168,6 +208,8 @@ def main() -> None:
                     "2.0), auto (the writer's choice)")
     ap.add_argument("--process", action="store_true", help="also time `packfmt pack/validate/inspect` as whole "
                     "processes, store against collection")
+    ap.add_argument("--syscalls", action="store_true", help="also count the system calls of one structural "
+                    "validate per member (strace -f -c; beyond the store's, imports and kernel loads left out)")
     ap.add_argument("--out", default="bench_members.json", help="file name under benchmarks/results/")
     ap.add_argument("--reuse", default=None, help="build each case under DIR/MEMBERSxDOCS and keep it; a case "
                     "already built there is measured again without building (10^5 members take minutes to write)")
@@ -207,6 +249,8 @@ def main() -> None:
                 if table is not None:  # the member table's check alone, against the store's whole open
                     row["coll_table_check_s"] = round(table, 4)
                     row["table_check_ratio"] = round(table / one["open_s"], 2)
+                if args.syscalls:
+                    row.update(measure_syscalls(single, coll, members))
                 if args.process:
                     one_p, many_p = measure_processes(single, args.repeat), measure_processes(coll, args.repeat)
                     for key in one_p:
@@ -223,6 +267,9 @@ def main() -> None:
                        "open_us_per_member", "pack_us_per_member", "validate_us_per_member", "coll_table_check_s",
                        "table_check_ratio", "coll_manifests_read_s", "validate_vs_manifests_read", "coll_member_files_s",
                        "validate_vs_member_files"])
+    if args.syscalls:
+        print_table(rows, ["members", "documents", "form", "validate_syscalls_store", "validate_syscalls_coll",
+                           "validate_syscalls_per_member"], title="system calls of one structural validate (strace)")
     if args.process:
         print_table(rows, ["members", "documents", "form", *(f"{side}_process_{c}_s" for c in COMMANDS
                                                            for side in ("store", "coll")),

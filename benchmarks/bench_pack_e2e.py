@@ -28,6 +28,14 @@ Each ``pack`` run writes a new index: the previous run's is removed first, untim
 the same process on a 1,000-document store (Python, imports, numba: what does not grow with N)
 per document, and the wall time over the packing process's.
 
+CPU (``ru_utime + ru_stime`` of each process, every thread; what a loaded machine moves less than wall time):
+``CPU x call`` is a process's CPU over the packing call's own CPU in the packing process; ``pack``'s own packing
+call (``segment_documents`` + ``pack_items``) is also timed inside ``pack`` (``CPU x own call``: the same moment,
+repeat by repeat, median), and the ``floor`` step is a process that only reads the store's offsets and writes as
+many index rows through the index's writer (hashed, ``O_DIRECT``, fsync): ``CPU-call x floor`` is what ``pack``
+does besides packing (its CPU less its own call) over the floor's CPU in the same repeat (median). Issue 31's aims:
+``CPU x own call`` <= 1.5, or ``CPU-call x floor`` <= 1.2 where the index's own bytes make that impossible.
+
 Results are stored per ``--label`` in ``benchmarks/results/bench_pack_e2e.json`` (other labels in
 the file are kept), and the table shows this run's labels (``--all-labels``: every label stored)
 side by side for each N. With two sizes or
@@ -47,6 +55,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,25 +87,74 @@ from packfmt.opening import open_dataset
 from packfmt.packing import pack_items, segment_documents
 store = open_dataset(sys.argv[1])
 lengths = store.doc_lengths
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 result = pack_items(segment_documents(lengths, int(sys.argv[2])).lengths, int(sys.argv[2]), sys.argv[3], seed=0)
-t2 = time.perf_counter()
-print(json.dumps({"call_seconds": t2 - t1, "read_seconds": t1 - t0, "packs": result.n_packs}))
+t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"call_seconds": t2 - t1, "call_cpu_seconds": c2 - c1, "read_seconds": t1 - t0,
+                  "packs": result.n_packs, "segments": result.n_items}))
+"""
+
+#: The floor of ``pack`` (``floor`` step): a process that only reads the store's offsets and writes an index's rows,
+#: as many and as large as the index ``pack`` writes (``pack_offsets.bin``: packs + 1 offsets; ``segments.bin``: a
+#: row ``(doc, 0, length)`` of 24 bytes per segment, each document's, in document order: the rows of a store whose
+#: documents all fit, in pack order), through the index's own writer (hashed, ``O_DIRECT``, fsync), in chunks of the
+#: index's; into a folder removed after. Nothing packed, nothing checked, no statistics.
+FLOOR = """
+import shutil, sys, tempfile
+from pathlib import Path
+import numpy as np
+from packfmt._io import HashedFile, aligned_empty
+from packfmt.index_writer import SEGMENT_ROWS_CHUNK as CHUNK
+ds, packs = Path(sys.argv[1]), int(sys.argv[2])
+out = Path(tempfile.mkdtemp(dir=ds, prefix=".bench-floor-"))
+try:
+    offsets = np.memmap(ds / "doc_offsets.bin", dtype="<i8", mode="r")
+    n = offsets.shape[0] - 1
+    f = HashedFile(out / "pack_offsets.bin")
+    f.write_array(np.linspace(0, n, packs + 1).astype(np.int64), np.int64)
+    f.close()
+    f = HashedFile(out / "segments.bin", direct=True)
+    rows = aligned_empty((CHUNK, 3), np.int64)
+    rows[:, 1] = 0
+    for a in range(0, n, CHUNK):
+        m = min(n, a + CHUNK) - a
+        rows[:m, 0] = np.arange(a, a + m)
+        np.subtract(offsets[a + 1:a + m + 1], offsets[a:a + m], out=rows[:m, 2])
+        f.write_array(rows[:m], np.int64)
+    f.close()
+finally:
+    shutil.rmtree(out)
 """
 
 #: ``packfmt ARGS`` (the console script's ``main``), profiled into $BENCH_PROFILE when set.
 CLI = """
-import os, sys
+import functools, json, os, sys, time
 from packfmt.cli import main
+import packfmt.packing
 prof = os.environ.get("BENCH_PROFILE")
 if prof:
     import cProfile
     profiler = cProfile.Profile()
     profiler.enable()
+own = [0.0, 0.0]  # user, system
+def timed(f):
+    @functools.wraps(f)
+    def call(*a, **k):
+        t0 = os.times()
+        try:
+            return f(*a, **k)
+        finally:
+            t1 = os.times()
+            own[0] += t1.user - t0.user
+            own[1] += t1.system - t0.system
+    return call
+for name in ("segment_documents", "pack_items"):  # what the packing process times, timed here in this process
+    setattr(packfmt.packing, name, timed(getattr(packfmt.packing, name)))
 rc = main(sys.argv[1:])
 if prof:
     profiler.disable()
     profiler.dump_stats(prof)
+print(json.dumps({"bench_call_cpu_seconds": own[0] + own[1], "bench_call_user_seconds": own[0]}), file=sys.stderr)
 sys.exit(rc)
 """
 
@@ -159,6 +217,7 @@ def spawn_wait(argv: list[str], env: dict, profile: Path | None = None) -> dict:
             (os.POSIX_SPAWN_DUP2, out.fileno(), 1), (os.POSIX_SPAWN_DUP2, err.fileno(), 2)])
         _, status, usage = os.wait4(pid, 0)
         wall = time.perf_counter() - t0
+        cpu = usage.ru_utime + usage.ru_stime
         rc = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
@@ -166,7 +225,10 @@ def spawn_wait(argv: list[str], env: dict, profile: Path | None = None) -> dict:
     if rc != 0:
         sys.stderr.write(stderr[-4000:])
         raise SystemExit(f"{' '.join(argv)}: exit status {rc}")
-    return {"wall_s": wall, "peak_rss_bytes": usage.ru_maxrss * 1024, "stdout": stdout}
+    own = [json.loads(ln) for ln in stderr.splitlines() if "bench_call_cpu_seconds" in ln]
+    return {"wall_s": wall, "cpu_s": cpu, "user_s": usage.ru_utime, "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "stdout": stdout, "own_call_cpu_s": own[-1]["bench_call_cpu_seconds"] if own else None,
+            "own_call_user_s": own[-1]["bench_call_user_seconds"] if own else None}
 
 
 def print_profile(path: Path, title: str) -> None:
@@ -182,18 +244,21 @@ def print_profile(path: Path, title: str) -> None:
 
 
 def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, repeats: int = 1,
-            floors: dict | None = None, steps: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+            floors: dict | None = None, steps: tuple[str, ...] = (), fixed_cpu: dict | None = None
+            ) -> dict[str, list[dict]]:
     """The processes on one store (best wall of ``repeats`` runs each); one row each, per label.
 
     ``envs``: label -> environment (its PYTHONPATH picks the checkout). With two labels, each
     repeat runs the step once per label, alternating, so both see the same load on a shared
     machine. ``floors`` (label -> step -> peak RSS MB of the same process on a store of
     FLOOR_DOCS documents: Python, imports, numba) gives ``bytes_per_doc_above_floor``, the memory
-    that grows with N. ``steps``: only these (default: all).
+    that grows with N. ``steps``: only these (default: all). ``fixed_cpu`` (label -> step -> CPU seconds of the same
+    process on that store) gives ``cpu_above_fixed_x_call``: the CPU that grows with N over the packing call's.
     """
     cli = ["-c", CLI]
     all_steps = [
         ("pack_call", ["-c", PACK_ONLY, str(ds), str(CAPACITY), ALGORITHM]),
+        ("floor", ["-c", FLOOR, str(ds), "{packs}"]),  # the packs: the packing process's
         ("pack", cli + ["pack", str(ds), "--capacity", str(CAPACITY), "--algorithm", ALGORITHM, "--overwrite",
                         "--json"]),
         ("validate_deep", cli + ["validate", str(ds), "--deep", "--quiet"]),
@@ -204,9 +269,14 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
         ("validate_shards", cli + ["validate", str(ds.parent / f"{ds.name}-shards"), "--deep", "--quiet"]),
     ]
     out: dict[str, list[dict]] = {label: [] for label in envs}
+    floor_runs: dict[str, list[dict]] = {}  # label -> the floor's runs, repeat by repeat
     for name, argv in all_steps:
-        if steps and name not in steps and name != "pack_call":  # the ratios need the packing process
+        if steps and name not in steps and name not in ("pack_call", "floor"):  # the ratios need these two
             continue
+        if name == "floor":  # as many packs as the packing process made; a store's offsets (not a collection's)
+            if not (ds / "doc_offsets.bin").exists():
+                continue
+            argv = [a.format(packs=out[next(iter(envs))][0]["packs"]) for a in argv]
         runs: dict[str, list[dict]] = {label: [] for label in envs}
         if name == "validate_shards":  # every label validates the same shards: the first label's (untimed)
             shutil.rmtree(ds.parent / f"{ds.name}-shards", ignore_errors=True)
@@ -214,7 +284,7 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
             spawn_wait(dict(all_steps)["shards"], next(iter(envs.values())), None)
         for _ in range(repeats):
             for label, env in envs.items():
-                prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name != "pack_call" else None
+                prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name not in ("pack_call", "floor") else None
                 if name == "pack":  # every run writes a new index, as the first does (untimed: the
                     shutil.rmtree(ds / "packs", ignore_errors=True)  # unlink of the last run's 24 B/segment)
                 if name == "shards":  # the same for the shards (and the index they are cut from)
@@ -225,28 +295,52 @@ def measure(n: int, ds: Path, envs: dict[str, dict], profile_dir: Path | None, r
             r = min(found, key=lambda x: x["wall_s"])
             walls = sorted(x["wall_s"] for x in found)
             row = {"n_docs": n, "step": name, "wall_s": r["wall_s"], "wall_s_all": walls,
+                   "cpu_s": min(x["cpu_s"] for x in found), "cpu_s_all": sorted(x["cpu_s"] for x in found),
+                   "user_s_all": sorted(x["user_s"] for x in found),
                    "peak_rss_mb": r["peak_rss_bytes"] / 2**20, "bytes_per_doc": r["peak_rss_bytes"] / n}
             if name == "pack_call":
+                infos = [json.loads(x["stdout"].strip().splitlines()[-1]) for x in found]
                 info = json.loads(r["stdout"].strip().splitlines()[-1])
                 row["call_s"] = info["call_seconds"]
+                row["call_cpu_s"] = min(x["call_cpu_seconds"] for x in infos)
                 row["packs"] = info["packs"]
             if name == "pack":
                 stats = json.loads(r["stdout"])["stats"]
                 row["packs"] = stats["packs"]
+                # its own packing call (segment_documents + pack_items), timed inside it: CPU over that, run by run
+                # (the same moment for both: a ratio the machine's load moves less than one across processes)
+                own = sorted(x["cpu_s"] / x["own_call_cpu_s"] for x in found)
+                row["own_call_cpu_s"] = min(x["own_call_cpu_s"] for x in found)
+                row["cpu_x_own_call"], row["cpu_x_own_call_all"] = statistics.median(own), own
+                # user CPU alone: what a machine short of free huge pages adds as system time (compaction stalls
+                # on every large allocation, inside the call and out) left out
+                user = sorted(x["user_s"] / x["own_call_user_s"] for x in found)
+                row["user_x_own_call"], row["user_x_own_call_all"] = statistics.median(user), user
+                # what it does besides packing (CPU less its own call) over the floor's CPU (reading the offsets,
+                # writing as many rows), the floor run of the same repeat
+                floor_cpus = [x["cpu_s"] for x in floor_runs.get(label, [])]
+                if len(floor_cpus) == len(found):
+                    above = sorted((x["cpu_s"] - x["own_call_cpu_s"]) / f for x, f in zip(found, floor_cpus))
+                    row["cpu_above_call_x_floor"], row["cpu_above_call_x_floor_all"] = statistics.median(above), above
             out[label].append(row)
+            if name == "floor":
+                floor_runs[label] = found
             spread = f"  (all: {', '.join(f'{w:.2f}' for w in walls)})" if len(walls) > 1 else ""
-            print(f"  {label:>14s} n={n:>11,d} {name:14s} {row['wall_s']:8.2f} s  {row['peak_rss_mb']:9.1f} MB  "
-                  f"{row['bytes_per_doc']:6.1f} B/doc{spread}", flush=True)
-            prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name != "pack_call" else None
+            print(f"  {label:>14s} n={n:>11,d} {name:14s} {row['wall_s']:8.2f} s  {row['cpu_s']:7.2f} s CPU  "
+                  f"{row['peak_rss_mb']:9.1f} MB  {row['bytes_per_doc']:6.1f} B/doc{spread}", flush=True)
+            prof = profile_dir / f"{label}-{name}-{n}.prof" if profile_dir and name not in ("pack_call", "floor") else None
             if prof:
                 print_profile(prof, f"{label} {name} n={n}")
     for label, rows in out.items():
-        base, call = rows[0]["wall_s"], rows[0]["call_s"]
+        base, call, call_cpu = rows[0]["wall_s"], rows[0]["call_s"], rows[0]["call_cpu_s"]
         for row in rows:
             row["x_pack_process"] = row["wall_s"] / base
             row["x_pack_call"] = row["wall_s"] / call
+            row["cpu_x_call"] = row["cpu_s"] / call_cpu  # CPU seconds over the packing call's (in its process)
             if floors and row["step"] in floors[label]:
                 row["bytes_per_doc_above_floor"] = (row["peak_rss_mb"] - floors[label][row["step"]]) * 2**20 / n
+            if fixed_cpu and row["step"] in fixed_cpu[label]:  # less what a 1,000-document run costs (imports...)
+                row["cpu_above_fixed_x_call"] = (row["cpu_s"] - fixed_cpu[label][row["step"]]) / call_cpu
     return out
 
 
@@ -271,7 +365,12 @@ def side_by_side(report: dict) -> list[dict]:
             t[f"{label} B/doc"] = row["bytes_per_doc"]
             t[f"{label} B/doc>floor"] = row.get("bytes_per_doc_above_floor", float("nan"))
             t[f"{label} x call"] = row["x_pack_process"]
-    order = {"pack_call": 0, "pack": 1, "validate_deep": 2, "inspect": 3, "shards": 4}
+            t[f"{label} CPU s"] = row.get("cpu_s", float("nan"))
+            t[f"{label} CPU x call"] = row.get("cpu_x_call", float("nan"))
+            t[f"{label} CPU x own call"] = row.get("cpu_x_own_call", float("nan"))
+            t[f"{label} user x own call"] = row.get("user_x_own_call", float("nan"))
+            t[f"{label} CPU-call x floor"] = row.get("cpu_above_call_x_floor", float("nan"))
+    order = {"pack_call": 0, "floor": 1, "pack": 2, "validate_deep": 3, "inspect": 4, "shards": 5}
     return [table[k] for k in sorted(table, key=lambda k: (k[0], order.get(k[1], 9)))]
 
 
@@ -338,8 +437,9 @@ def main(argv=None) -> int:
         if not (floor_ds / "manifest.json").exists():
             make_store(floor_ds, FLOOR_DOCS)
         shutil.rmtree(floor_ds / "packs", ignore_errors=True)
-        floors = {label: {r["step"]: r["peak_rss_mb"] for r in found}
-                  for label, found in measure(FLOOR_DOCS, floor_ds, envs, None, steps=steps).items()}
+        small = measure(FLOOR_DOCS, floor_ds, envs, None, steps=steps)
+        floors = {label: {r["step"]: r["peak_rss_mb"] for r in found} for label, found in small.items()}
+        fixed_cpu = {label: {r["step"]: r["cpu_s"] for r in found} for label, found in small.items()}
         for n in sizes:
             ds = data_dir / (f"short-{n}" + (f"-long{args.long_every}" if args.long_every else ""))
             gen = None
@@ -351,7 +451,7 @@ def main(argv=None) -> int:
             repeats = args.repeats or (3 if n < 10**8 else 1)
             print(f"load average before n={n:,}: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
             target = make_collection(ds, args.members) if args.members else ds
-            for label, found in measure(n, target, envs, prof, repeats, floors, steps).items():
+            for label, found in measure(n, target, envs, prof, repeats, floors, steps, fixed_cpu).items():
                 if gen is not None:
                     found[0]["generate_s"] = gen
                 found[0]["load_average"] = os.getloadavg()[0]

@@ -15,8 +15,12 @@ import numpy as np
 __all__ = ["INT32_MAX", "narrow_lengths", "narrow", "release"]
 
 INT32_MAX = int(np.iinfo(np.int32).max)
-#: Elements per chunk of a pass over document offsets (32 MiB of int64).
+#: Elements per chunk of a pass over document offsets (32 MiB of int64): its pages are handed back after it.
 CHUNK_ELEMS = 1 << 22
+#: Elements narrowed at a time inside a chunk (512 KiB of int64): the difference, its maximum and the narrowing copy
+#: read a temporary that stays in the CPU's cache, so the offsets are read from memory once (a chunk's temporary
+#: read three times from memory was 16% of `packfmt pack`'s CPU at 10^8 documents).
+STEP_ELEMS = 1 << 16
 
 
 def release(arr) -> None:
@@ -43,14 +47,15 @@ def narrow_lengths(doc_offsets: np.ndarray, cap: int | None = None) -> np.ndarra
     n = max(0, doc_offsets.shape[0] - 1)
     out = np.empty(n, dtype=np.int32)
     for a in range(0, n, CHUNK_ELEMS):
-        b = min(n, a + CHUNK_ELEMS)
-        d = np.diff(np.asarray(doc_offsets[a:b + 1]))
-        if d.size and int(d.max()) > INT32_MAX:  # a document longer than 2^31 - 1 tokens: keep int64
-            release(doc_offsets)
-            wide = np.diff(np.asarray(doc_offsets))
-            release(doc_offsets)
-            return wide
-        out[a:b] = d
+        for c in range(a, min(n, a + CHUNK_ELEMS), STEP_ELEMS):
+            e = min(n, c + STEP_ELEMS)
+            d = np.diff(np.asarray(doc_offsets[c:e + 1]))
+            if int(d.max()) > INT32_MAX:  # a document longer than 2^31 - 1 tokens: keep int64
+                release(doc_offsets)
+                wide = np.diff(np.asarray(doc_offsets))
+                release(doc_offsets)
+                return wide
+            out[c:e] = d
         release(doc_offsets)  # per chunk: never more than one chunk of offsets resident
     return out
 
@@ -59,12 +64,14 @@ def narrow(lengths: np.ndarray) -> np.ndarray:
     """``lengths`` (a dataset's own, e.g. a collection's ``doc_lengths.bin``) as int32 when every one fits, else
     as they are; copied in chunks, the source's pages released after each (as ``narrow_lengths``), each chunk's
     maximum checked as it is copied (no pass over the whole source before: its pages would all be resident)."""
-    out = np.empty(lengths.shape[0], dtype=np.int32)
-    for a in range(0, lengths.shape[0], CHUNK_ELEMS):
-        chunk = np.asarray(lengths[a:a + CHUNK_ELEMS])
-        if chunk.size and int(chunk.max()) > INT32_MAX:  # a length of 2^31 tokens or more: kept as it is
-            release(lengths)
-            return lengths
-        out[a:a + CHUNK_ELEMS] = chunk
+    n = lengths.shape[0]
+    out = np.empty(n, dtype=np.int32)
+    for a in range(0, n, CHUNK_ELEMS):
+        for c in range(a, min(n, a + CHUNK_ELEMS), STEP_ELEMS):  # each step's maximum and copy from the cache
+            chunk = np.asarray(lengths[c:c + STEP_ELEMS])
+            if int(chunk.max()) > INT32_MAX:  # a length of 2^31 tokens or more: kept as it is
+                release(lengths)
+                return lengths
+            out[c:c + STEP_ELEMS] = chunk
         release(lengths)
     return out

@@ -129,12 +129,15 @@ def test_shard_source_refuses_a_segment_outside_its_document(indexed, row, what)
 
 def test_write_segments_refuses_pack_offsets_short_of_the_segments(tmp_path):
     """``_add_pack_tokens`` walked the packing's pack offsets past their end for a segment after the last pack."""
-    seg = Segmentation(np.array([[0, 0, 4], [1, 0, 4], [2, 0, 4]], dtype=np.int64), None)
-    short = PackResult(pack_offsets=np.array([0, 1, 2], dtype=np.int64), order=np.arange(3, dtype=np.int64))
-    with pytest.raises(ValueError, match=r"write_segments: segment 2 lies past the last pack .* found 2"):
-        write_segments(tmp_path / "segments.bin", seg, short, direct=False)
-    ok = PackResult(pack_offsets=np.array([0, 1, 3], dtype=np.int64), order=np.arange(3, dtype=np.int64))
-    assert write_segments(tmp_path / "segments2.bin", seg, ok, direct=False)[1].tolist() == [4, 8]
+    # rows kept as rows, and whole documents (rows and their packs' tokens in one pass): the same refusal, the same rows
+    for k, seg in enumerate([Segmentation(np.array([[0, 0, 4], [1, 0, 4], [2, 0, 4]], dtype=np.int64), None),
+                             Segmentation.whole_documents(np.array([4, 4, 4], dtype=np.int32))]):
+        short = PackResult(pack_offsets=np.array([0, 1, 2], dtype=np.int64), order=np.arange(3, dtype=np.int64))
+        with pytest.raises(ValueError, match=r"write_segments: segment 2 lies past the last pack .* found 2"):
+            write_segments(tmp_path / f"segments{k}.bin", seg, short, direct=False)
+        ok = PackResult(pack_offsets=np.array([0, 1, 3], dtype=np.int64), order=np.arange(3, dtype=np.int64))
+        assert write_segments(tmp_path / f"ok{k}.bin", seg, ok, direct=False)[1].tolist() == [4, 8]
+        assert np.fromfile(tmp_path / f"ok{k}.bin", dtype=np.int64).tolist() == [0, 0, 4, 1, 0, 4, 2, 0, 4]
 
 
 def test_pack_index_opened_streamed_is_not_read_locally(s3_server, tmp_path, monkeypatch):  # noqa: F811

@@ -78,10 +78,14 @@ def test_a_changed_member_manifest_is_refused_as_changed(tmp_path):
     assert [p.field for p in validate(root).errors] == ["members[4].manifest"]
 
 
-def test_validate_still_warns_of_what_a_member_holds_besides_its_files(tmp_path):
+def test_what_a_member_holds_besides_its_files_is_warned_of_by_deep_validate(tmp_path):
+    # structural validate reads a member's manifest and offsets and sizes its tokens (C2, C3: seven system calls),
+    # and lists no member's directory; --deep checks each member whole (C4), its stray entries included
     root, paths, _ = _members(tmp_path, [2] * 5)
     (paths[2] / "notes.txt").write_text("x")
     report = validate(root)
+    assert report.ok and report.warnings == []
+    report = validate(root, deep=True)
     assert report.ok
     assert [p.file for p in report.warnings] == ["../stores/m000002/notes.txt"]
     np.testing.assert_array_equal(Collection(root).doc_lengths,

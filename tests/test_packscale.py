@@ -447,6 +447,27 @@ def test_narrow_lengths_int32_unless_a_document_is_longer():
     assert narrow_lengths(offsets[:1]).shape == (0,)
 
 
+@SETTINGS
+@given(st.lists(st.integers(1, 50), min_size=0, max_size=40), st.integers(1, 7), st.integers(1, 5),
+       st.one_of(st.none(), st.integers(0, 39)))
+def test_narrowed_lengths_are_the_lengths_in_any_chunks_and_steps(lengths, chunk, step, long_at):
+    # chunks (pages handed back) and steps (narrowed from the cache) of any size, a document too long for int32 in
+    # any of them: the lengths, int32 unless one is longer, as from one np.diff
+    from packfmt import _resident
+
+    if long_at is not None and long_at < len(lengths):
+        lengths[long_at] = 2**31 + long_at
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_resident, "CHUNK_ELEMS", chunk * step)
+        mp.setattr(_resident, "STEP_ELEMS", step)
+        got, again = _resident.narrow_lengths(offsets), _resident.narrow(np.asarray(lengths, dtype=np.int64))
+    wide = any(x > 2**31 - 1 for x in lengths)
+    for out in (got, again):
+        assert out.dtype == (np.int64 if wide else np.int32)
+        np.testing.assert_array_equal(out, lengths)
+
+
 def _resident_bytes() -> int | None:
     """This process's resident set (Linux /proc), or None elsewhere."""
     import os

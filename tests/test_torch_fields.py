@@ -196,7 +196,7 @@ def test_pack_batch_items_are_lazy_stable_and_guarded(two_stores):
     ds = PackedDataset(store, "g")
     batch = ds.__getitems__([2, 0, -1])
     assert isinstance(batch, PackBatch) and len(batch) == 3
-    assert all(x is None for x in batch._items)  # nothing built before use
+    assert batch._items is None  # nothing built before use (not even the list of items)
     first = batch[0]
     assert batch[0] is first and batch[-3] is first and batch[1:2] == [batch[1]]
     assert [int(it["pack_id"]) for it in batch] == [2, 0, len(ds) - 1]

@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
                         "about --shard-size each, cut at pack boundaries; OUT/packs/NAME reads exactly as this index; "
                         "OUT may be s3://..., uploaded manifest last): "
                         "what a streamed collection shuffles shard by shard (spec/COLLECTION.md §9)")
-    p.add_argument("--shard-size", metavar="SIZE", default="256MiB", type=_size,
+    p.add_argument("--shard-size", metavar="SIZE", type=_size,  # no default to convert: argparse would import it
                    help="with --shards: bytes of tokens, loss mask and images per shard (default 256MiB)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index of the same name (and OUT)")
     p.add_argument("--json", action="store_true", help="print the index statistics as JSON")
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         print("packfmt pack: error: --tokens is the total of a mixture by proportion; give --proportions "
               "NAME=SHARE,... with it", file=sys.stderr)
         return 2
-    if args.shards is None and args.shard_size != _size("256MiB"):
+    if args.shards is None and args.shard_size is not None:
         print("packfmt pack: error: --shard-size is the size of the shards --shards OUT writes; give --shards with it",
               file=sys.stderr)
         return 2
@@ -147,8 +147,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_shards(args: argparse.Namespace, index) -> dict:
     """``--shards OUT``: the packs of the index just written, in pack order, as the collection OUT."""
-    from ..collection.shards import write_shards
+    from ..collection.shards import DEFAULT_SHARD_BYTES, write_shards
 
+    if args.shard_size is None:
+        args.shard_size = DEFAULT_SHARD_BYTES
     out = write_shards(index.store, index.name, args.shards, shard_bytes=args.shard_size, overwrite=args.overwrite)
     return {"path": out.location, "members": len(out.members), "documents": out.num_documents,
             "tokens": out.num_tokens, "lookahead_tokens": out.manifest.raw["layout"]["lookahead_tokens"]}

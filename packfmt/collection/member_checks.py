@@ -119,9 +119,10 @@ def member_doc_lengths(root: str | os.PathLike, cm: CollectionManifest, doc_star
     ``slow(m)``: the lengths of member ``m`` the long way, for a member with images, a large one, or one
     refused here, called in member order: ``np.diff`` of ``Collection.member(m).doc_offsets`` (which raises
     what is wrong), or ``validate``'s checks of it (which report it, and give None: its lengths are left
-    unset). ``bare``: also refuse a member whose directory holds anything but its manifest and the files
-    it lists, lists a file the format does not define, or has a newer minor version (what ``validate``
-    of the member would warn about), so a member that passes has nothing to report.
+    unset). ``bare``: also refuse a member whose manifest lists a file the format does not define, or has a
+    newer minor version (what ``validate`` of the member would warn about), so a member that passes has nothing
+    for a structural ``validate`` to report (its directory is not listed: what it holds besides its files is
+    ``--deep``'s, C4).
     """
     out = np.empty(cm.num_documents, dtype=np.int64)
     group: list[int] = []  # consecutive members whose offsets are the bytes ``chunks``, end to end
@@ -189,8 +190,8 @@ class _MemberReader:
     def read(self, m: int) -> bytes | None:
         """The bytes of member ``m``'s ``doc_offsets.bin`` when it passes C3, C2 and V1-V11 (and is ``bare``, see
         ``member_doc_lengths``) and the file has the size they give it; None on anything else (the caller takes the
-        long way, which says why). A member whose manifest matches a template costs seven system calls and a
-        listing of its directory when ``bare``."""
+        long way, which says why). A member whose manifest matches a template costs seven system calls (open, read,
+        close of its manifest; ``stat`` of its tokens; open, read, close of its offsets), a loss mask one more."""
         path = self.prefix + self.paths[m]
         try:
             fd = os.open(path + _MANIFEST, _READ)
@@ -212,12 +213,8 @@ class _MemberReader:
                     templates.insert(0, templates.pop(k))
                 if g is False or (t not in self.agree and not self._shared_agree(t, m)):  # C2
                     return None
-                if self.bare:
-                    if not t.bare:
-                        return None
-                    names = os.listdir(path)  # its manifest and files, nothing else (``_only``)
-                    if len(names) != t.entries or not t.listing.issuperset(names):
-                        return None
+                if self.bare and not t.bare:
+                    return None
                 for group, name in t.stat:  # V10; doc_offsets.bin's size is checked by reading it
                     if os.stat(path + name).st_size != int(g[group]):
                         return None
@@ -263,17 +260,11 @@ class _MemberReader:
                 self.templates.insert(0, t)
             else:
                 self.tries -= 1
-        if bare and not (sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
-                         and _only(path, {F.MANIFEST, *sm.files})):
+        if bare and not (sm.version <= F.KNOWN_VERSION
+                         and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))):
             return None
         check_files_table(path, sm.files, F.expected_layout(sm), where="")  # V10, V11: sizes of every file
         return _read_exact(path + _OFFSETS, sm.files[F.DOC_OFFSETS].bytes)
-
-
-def _only(path: str, listing) -> bool:
-    """The directory at ``path`` holds the names in the set ``listing`` (its manifest and files), nothing else."""
-    names = os.listdir(path)
-    return len(names) == len(listing) and listing.issuperset(names)
 
 
 #: Manifests that fail to make a template (not canonical JSON, or with images) before no more are tried.

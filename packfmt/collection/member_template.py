@@ -39,8 +39,8 @@ class Template:
     ``sizes(raw, documents, tokens)``: ``match`` with C2's counts and V11 in one step (``member_checks``' hot path).
     """
 
-    __slots__ = ("_core", "_differences", "_ints", "_prefix", "_sized", "_suffix", "bare", "entries", "files",
-                 "has_loss_mask", "itemsize", "listing", "obj", "pattern", "slots", "stat", "stated")
+    __slots__ = ("_core", "_differences", "_ints", "_prefix", "_sized", "_suffix", "bare", "files",
+                 "has_loss_mask", "itemsize", "obj", "pattern", "slots", "stat", "stated")
 
     def __init__(self, parts: list, slots: list, sm: F.Manifest) -> None:
         """``parts``: the literal bytes before the first cut value, the pattern of each value and the literal bytes
@@ -59,8 +59,6 @@ class Template:
         self.itemsize = sm.np_token_dtype.itemsize
         #: a known version and the files the format requires, nothing else (``member_doc_lengths``' ``bare``)
         self.bare = sm.version <= F.KNOWN_VERSION and set(sm.files) == set(F.required_files(sm.has_loss_mask, False))
-        self.listing = frozenset([F.MANIFEST, *sm.files])  # what the directory of a ``bare`` member holds
-        self.entries = len(self.listing)
         self.stated = tuple(name for name in sm.files if name != F.DOC_OFFSETS)  # sized by ``stat`` (V10)
         #: ``(group of its bytes, "/" + name)`` of each of ``stated``: what ``sizes`` gives, what ``stat`` compares
         self.stat = tuple((self._ints[3 + self.files.index(name)], "/" + name) for name in self.stated)

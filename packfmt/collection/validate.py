@@ -77,8 +77,11 @@ def validate_collection(root: Path, report, *, deep: bool, progress: bool, decod
 def _structural_members(root: Path, cm, out, decode_images: bool) -> tuple[np.ndarray, set]:
     """C2, C3 and every member's structural checks; the collection's document lengths (read from the members,
     those of a failed member unset), and the members that have an error. A member that passes
-    ``member_doc_lengths``' checks with ``bare`` (C2, C3, V1-V11, V13, nothing else in its directory) has
-    nothing to report; any other takes ``_check_member``, which reports it all."""
+    ``member_doc_lengths``' checks with ``bare`` (C2, C3, V1-V11, V13, a known version and only the format's files
+    listed) has nothing to report; any other takes ``_check_member``, which reports it all. No member's directory is
+    listed (what it holds besides its files, and its own pack indexes, are C4's: ``--deep``): a member costs seven
+    system calls (its manifest read, ``tokens.bin`` sized, ``doc_offsets.bin`` read; benchmarks/bench_members.py
+    ``--syscalls``)."""
     from ..dataset import running_sum
     from .member_checks import member_doc_lengths
 
@@ -155,7 +158,8 @@ def _check_member(root: Path, cm, m: int, out, deep: bool, progress: bool, decod
             out.from_error(nested, F.MANIFEST)
             return False
     before = len(out.report.errors)
-    sub = validate_store(path, deep=deep, progress=progress, decode_images=decode_images, obj=obj)
+    # structural: C2's checks of the member, its directory not listed (its strays and own indexes are C4's, deep)
+    sub = validate_store(path, deep=deep, progress=progress, decode_images=decode_images, obj=obj, listed=deep)
     for p in sub.problems:
         file = f"{entry.path}/{p.file}"
         out.report.problems.append(Problem(file, p.field, p.expected, p.found,

@@ -118,14 +118,21 @@ class Segmentation:
                 f"truncated_docs={self.truncated_docs})")
 
 
+@njit(cache=True, nogil=True, inline="always")
+def whole_row(out, i, d, lengths):
+    """``out[i] = (d, 0, lengths[d])``: the row of whole document ``d`` as a segment; returns its length."""
+    n = lengths[d]
+    out[i, 0] = d
+    out[i, 1] = 0
+    out[i, 2] = n
+    return n
+
+
 @njit(cache=True, nogil=True)
 def _whole_rows(idx, lengths, out):
     """``out[i] = (idx[i], 0, lengths[idx[i]])``: rows of whole-document segments, in one pass."""
     for i in range(idx.shape[0]):
-        d = idx[i]
-        out[i, 0] = d
-        out[i, 1] = 0
-        out[i, 2] = lengths[d]
+        whole_row(out, i, idx[i], lengths)
 
 
 @njit(cache=True, nogil=True)

@@ -47,6 +47,19 @@ class _Arena:
         self._typed: dict[Any, torch.Tensor] = {}
         self._typed_np: dict[Any, np.ndarray] = {}
 
+    @classmethod
+    def placed(cls, slots, place: list, nbytes: int) -> "_Arena":
+        """An arena whose slots are already placed (``_plan.plan_batch``): ``slots`` ``(name, numpy dtype, 0-d)`` in
+        buffer order (``_plan.batch_layout``), ``place`` their element offsets and lengths, in turn, ``nbytes``
+        the buffer's size."""
+        self = cls.__new__(cls)
+        it = iter(place)
+        self._slots = {name: (off, dt, () if zero_d else (n,), n) for (name, dt, zero_d), off, n in zip(slots, it, it)}
+        self.base = _alloc(nbytes)
+        self._np = self.base.numpy()
+        self._typed, self._typed_np = {}, {}
+        return self
+
     def __contains__(self, name: str) -> bool:
         return name in self._slots
 
@@ -66,11 +79,6 @@ class _Arena:
         if typed is None:
             typed = self._typed_np[dt] = self._np.view(dt)
         return typed
-
-    def offsets(self, names) -> np.ndarray:
-        """int64 element offsets of slots ``names`` in the ``typed`` view of each (0 for an absent slot)."""
-        slots = self._slots
-        return np.array([slots[n][0] if n in slots else 0 for n in names], dtype=np.int64)
 
     def array(self, name: str) -> np.ndarray:
         off, dt, shape, n = self._slots[name]

@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["fill_item", "fill_packs", "fill_item_doc_ids", "ROW_IDS", "ROW_POS", "ROW_DIDS", "pack_length", "plan_batch", "doc_span", "BATCH_SLOTS", "finish_varlen", "count_labels", "IGNORE", "PAD_DOC"]
+__all__ = ["fill_item", "fill_packs", "fill_item_doc_ids", "ROW_IDS", "ROW_POS", "ROW_DIDS", "doc_span", "finish_varlen",
+           "count_labels", "IGNORE", "PAD_DOC", "PLAN_PACKS", "PLAN_LENGTHS", "PLAN_WIDTHS", "PLAN_SEQ_BOUNDS",
+           "PLAN_COLS"]
 
 IGNORE = -100
 PAD_DOC = -1
@@ -62,70 +64,31 @@ def fill_item(tokens, loss_mask, has_mask, doc_table, segments, seg_lo, seg_hi, 
     b64[o_scalars + 1] = pack_id
 
 
-#: Order of the batch slots in the ``offsets`` argument of ``fill_packs`` (element offsets into
-#: the typed view of the one batch buffer that holds each slot).
-BATCH_SLOTS = ("labels", "input_ids", "position_ids", "doc_ids", "item_doc_ids", "seq_lens", "document_ids",
-               "num_labels", "cu_seqlens", "kept_document_ids", "pack_ids", "num_label_tokens")
+#: Rows of the int64 ``(5, B + 1)`` plan of a batch (``_plan.plan_batch``): each pack's index, real tokens and
+#: columns (``B`` entries), then where each pack's segments and columns start (``B + 1``).
+PLAN_PACKS, PLAN_LENGTHS, PLAN_WIDTHS, PLAN_SEQ_BOUNDS, PLAN_COLS = range(5)
 
 
 @njit(cache=True, nogil=True)
-def plan_batch(indices, num_packs, pack_offsets, pack_token_offsets, segments, materialized, capacity, pad):
-    """Check and lay out a batch of pack indices (negative ones count from the end).
-
-    Returns:
-        ``(packs, lengths, widths, seq_bounds, cols, kept, bad)``: int64 ``(B,)`` normalised pack
-        indices, real tokens and columns of each pack (``max(length, capacity)`` when ``pad``),
-        ``(B + 1,)`` where each pack's segments start among the batch's segments and where its
-        columns start, ``kept``: the number ``S`` of non-empty segments, and ``bad``: the
-        position of the first out-of-range index, or -1.
-    """
-    B = indices.shape[0]
-    packs = np.empty(B, dtype=np.int64)
-    lengths = np.empty(B, dtype=np.int64)
-    widths = np.empty(B, dtype=np.int64)
-    seq_bounds = np.zeros(B + 1, dtype=np.int64)
-    cols = np.zeros(B + 1, dtype=np.int64)
-    kept = 0
-    for b in range(B):
-        i = indices[b]
-        if i < -num_packs or i >= num_packs:
-            return packs, lengths, widths, seq_bounds, cols, kept, b
-        if i < 0:
-            i += num_packs
-        packs[b] = i
-        lo = pack_offsets[i]
-        hi = pack_offsets[i + 1]
-        n = pack_token_offsets[i + 1] - pack_token_offsets[i] if materialized else pack_length(segments, lo, hi)
-        lengths[b] = n
-        widths[b] = max(n, capacity) if pad else n
-        seq_bounds[b + 1] = seq_bounds[b] + hi - lo
-        cols[b + 1] = cols[b] + widths[b]
-        for s in range(lo, hi):
-            kept += segments[s, 2] > segments[s, 1]
-    return packs, lengths, widths, seq_bounds, cols, kept, -1
-
-
-@njit(cache=True, nogil=True)
-def fill_packs(tokens, loss_mask, has_mask, doc_table, segments, pack_offsets, packs, src, src_mask,
-               pack_token_offsets, materialized, widths, seq_bounds, rows, batch_rows, b64, b32, bI, bJ, offsets,
-               pad_id):
+def fill_packs(tokens, loss_mask, has_mask, doc_table, segments, pack_offsets, src, src_mask, pack_token_offsets,
+               materialized, rows, batch_rows, pad_id, plan, b64, b32, bI, bJ, offsets):
     """Fill a whole batch of packs, laid end to end, in one call (``PackedDataset.__getitems__``).
 
     Pack ``packs[b]`` occupies columns ``[W_b, W_b + widths[b])`` with ``W_b = sum(widths[:b])``
     (``widths[b]`` is its token count, or ``capacity`` when padded). ``W = sum(widths)``,
     ``S_all = seq_bounds[-1]`` segments (empty ones included), ``B`` packs.
 
-    Args:
-        tokens, loss_mask, has_mask, doc_table, segments, src, src_mask: as in ``fill_item``.
+    Args (those of the reader first, the same for every batch; then the batch's own):
+        tokens, loss_mask, has_mask, doc_table, segments, src, src_mask, pad_id: as in ``fill_item``.
         pack_offsets: int64 ``(P + 1,)``: segment range of every pack.
-        packs: int64 ``(B,)``: pack indices of the batch (``plan_batch``).
         pack_token_offsets: int64 ``(P + 1,)``: first token of every pack in ``src`` (materialized only).
         materialized: whether ``src`` holds the materialized pack tokens.
-        widths, seq_bounds: from ``plan_batch``.
         rows: as in ``fill_item``; ``ROW_DIDS`` there selects ``item_doc_ids``.
         batch_rows: ``ROW_DIDS`` to write ``doc_ids`` (the batch segment index), else 0.
+        plan: int64 ``(5, B + 1)`` (``_plan.plan_batch``, rows ``PLAN_*``): the pack indices of the batch
+            (``packs``), their ``widths`` and ``seq_bounds``.
         b64, b32, bI, bJ: int64, int32, index-dtype and input_ids-dtype views of one buffer.
-        offsets: int64 ``(12,)``: element offset of every slot of ``BATCH_SLOTS`` in its view:
+        offsets: int64 ``(>= 12,)``: element offset of every slot of ``_plan.BATCH_SLOTS`` in its view:
             labels (b64, W), input_ids (bJ, W), position_ids (bI, W), doc_ids (bI, W: the *batch*
             segment index ``0..S-1`` over the non-empty segments, -1 for padding), item_doc_ids
             (bI, W: segment index within its pack, -1 for padding), seq_lens (b32, S_all),
@@ -137,7 +100,8 @@ def fill_packs(tokens, loss_mask, has_mask, doc_table, segments, pack_offsets, p
     Returns:
         ``(longest segment (0 when none), S)``.
     """
-    B = packs.shape[0]
+    B = plan.shape[1] - 1
+    packs, widths, seq_bounds = plan[PLAN_PACKS], plan[PLAN_WIDTHS], plan[PLAN_SEQ_BOUNDS]
     W = 0
     for b in range(B):
         W += widths[b]
@@ -357,13 +321,4 @@ def count_labels(labels):
     n = 0
     for j in range(labels.shape[0]):
         n += labels[j] != IGNORE
-    return n
-
-
-@njit(cache=True, nogil=True)
-def pack_length(segments, seg_lo, seg_hi):
-    """Token count of segments ``[seg_lo, seg_hi)`` of an int64 ``(S, 3)`` segment table."""
-    n = 0
-    for s in range(seg_lo, seg_hi):
-        n += segments[s, 2] - segments[s, 1]
     return n

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ._arena import _Arena
-from ._kernels import ROW_DIDS, ROW_POS, fill_item_doc_ids
+from ._kernels import PLAN_COLS, PLAN_LENGTHS, PLAN_PACKS, PLAN_SEQ_BOUNDS, PLAN_WIDTHS, fill_item_doc_ids
 
 
 class PackBatch(Sequence):
@@ -22,7 +22,7 @@ class PackBatch(Sequence):
     access.
 
     Attributes (``B`` packs, ``W`` columns, ``S_all`` segments of which ``S`` are non-empty):
-        arena: the ``_Arena`` holding everything (slots of ``_batch_slots``): input_ids, labels,
+        arena: the ``_Arena`` holding everything (slots of ``_plan.batch_layout``): input_ids, labels,
             position_ids of the packs laid end to end; doc_ids: the batch segment index (``0..S-1``,
             what ``collate_varlen`` returns) when ``padded`` is false, else the segment index within
             each pack (what ``collate_padded`` returns), -1 for padding; cu_seqlens,
@@ -30,9 +30,8 @@ class PackBatch(Sequence):
             once the dataset has seen one in this process); seq_lens, document_ids, num_labels.
             Every slot is written by the kernel: the buffer holds nothing unused (in a worker its
             size is what crossing to the main process costs).
-        widths, lengths: int64 ``(B,)``: columns of each pack / its real tokens.
-        seq_lens: int32 ``(S_all,)``; document_ids: int64 ``(S_all,)``; pack_ids: int64 ``(B,)``
-            (numpy views of the arena). max_seqlen: the longest segment; num_segments: ``S``.
+        widths, lengths, pack_ids: int64 ``(B,)``: columns of each pack, its real tokens, its index.
+        seq_lens: int32 ``(S_all,)``; document_ids: int64 ``(S_all,)`` (numpy views of the arena). max_seqlen: the longest segment; num_segments: ``S``.
         fields: the dataset's per-token rows. padded: the dataset's ``pad_to_capacity``.
     The items of an unpadded batch get their ``doc_ids`` (segment index within the pack) as a
     small tensor of their own, computed on first access.
@@ -40,15 +39,29 @@ class PackBatch(Sequence):
     built here (``intact()``), so replacing an item's tensor falls back to copying.
     """
 
-    def __init__(self, ds: Any, ar: _Arena, packs, lengths, widths, seq_bounds, cols, max_seqlen: int,
-                 num_segments: int, *, padded: bool) -> None:
-        self.arena, self.widths, self.lengths, self.pack_ids = ar, widths, lengths, packs
+    def __init__(self, ds: Any, ar: _Arena, plan: np.ndarray, max_seqlen: int, num_segments: int, *,
+                 padded: bool) -> None:
+        """``plan``: int64 ``(5, B + 1)``, what ``_plan.plan_batch`` laid out (rows ``_kernels.PLAN_*``)."""
+        self.arena, self._plan, self._n = ar, plan, plan.shape[1] - 1
         self.max_seqlen, self.num_segments, self.fields = max_seqlen, num_segments, ds.fields
-        self._seq_bounds, self._cols = seq_bounds.tolist(), cols.tolist()
         self.padded = padded
-        self._items: list[dict[str, Any] | None] = [None] * len(packs)
-        self._built: list[tuple | None] = [None] * len(packs)
+        # made when the first item is (a collate of this module never asks for one): a batch is a few objects
+        self._bounds: tuple[list, list] | None = None  # each pack's first segment and column, as lists
+        self._items: list[dict[str, Any] | None] | None = None
+        self._built: list[tuple | None] | None = None
         self._ds = ds  # the PackedDataset that made it (batch.py sits below dataset.py): for images (pickles small; a batch pickles as its one buffer, e.g. collate_fn=lambda b: b)
+
+    @property
+    def widths(self) -> np.ndarray:
+        return self._plan[PLAN_WIDTHS, :self._n]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._plan[PLAN_LENGTHS, :self._n]
+
+    @property
+    def pack_ids(self) -> np.ndarray:
+        return self._plan[PLAN_PACKS, :self._n]
 
     @property
     def seq_lens(self) -> np.ndarray:
@@ -59,10 +72,10 @@ class PackBatch(Sequence):
         return self.arena.array("document_ids")
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._n
 
     def __iter__(self):
-        for j in range(len(self._items)):
+        for j in range(self._n):
             yield self[j]
 
     def __getitem__(self, j):
@@ -70,9 +83,12 @@ class PackBatch(Sequence):
             return [self[k] for k in range(*j.indices(len(self)))]
         j = operator.index(j)
         if j < 0:
-            j += len(self._items)
-        if not 0 <= j < len(self._items):
-            raise IndexError(f"PackBatch index {j} out of range [0, {len(self._items)})")
+            j += self._n
+        if not 0 <= j < self._n:
+            raise IndexError(f"PackBatch index {j} out of range [0, {self._n})")
+        if self._items is None:
+            self._items, self._built = [None] * self._n, [None] * self._n
+            self._bounds = (self._plan[PLAN_SEQ_BOUNDS].tolist(), self._plan[PLAN_COLS].tolist())
         item = self._items[j]
         if item is None:
             item = self._items[j] = self._make(j)
@@ -80,8 +96,8 @@ class PackBatch(Sequence):
         return item
 
     def _make(self, j: int) -> dict[str, Any]:
-        ar, c0, c1 = self.arena, self._cols[j], self._cols[j + 1]
-        s0, s1 = self._seq_bounds[j], self._seq_bounds[j + 1]
+        (seq_bounds, cols), ar = self._bounds, self.arena
+        c0, c1, s0, s1 = cols[j], cols[j + 1], seq_bounds[j], seq_bounds[j + 1]
         out = {"input_ids": ar.tensor("input_ids")[c0:c1], "labels": ar.tensor("labels")[c0:c1]}
         if "position_ids" in self.fields:
             out["position_ids"] = ar.tensor("position_ids")[c0:c1]
@@ -107,6 +123,8 @@ class PackBatch(Sequence):
 
     def intact(self) -> bool:
         """Whether every item built so far still holds exactly the tensors of the shared layout."""
+        if self._items is None:
+            return True
         for item, built in zip(self._items, self._built):
             if item is None:
                 continue
@@ -118,26 +136,3 @@ class PackBatch(Sequence):
 
 _ITEM_TENSOR_KEYS = ("input_ids", "labels", "position_ids", "doc_ids", "seq_lens", "document_ids",
                      "num_label_tokens", "pack_id")
-
-
-def _batch_slots(W: int, S_all: int, S: int, B: int, index_np, ids_np, rows: int,
-                 hf_room: bool) -> list[tuple[str, Any, tuple[int, ...]]]:
-    """Arena layout of a ``PackedDataset.__getitems__`` batch.
-
-    ``W`` columns, ``S_all`` segments of which ``S`` are non-empty, ``B`` packs.
-
-    What ``collate_varlen`` returns comes first (so a span of the buffer holds exactly it), then
-    ``collate_hf``'s extra labels (with ``hf_room``), then what only the items use. Rows left out
-    of ``rows`` get no slot.
-    """
-    slots = [("labels", np.int64, (W,)), ("input_ids", ids_np, (W,))]
-    if rows & ROW_POS:
-        slots.append(("position_ids", index_np, (W,)))
-    if rows & ROW_DIDS:
-        slots.append(("doc_ids", index_np, (W,)))
-    slots += [("cu_seqlens", np.int32, (S + 1,)), ("kept_document_ids", np.int64, (S,)), ("pack_ids", np.int64, (B,)),
-              ("num_label_tokens", np.int64, ())]
-    if hf_room:
-        slots.append(("hf_labels", np.int64, (W,)))
-    slots += [("seq_lens", np.int32, (S_all,)), ("document_ids", np.int64, (S_all,)), ("num_labels", np.int64, (B,))]
-    return slots

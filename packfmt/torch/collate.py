@@ -23,11 +23,11 @@ import torch
 from ._kernels import count_labels, finish_varlen
 from ._arena import _NP_OF, _Arena
 from .batch import PackBatch
-from .dataset import IGNORE_INDEX, PAD_DOC_ID
+from .dataset import FIELDS, IGNORE_INDEX, PAD_DOC_ID
 
 __all__ = ["collate_varlen", "collate_padded", "collate_hf", "SharedBatch"]
 
-_ROW_KEYS = ("input_ids", "labels", "position_ids", "doc_ids")
+_ROW_KEYS = FIELDS  # the per-token rows, in their order
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -155,19 +155,22 @@ def _ids_np(batch: Sequence[dict[str, Any]]):
 def _row_keys(batch: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """The per-token keys the items carry, in ``_ROW_KEYS`` order (input_ids and labels always)."""
     if isinstance(batch, PackBatch):
-        return tuple(k for k in _ROW_KEYS if k in batch.fields)
+        return batch.fields  # PackedDataset keeps its fields in FIELDS order
     return tuple(k for k in _ROW_KEYS if not batch or k in batch[0] or k in ("input_ids", "labels"))
 
 
 def _varlen_shared(batch: PackBatch) -> SharedBatch:
     """``collate_varlen`` of an intact, unpadded ``PackBatch``: views of its buffer, no copy."""
-    ar, keys = batch.arena, _row_keys(batch)
-    out = SharedBatch((k, ar.tensor(k, row=True)) for k in keys)
-    out["cu_seqlens"] = ar.tensor("cu_seqlens")
+    ar = batch.arena
+    tensor = ar.tensor
+    out = SharedBatch()
+    for k in batch.fields:  # the per-token keys the items carry, in FIELDS order (``_row_keys``)
+        out[k] = tensor(k, True)
+    out["cu_seqlens"] = tensor("cu_seqlens")
     out["max_seqlen"] = batch.max_seqlen
-    out["document_ids"] = ar.tensor("kept_document_ids")
-    out["pack_ids"] = ar.tensor("pack_ids")
-    out["num_label_tokens"] = ar.tensor("num_label_tokens")
+    out["document_ids"] = tensor("kept_document_ids")
+    out["pack_ids"] = tensor("pack_ids")
+    out["num_label_tokens"] = tensor("num_label_tokens")
     out._hf_room = ar.room("hf_labels") if "hf_labels" in ar else None  # collate_hf's labels, same buffer
     if batch._ds._views()["images"] is not None:
         out.update(_images(batch, np.concatenate([[0], np.cumsum(batch.lengths)[:-1]]).tolist()))

@@ -27,17 +27,11 @@ from ..errors import FormatError
 from ..index import PackIndex
 from ..opening import as_dataset, open_dataset
 from ._arena import _ALIGN, _alloc, _Arena
-from ._kernels import (
-    BATCH_SLOTS,
-    ROW_DIDS,
-    fill_item,
-    fill_packs,
-    pack_length,
-    plan_batch,
-)
+from ._kernels import PLAN_PACKS, ROW_DIDS, fill_item, fill_packs
+from ._plan import N_SLOTS, batch_layout, pack_length, plan_batch
 from ._sources import _ImageIndex, _segment_sums
 from ._views import _INT32_LIMIT, INDEX_DTYPES, arrays_of
-from .batch import PackBatch, _batch_slots
+from .batch import PackBatch
 
 __all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DTYPES", "FIELDS"]
 
@@ -335,32 +329,44 @@ class PackedDataset(Dataset):
             return self._items(a, ids, indices)
 
     def _items(self, a: dict, ids: np.ndarray, indices) -> "PackBatch":
-        materialized = a["pack_token_offsets"] is not None
-        pto = a["pack_token_offsets"] if materialized else a["pack_offsets"]  # the latter unused
-        packs, lengths, widths, seq_bounds, cols, S, bad = plan_batch(
-            ids, a["num_packs"], a["pack_offsets"], pto, a["segments"], materialized, a["capacity"], self.pad_to_capacity)
+        slots, plan_args, fill_args, dtypes = self._batch_recipe(a)
+        plan, S, bad, layout, nbytes = plan_batch(ids, *plan_args)
         if bad >= 0:
             raise IndexError(f"pack {int(np.asarray(indices).reshape(-1)[bad])} out of range [0, {a['num_packs']})")
-        src, src_mask = (a["packed_tokens"], a["packed_loss_mask"]) if materialized else (a["tokens"], a["loss_mask"])
-        I, J, rows, mask = a["index_np"], a["ids_np"], a["rows"], a["mask_or_dummy"]
-        B, W, S_all = packs.shape[0], int(cols[-1]), int(seq_bounds[-1])
-        ar = _Arena(_batch_slots(W, S_all, S, B, I, J, rows, self._hf_room))
-        # One doc-id row: the batch segment index (what collate_varlen returns) unless the packs are
-        # padded to one width (then the items' own segment index, what collate_padded returns).
-        item_rows = rows if self.pad_to_capacity else rows & ~ROW_DIDS
-        batch_rows = 0 if self.pad_to_capacity else rows & ROW_DIDS
-        offsets = ar.offsets(BATCH_SLOTS)
-        offsets[4] = offsets[3]  # item_doc_ids and doc_ids: the same slot, one of them written
-        with self._hold(packs):
-            longest, kept = fill_packs(a["tokens"], mask, a["loss_mask"] is not None, a["docs"], a["segments"],
-                                       a["pack_offsets"], packs, src, mask if src_mask is None else src_mask, pto,
-                                       materialized, widths, seq_bounds, item_rows, batch_rows, ar.typed(np.int64),
-                                       ar.typed(np.int32), ar.typed(I), ar.typed(J), offsets, a["pad_id"])
-            batch = PackBatch(self, ar, packs, lengths, widths, seq_bounds, cols, int(longest), int(kept),
-                              padded=self.pad_to_capacity)
+        ar = _Arena.placed(slots, layout[N_SLOTS:].tolist(), nbytes)  # after fill_packs' offsets
+        typed = ar.typed
+        with nullcontext() if a["members"] is None else self._hold(plan[PLAN_PACKS, :-1]):
+            longest, kept = fill_packs(*fill_args, plan, *[typed(dt) for dt in dtypes], layout)
+            batch = PackBatch(self, ar, plan, int(longest), int(kept), padded=self.pad_to_capacity)
             if a["members"] is not None and a["images"] is not None:
                 list(batch)  # every item built now: its images read while the members are held (evicted after)
         return batch
+
+    def _batch_recipe(self, a: dict) -> tuple:
+        """What every batch of this reader (with or without ``collate_hf``'s room) hands its kernels, made once per
+        process and kept with its arrays: ``(slots, plan_batch's arguments after the indices, fill_packs' before
+        the plan, the dtypes of its four views of the buffer)``. A batch of short packs costs its Python more than
+        its tokens (benchmarks/bench_batch.py)."""
+        key = ("batch_recipe", self._hf_room)
+        recipe = a.get(key)
+        if recipe is None:
+            materialized = a["pack_token_offsets"] is not None
+            pto = a["pack_token_offsets"] if materialized else a["pack_offsets"]  # the latter unused
+            slots, spec = batch_layout(a["index_np"], a["ids_np"], a["rows"], self._hf_room)
+            src, src_mask = ((a["packed_tokens"], a["packed_loss_mask"]) if materialized
+                             else (a["tokens"], a["loss_mask"]))
+            rows, mask = a["rows"], a["mask_or_dummy"]
+            # One doc-id row: the batch segment index (what collate_varlen returns) unless the packs are
+            # padded to one width (then the items' own segment index, what collate_padded returns).
+            item_rows = rows if self.pad_to_capacity else rows & ~ROW_DIDS
+            batch_rows = 0 if self.pad_to_capacity else rows & ROW_DIDS
+            recipe = a[key] = (
+                slots, (a["num_packs"], a["pack_offsets"], pto, a["segments"], materialized, a["capacity"],
+                        self.pad_to_capacity, spec),
+                (a["tokens"], mask, a["loss_mask"] is not None, a["docs"], a["segments"], a["pack_offsets"], src,
+                 mask if src_mask is None else src_mask, pto, materialized, item_rows, batch_rows, a["pad_id"]),
+                (np.int64, np.int32, a["index_np"], a["ids_np"]))
+        return recipe
 
     def _hold(self, packs: np.ndarray):
         """A streamed collection (``stream=True``), or a local one too large to map whole: the members ``packs``

@@ -23,9 +23,13 @@ from .store import _DatasetChecks
 __all__ = ["validate_store", "index_dirs"]
 
 
-def validate_store(root: Path, *, deep: bool, progress: bool, decode_images: bool, obj: dict | None = None) -> Report:
+def validate_store(root: Path, *, deep: bool, progress: bool, decode_images: bool, obj: dict | None = None,
+                   listed: bool = True) -> Report:
     """Every problem of the store directory ``root`` (see ``packfmt.validate.validate``); ``obj``: its manifest
-    already read by the caller (a collection's member check), so it is read once per command."""
+    already read by the caller (a collection's member check), so it is read once per command. ``listed=False``:
+    the directory is not listed, so neither its stray entries (warnings) nor its own pack indexes are checked: what
+    a collection's structural check of a member leaves to ``--deep`` (C2 is V1-V11, V13-V15 and V19; C4, deep,
+    is the member's every check, its own indexes included)."""
     report = Report(str(root), deep)
     out = _Collector(report)
     if not root.is_dir():
@@ -38,8 +42,8 @@ def validate_store(root: Path, *, deep: bool, progress: bool, decode_images: boo
     report.checked.update(documents=manifest.num_documents, tokens=manifest.num_tokens, images=manifest.num_images)
     ds = _DatasetChecks(root, manifest, out)
     ds.decode_images = decode_images
-    ds.structural()
-    indexes = [_IndexChecks(ds, name) for name in index_dirs(root, out)]
+    ds.structural(listed)
+    indexes = [_IndexChecks(ds, name) for name in index_dirs(root, out)] if listed else []
     for ix in indexes:
         ix.structural()
     report.checked["pack_indexes"] = len(indexes)

@@ -26,9 +26,11 @@ class _DatasetChecks:
         self.spans_ok = False
 
     # -- structural
-    def structural(self) -> None:
+    def structural(self, listed: bool = True) -> None:
+        """V9-V11, V13-V15, V19; ``listed``: also warn of what the directory holds besides its files."""
         self._files_table()  # V9 (the "only if" half), V10, V11
-        self._unknown_files()
+        if listed:
+            self._unknown_files()
         self._doc_offsets()  # V13
         if self.m.num_images > 0:
             self._image_offsets()  # V14, V15, V19
