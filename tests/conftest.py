@@ -50,6 +50,9 @@ SLOW_TESTS = {
         "a real S3-protocol server (moto) on 127.0.0.1: a collection opened streamed",
     "test_shards.py::test_remote_out_is_uploaded_and_reads_the_same":
         "a real S3-protocol server (moto) on 127.0.0.1; shards uploaded, read whole and streamed, ~30 s",
+    "test_docs_snippets.py::test_page_runs_whole_with_servers":
+        "every block of a guide in order (tens of commands, moto, Ray, torchrun, Energon), 0.5-3 min a guide",
+    "test_docs_snippets.py::test_readme_walkthrough": "the README's quick start, then its bucket example on moto",
     "test_mixed_exports.py::test_webdataset_export_through_energon_equals_packed_dataset":
         "Megatron-Energon's prepare and loader over a mixed collection's 362 packs, ~15 s",
 }

@@ -1,5 +1,5 @@
 """The package's import graph is layered: no module imports a module of a higher floor, and no two
-modules import each other, directly or through others (README "Repository" is the map).
+modules import each other, directly or through others (docs/repository.md is the map).
 
 The graph is read from the source (``ast``), so an import inside a function or under
 ``TYPE_CHECKING`` counts: a lazy import hides a cycle from Python, not from a reader of the code.
@@ -191,14 +191,13 @@ def test_front_door_rule(importer, imported, allowed):
     assert _front_door(importer, imported) is allowed
 
 
-def test_readme_lists_the_same_floors():
-    """README "Repository" names every prefix of FLOORS on its floor's line (``a.b`` written ``a/b``)."""
+def test_docs_list_the_same_floors():
+    """docs/repository.md names every prefix of FLOORS on its floor's line (``a.b`` written ``a/b``)."""
     import re
 
-    text = (PKG.parent / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Repository"):]
+    section = (PKG.parent / "docs" / "repository.md").read_text(encoding="utf-8")
     floors = dict(re.findall(r"^(\d)\. (\*\*.*?)(?=^\d\. \*\*|^\s*$)", section, re.M | re.S))
-    assert sorted(floors) == [str(i) for i in range(len(FLOORS))], f"README floors: {sorted(floors)}"
+    assert sorted(floors) == [str(i) for i in range(len(FLOORS))], f"docs/repository.md floors: {sorted(floors)}"
     missing = [f"{i}: {name}" for i, names in enumerate(FLOORS) for name in names
                if not re.search(rf"`{re.escape(name.replace('.', '/'))}/?`", floors[str(i)])]
-    assert not missing, f"README 'Repository' does not list these on their floor (floor: module): {missing}"
+    assert not missing, f"docs/repository.md does not list these on their floor (floor: module): {missing}"
