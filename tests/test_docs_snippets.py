@@ -11,8 +11,6 @@ folder. How a page marks its blocks: tests/doc_blocks.py.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from pathlib import Path
 
 import pytest
@@ -30,14 +28,6 @@ FAST_PAGES = {
 }
 
 
-def _prefetch_takes_sampler() -> bool:
-    """Whether ``prefetch(ds, sampler, ...)`` (the form the docs show: it follows every ``iter(sampler)``) is the
-    API of this checkout; until that change lands, ``prefetch`` takes the order (``sampler.epoch_indices()``)."""
-    from packfmt.torch.prefetch import prefetch
-
-    return "order" not in inspect.signature(prefetch).parameters
-
-
 def _runs(page: Path, slow: bool) -> list[D.Block]:
     return [b for b in D.blocks(page) if b.kind and (slow or "slow" not in b.marks)]
 
@@ -52,21 +42,14 @@ GUIDES = [p for p in D.pages()[1:] if _runs(p, slow=True)]  # the README runs wh
 
 def run_blocks(blocks: list[D.Block], folder: Path) -> list[str]:
     """Run ``blocks`` in order in ``folder``; stop at the first that goes wrong. Returns what each printed."""
-    printed, waiting = [], []
+    printed = []
     for block in blocks:
-        if "prefetch(ds, sampler" in block.code and not _prefetch_takes_sampler():
-            waiting.append(block.where)  # meanwhile the rest of the block runs, with the order prefetch takes now
-            block = dataclasses.replace(block, code=block.code.replace(
-                "prefetch(ds, sampler,", "prefetch(ds, sampler.epoch_indices(),"))
         result = D.run(block, folder, limits.scaled(BLOCK_S))
         problems = D.check(block, result, folder)
         if problems:
             pytest.fail(f"{block.where}, a {block.kind} block: {'; '.join(problems)}\n--- block:\n{block.code}"
                         f"--- printed (last 4,000 characters):\n{result.stdout[-4000:]}", pytrace=False)
         printed.append(result.stdout)
-    if waiting:
-        pytest.xfail(f"{', '.join(waiting)}: prefetch(ds, sampler) is not this checkout's API yet (it takes the "
-                     "order); with prefetch(ds, sampler.epoch_indices(), ...) instead, every block ran as shown")
     return printed
 
 
