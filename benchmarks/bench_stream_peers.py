@@ -21,9 +21,8 @@ root; Streaming shares memory between a node's ranks by name) and its own link: 
 front of the server capped at ``--mbps`` MB/s with ``--latency-ms`` per request (its byte counts are the bytes
 fetched). Per library, in one invocation, alternating the library order across ``--repeat`` repeats:
 
-- ``streamed``: a fresh cache limited to 10% (``--cache-fraction``) of that format's bytes per node (packfmt:
-  ``cache_limit`` of each rank = the node's / ranks; Streaming ``cache_limit`` and LitData ``max_cache_size`` are
-  per node folder already);
+- ``streamed``: a fresh cache limited to 10% (``--cache-fraction``) of that format's bytes per node (packfmt's
+  ``cache_limit``, Streaming's ``cache_limit`` and LitData's ``max_cache_size`` are each the node's folder's);
 - ``cached``: the same read through the same link with every file already in the cache (an untimed fill run first,
   no limit, the link uncapped, in a second cache folder): the library's fully cached rate.
 
@@ -329,7 +328,7 @@ class Context:
     def spec(self, q, l, world, port, cache, link, node_limit, mode, work) -> dict:
         a = self.args
         rank = q * a.ranks_per_node + l
-        limit = node_limit // a.ranks_per_node if node_limit and self.lib == "packfmt" else node_limit
+        limit = node_limit  # every library's limit is the node's (packfmt's ledger shares it among the node's processes)
         env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": l, "LOCAL_WORLD_SIZE": a.ranks_per_node,
                "NODE_RANK": q, "GLOBAL_RANK": rank, "NNODES": a.nodes, "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": port, "AWS_ENDPOINT_URL": link, "S3_ENDPOINT_URL": link, "OMP_NUM_THREADS": 1}

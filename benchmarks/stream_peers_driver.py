@@ -89,7 +89,7 @@ def open_packfmt(spec: dict):
     sampler = DistributedPackSampler(ds, spec["world"], spec["rank"], seed=spec["seed"], window=spec["window"],
                                      nodes=spec["nodes"], balance=spec["balance"])
     sampler.set_epoch(0)
-    prefetch(ds, sampler.epoch_indices(), batch_size=spec["batch"])
+    prefetch(ds, sampler, batch_size=spec["batch"])  # follows every iter(sampler), in each worker
     loader = DataLoader(ds, batch_size=spec["batch"], sampler=sampler, collate_fn=collate_varlen,
                         num_workers=spec["workers"])
     return loader, lambda b: (b["document_ids"].numpy(), np.diff(b["cu_seqlens"].numpy()))
