@@ -13,7 +13,9 @@ def test_stream_peers_bench_runs_tiny_packfmt_and_skips_absent_peers(tmp_path, m
     out = tmp_path / "r.json"
     rc, bench = run_benchmark(monkeypatch, "bench_stream_peers", [
         "--docs", 3000, "--shard-size", "16KiB", "--capacity", 512, "--batch", 4, "--step-ms", 0, "--mbps", 0,
-        "--latency-ms", 0, "--peers-python", tmp_path / "absent" / "python", "--out", out], env={"BENCH_TMP": tmp_path})
+        "--latency-ms", 0,
+        "--cache-fraction", 0.5,  # (at this size 10% is less than the collection's own files and the logs' room)
+        "--peers-python", tmp_path / "absent" / "python", "--out", out], env={"BENCH_TMP": tmp_path})
     assert rc == 0
     rec = json.loads(out.read_text())
     assert set(rec["skipped"]) == {"mds", "litdata"} and all("no interpreter" in w for w in rec["skipped"].values())

@@ -79,3 +79,25 @@ def test_window_shuffle_fetches_each_member_about_once(remote, cache, num_worker
     assert seen != list(range(n))  # shuffled
     assert fetched <= 1.2 * total, (fetched, total)  # measured 1.0x (both); a plain shuffle of "m": 2.3x
 
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_prefetch_threads_grow_while_batches_wait(remote, cache, threads):  # noqa: F811
+    """By default the members in flight adapt: 2 prefetch threads at first, one more each time a batch has to wait
+    for a member, at most ``MOST_THREADS``; ``threads=N`` fixes the count. Items equal the local read either way."""
+    from packfmt.remote.plan import FIRST_THREADS, MOST_THREADS
+
+    local, url, _, limit = remote
+    reference = PackedDataset(local, "m")
+    ds = PackedDataset(url, "m", stream=True, cache_limit=limit)
+    sampler = DistributedPackSampler(ds, num_replicas=1, rank=0, seed=3, window=2)
+    prefetch(ds, sampler, batch_size=BATCH, threads=threads)
+    for a in DataLoader(ds, batch_size=BATCH, sampler=sampler, collate_fn=collate_varlen):
+        b = collate_varlen(reference.__getitems__(a["pack_ids"].tolist()))
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
+    members = ds._views()["members"]
+    assert members.waits > 0  # the first batch waits at least
+    if threads is None:
+        assert FIRST_THREADS < len(members.prefetchers) <= MOST_THREADS
+    else:
+        assert len(members.prefetchers) == threads

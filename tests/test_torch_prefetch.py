@@ -47,7 +47,7 @@ def test_lookahead_is_the_name_and_window_warns_and_plans_the_same(ds, root):
         assert _plan(ds)[2] == DEFAULT_LOOKAHEAD == 4096
     with pytest.warns(DeprecationWarning, match=r"window= is renamed lookahead=.*use lookahead=") as caught:
         prefetch(ds, order, batch_size=2, window=7)
-    assert _plan(ds) == new == (list(order), 2, 7, 2)
+    assert _plan(ds) == new == (list(order), 2, 7, None)  # threads: None, adaptive
     assert caught[0].filename == __file__  # points at the caller's line
     plain = PackedDataset(root, "p")  # a local read ignores the plan
     assert [x["input_ids"].tolist() for x in ds.__getitems__(order)] == [plain[i]["input_ids"].tolist() for i in order]

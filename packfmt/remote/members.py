@@ -45,6 +45,7 @@ from .eviction import Holdings, resident_bound
 from .member_fetch import fetch_member, member_manifest
 from .mirror import mirror_collection_files
 from .node_cache import NodeCache
+from .plan import grow
 from .pack_mirror import mirror_pack, refuse_materialized
 
 __all__ = ["StreamedMembers", "WAIT_ENV"]
@@ -78,6 +79,7 @@ class StreamedMembers(Holdings, ResidentMembers):
         self.sharded: list = []  # indexes read shard by shard (``shard_index``): member k's fetch readies shard k
         self.prefetchers: list = []  # the threads fetching ahead of the plan (``plan.start``)
         self.claimed: set[int] = set()  # members a prefetch thread is fetching (from before their manifest is read)
+        self.waits = 0  # batches' members that were not here when needed (a demand fetch, or one in flight)
         self.moves = 0  # batches done here: a prefetch that found no room tries again after one (or after a second)
         self.manifests: OrderedDict[int, tuple[bytes, dict]] = OrderedDict()  # checked manifests of members absent
         self.wait_s = float(os.environ.get(WAIT_ENV) or WAIT_S)
@@ -169,7 +171,8 @@ class StreamedMembers(Holdings, ResidentMembers):
 
     def unpin(self, members: list, packs: np.ndarray | None) -> None:
         """Release ``members``; ``packs``: the batch just read, which moves the plan (None: a read outside the plan).
-        A member the plan does not need again is let go at once (it stays on the node's disk for the other ranks)."""
+        A member the plan does not need again is let go at once: it stays on the node's disk for the other ranks and the
+        next epoch (without a cache_limit, for good: the cache then keeps the dataset, as a whole read does)."""
         with self.cond:
             for m in members:
                 self.pinned[m] -= 1
@@ -186,14 +189,13 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.trim()
             self.moves += 1
             self.cond.notify_all()
-        if done and self.limit is None:  # no bound: nothing would ever make room, so what no process holds goes now
-            with self.node.budget.transaction() as tx:
-                for m in done:
-                    self.node.delete(tx, m)
 
     def ensure(self, m: int) -> None:
         """Member ``m`` fetched (if absent) and mapped; waits for a fetch in flight in another thread."""
         with self.cond:
+            if m not in self.resident:
+                self.waits += 1
+                grow(self)  # a batch waits: one more member in flight from now on (up to the plan's most)
             while m in self.fetching:
                 self.cond.wait()
             self.clock += 1

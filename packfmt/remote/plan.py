@@ -21,9 +21,10 @@ import weakref
 
 import numpy as np
 
-__all__ = ["Plan", "start"]
+__all__ = ["Plan", "start", "grow", "FIRST_THREADS", "MOST_THREADS"]
 
 _NEVER = np.iinfo(np.int64).max
+FIRST_THREADS, MOST_THREADS = 2, 16  # prefetch threads of a process: at first, and at most (``grow``)
 _NO_ROOM = "no room"  # a prefetch that found no room: tried again after a batch is done here, or after a second
 
 
@@ -95,19 +96,34 @@ class Plan:
 
 
 def start(stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndarray, shard_of, lookahead: int,
-          threads: int) -> None:
+          threads: int, most: int | None = None) -> None:
     """``stream`` (a ``members.StreamedMembers``) reads ``order`` from now on: its plan (see ``Plan``), and ``threads``
-    background threads fetching ahead over ``lookahead`` (position, member) pairs (started once; more when asked).
-    The threads hold ``stream`` weakly: a dataset dropped lets go of its members, and its threads end."""
+    background threads fetching ahead over ``lookahead`` (position, member) pairs (started once; more when asked),
+    and up to ``most`` (default ``threads``) as batches wait for members (``grow``). The threads hold ``stream``
+    weakly: a dataset dropped lets go of its members, and its threads end."""
     with stream.cond:
         stream.plan = Plan(stream, order, pack_offsets, segments, shard_of)
+        stream.prefetch_lookahead = lookahead
+        stream.prefetch_most = max(threads, most or threads, len(stream.prefetchers))
+        for _ in range(threads - len(stream.prefetchers)):
+            _add_thread(stream)
         stream.cond.notify_all()
-    with stream.cond:
-        running = stream.prefetchers
-        for _ in range(threads - len(running)):
-            running.append(threading.Thread(target=_run, args=(weakref.ref(stream), lookahead), daemon=True,
-                                            name="packfmt-prefetch"))
-            running[-1].start()
+
+
+def grow(stream) -> None:
+    """A batch waits for a member the plan has: one more prefetch thread, up to ``stream.prefetch_most`` (the caller
+    holds ``stream.cond``). Members whose requests are round trips more than bytes (small ones, a link with latency)
+    need many in flight to fill the link, large ones few; each wait adds one, so the count settles where batches
+    stop waiting. The cache limit bounds the bytes in flight whatever the count (a thread without room waits)."""
+    if stream.plan is not None and len(stream.prefetchers) < getattr(stream, "prefetch_most", 0):
+        _add_thread(stream)
+
+
+def _add_thread(stream) -> None:
+    t = threading.Thread(target=_run, args=(weakref.ref(stream), stream.prefetch_lookahead), daemon=True,
+                         name="packfmt-prefetch")
+    stream.prefetchers.append(t)
+    t.start()
 
 
 def _run(ref, lookahead: int) -> None:

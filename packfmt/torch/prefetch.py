@@ -26,7 +26,7 @@ __all__ = ["DEFAULT_LOOKAHEAD", "prefetch"]
 DEFAULT_LOOKAHEAD = 4096
 
 
-def prefetch(ds, source, *, batch_size: int | None = None, lookahead: int | None = None, threads: int = 2,
+def prefetch(ds, source, *, batch_size: int | None = None, lookahead: int | None = None, threads: int | None = None,
              window: int | None = None) -> None:
     """Plan ``ds`` (a ``PackedDataset`` with ``stream=True``) to read what ``source`` gives and fetch its members ahead.
 
@@ -34,7 +34,10 @@ def prefetch(ds, source, *, batch_size: int | None = None, lookahead: int | None
     (the way to use it: resumes and new epochs need nothing more); or an order of pack ids, planned once.
     ``batch_size``: the DataLoader's (needed with workers: which batches a worker reads). ``lookahead``: how far
     ahead to prefetch: the (position, member) pairs of the order, from the next pack read on, the threads consider at
-    a time (default ``DEFAULT_LOOKAHEAD``, 4096; >= 1); ``threads``: how many members are fetched at once (>= 1).
+    a time (default ``DEFAULT_LOOKAHEAD``, 4096; >= 1); ``threads``: how many members are fetched at once (>= 1);
+    default: adaptive, 2 at first and one more each time a batch has to wait for a member, up to
+    ``remote.plan.MOST_THREADS`` (16): small members over a link with latency need many requests in flight, large
+    ones few, and the cache limit bounds the bytes in flight either way.
     ``window``: the old name of ``lookahead`` (a ``DeprecationWarning``; it goes in the next version): not the
     samplers' ``window=K``, their shuffle window of members.
     """
@@ -47,17 +50,17 @@ def prefetch(ds, source, *, batch_size: int | None = None, lookahead: int | None
                       DeprecationWarning, stacklevel=2)
         lookahead = window
     lookahead = DEFAULT_LOOKAHEAD if lookahead is None else lookahead
-    for key, value in (("lookahead", lookahead), ("threads", threads)):
+    for key, value in (("lookahead", lookahead), ("threads", 1 if threads is None else threads)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ValueError(f"prefetch: {key}: expected an integer >= 1, found {value!r}")
     if hasattr(source, "pending_indices"):  # a sampler: its every iteration published, the plan follows them
         channel = source.plan_channel()
         C.publish(channel.path, source.pending_indices())
-        ds._stream_plan = (None, batch_size, int(lookahead), int(threads), channel.path)
+        ds._stream_plan = (None, batch_size, int(lookahead), _int_or_none(threads), channel.path)
         ds._plan_seen = None
     else:
-        ds._stream_plan = (np.asarray(source, dtype=np.int64).reshape(-1), batch_size, int(lookahead), int(threads),
-                           None)
+        ds._stream_plan = (np.asarray(source, dtype=np.int64).reshape(-1), batch_size, int(lookahead),
+                           _int_or_none(threads), None)
         if ds._arrays is not None:
             start(ds)
 
@@ -120,9 +123,14 @@ def _batch_at(order: np.ndarray, packs: np.ndarray, size: int) -> int | None:
     return None
 
 
-def _plan(ds, a: dict, order: np.ndarray, lookahead: int, threads: int) -> None:
+def _int_or_none(threads) -> int | None:
+    return None if threads is None else int(threads)
+
+
+def _plan(ds, a: dict, order: np.ndarray, lookahead: int, threads: int | None) -> None:
+    first, most = (P.FIRST_THREADS, P.MOST_THREADS) if threads is None else (threads, threads)
     P.start(a["members"], order, np.asarray(a["pack_offsets"]), np.asarray(a["segments"]),
-            getattr(ds.index, "shard_of", None), lookahead, threads)
+            getattr(ds.index, "shard_of", None), lookahead, first, most)
 
 
 def open_share(url, storage_options, cache_dir, cache_limit):
