@@ -35,7 +35,7 @@ from packfmt.torch import PackedDataset, collate_varlen  # noqa: E402
 from packfmt.torch.testing import next_fit_segments, write_flat_dataset, write_pack_index  # noqa: E402
 
 CAPACITY, BATCH = 4096, 8
-DEFAULT_BUDGET = L.MAP_BUDGET
+DEFAULT_BUDGET, DEFAULT_EAGER = L.MAP_BUDGET, L.EAGER_MOST
 
 
 def make(root: Path, n_docs: int, members: int, mixed: bool = False) -> tuple[Path, Path]:
@@ -65,13 +65,14 @@ def read_all(path: Path, lazy: bool = False) -> tuple[float, int, float]:
     """(seconds reading every pack after the first batch, tokens, seconds to the first batch: open, map, pack 0).
     ``lazy``: the members mapped as batches need them (``collection.lazy_members``, as past ``MAP_BUDGET``)."""
     L.MAP_BUDGET = 0 if lazy else DEFAULT_BUDGET
+    L.EAGER_MOST = 0 if lazy else 1 << 62  # (eager: every member at the first batch, whatever the count)
     try:
         t0 = time.perf_counter()
         ds = PackedDataset(path, "p")
         ds.__getitems__([0])  # open, map (every member, or pack 0's) outside the read timing
         first = time.perf_counter() - t0
     finally:
-        L.MAP_BUDGET = DEFAULT_BUDGET
+        L.MAP_BUDGET, L.EAGER_MOST = DEFAULT_BUDGET, DEFAULT_EAGER
     t0 = time.perf_counter()
     tokens = 0
     for start in range(0, len(ds), BATCH):

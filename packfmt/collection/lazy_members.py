@@ -1,4 +1,7 @@
-"""A local collection with more members than one process may map at once: its members mapped as batches need them.
+"""A local collection with many members: its members mapped as batches need them.
+
+Past ``EAGER_MOST`` members, opening them all at the first read costs more than a first batch should (about 0.5 ms a
+member: 4-6 s for a pack-ordered layout of 10^4 small shards), and past ``MAP_BUDGET`` mappings it would fail:
 
 ``vmap.concatenate_members`` maps every member's files into one span each (tokens, loss mask, doc offsets) when
 a ``PackedDataset`` first reads: one kernel mapping per file, and Linux gives a process ``vm.max_map_count``
@@ -22,7 +25,7 @@ import numpy as np
 from .resident import ResidentMembers
 from .vmap import Reserved, batch_segments
 
-__all__ = ["LocalMembers", "MAP_BUDGET", "MAPS_PER_MEMBER", "MAX_MAPPED", "maps_needed"]
+__all__ = ["LocalMembers", "EAGER_MOST", "MAP_BUDGET", "MAPS_PER_MEMBER", "MAX_MAPPED", "maps_needed", "lazy"]
 
 #: Kernel mappings one member takes when mapped: tokens, loss mask, doc offsets.
 MAPS_PER_MEMBER = 3
@@ -33,11 +36,21 @@ MAX_MAPPED = 10_000
 #: Mappings a collection's members may take in one process: every member is mapped at once up to this (the usual
 #: case, nothing to do per batch); past it, members are mapped as batches need them, ``MAX_MAPPED`` at most.
 MAP_BUDGET = MAPS_PER_MEMBER * MAX_MAPPED
+#: Members a first batch opens at once, at most: opening one (its manifest parsed, its files mapped and checked) costs
+#: about 0.5 ms, so a collection of 10^4 members (a pack-ordered layout of small shards) took 4-6 s to its first batch;
+#: past this count members are opened as batches need them, and the first batch opens only its own.
+EAGER_MOST = 512
 
 
 def maps_needed(coll) -> int:
     """Kernel mappings ``concatenate_members`` would take for every member of ``coll`` at once."""
     return MAPS_PER_MEMBER * int(coll.num_members)
+
+
+def lazy(coll) -> bool:
+    """Whether ``coll``'s members are mapped as batches need them (``LocalMembers``) rather than all at the first
+    read: more than ``EAGER_MOST`` of them (time to first batch), or more mappings than ``MAP_BUDGET``."""
+    return coll.num_members > EAGER_MOST or maps_needed(coll) > MAP_BUDGET
 
 
 class LocalMembers(ResidentMembers):

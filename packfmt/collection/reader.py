@@ -113,9 +113,9 @@ class Collection(Dataset):
         return self.manifest.shared
 
     def resident_members(self):
-        """A new ``lazy_members.LocalMembers`` (each reader maps its own) when mapping every member at once would take
-        more than ``lazy_members.MAP_BUDGET`` kernel mappings; else None (``vmap.concatenate_members`` maps them all)."""
-        if self.num_members > 1 and lazy_members.maps_needed(self) > lazy_members.MAP_BUDGET:
+        """A new ``lazy_members.LocalMembers`` (each reader maps its own) when ``lazy_members.lazy`` says so (many
+        members); else None (``vmap.concatenate_members`` maps them all at the first read)."""
+        if self.num_members > 1 and lazy_members.lazy(self):
             return lazy_members.LocalMembers(self)
         return None
 
