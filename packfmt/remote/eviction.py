@@ -58,7 +58,7 @@ class Holdings:
                 self._let_go_and_delete(tx, idle.pop(0))
             if before is not None and held + need > share:
                 return False
-        if self.node.make_room(tx, need, self._unheld_order(tx)):
+        if self.node.make_room(tx, need, self._unheld_order(tx, before)):
             return True
         with self.cond:
             for m in self._idle_order(before):
@@ -110,16 +110,23 @@ class Holdings:
             return []
         return sorted(idle, key=lambda m: self.last_use.get(m, 0))
 
-    def _unheld_order(self, tx) -> list:
+    def _unheld_order(self, tx, before: int | None) -> list:
         """Members on the node's disk this process does not hold, the one to delete first first (``node_cache``
-        deletes only those no other process holds either)."""
+        deletes only those no other process holds either); for a prefetch at plan position ``before`` only those
+        next used after it (a member this process let go of, ``trim``, is on the disk until its next use: deleting
+        it for a member needed later fetched it twice)."""
         present = tx.present()  # least recently used on the node first
         mine = np.fromiter(self.resident, dtype=np.int64, count=len(self.resident)) if self.resident else None
         if mine is not None:
             present = present[~np.isin(present, mine)]
         if self.plan is not None and present.size:
             nxt = self.plan.next_use(present)
-            present = present[np.argsort(-nxt, kind="stable")]
+            order = np.argsort(-nxt, kind="stable")
+            if before is not None:
+                order = order[nxt[order] > before]
+            present = present[order]
+        elif before is not None:
+            return []  # without a plan no prefetch runs; nothing to judge by
         return present.tolist()
 
     def _held_bytes(self, tx) -> int:
