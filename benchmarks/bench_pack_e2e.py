@@ -126,9 +126,11 @@ finally:
     shutil.rmtree(out)
 """
 
-#: ``packfmt ARGS`` (the console script's ``main``), profiled into $BENCH_PROFILE when set.
+#: ``packfmt ARGS`` (the console script's ``main``, then its exit: ``packfmt.cli.exit_now`` in a checkout that has it),
+#: profiled into $BENCH_PROFILE when set.
 CLI = """
 import functools, json, os, sys, time
+import packfmt.cli
 from packfmt.cli import main
 import packfmt.packing
 prof = os.environ.get("BENCH_PROFILE")
@@ -155,7 +157,7 @@ if prof:
     profiler.disable()
     profiler.dump_stats(prof)
 print(json.dumps({"bench_call_cpu_seconds": own[0] + own[1], "bench_call_user_seconds": own[0]}), file=sys.stderr)
-sys.exit(rc)
+getattr(packfmt.cli, "exit_now", sys.exit)(rc)
 """
 
 

@@ -32,7 +32,9 @@ def write_segments(path: Path, seg, result, *, direct: bool = True) -> tuple[dic
     of two buffers: the file's 24 bytes per segment go to disk at its speed, the building hides
     behind it. The buffers are aligned so that the disk reads them where they are (``O_DIRECT``,
     see ``HashedFile``). Returns the ``files`` entry and the tokens of each pack, summed from the
-    same chunks (so the statistics need no second gather of the lengths in pack order).
+    same chunks (so the statistics need no second gather of the lengths in pack order). Whole
+    documents whose lengths the packing gave in pack order (``PackResult.item_lengths``) take them
+    from there: no row reads a length out of the rows' order.
     ``direct=False``: through the page cache (the same bytes; benchmarks/bench_write_segments.py).
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +44,11 @@ def write_segments(path: Path, seg, result, *, direct: bool = True) -> tuple[dic
     po = np.ascontiguousarray(result.pack_offsets, dtype=np.int64)
     # whole documents (nothing cut): each row and its pack's tokens in one pass (the rows not read back)
     whole = seg.lengths if isinstance(seg, Segmentation) and seg.is_whole_documents else None
+    # ... or with the packer's lengths in pack order (PackResult.item_lengths): read in order, none gathered per row
+    in_order = result.item_lengths if whole is not None else None
+    if in_order is not None and in_order.shape != result.order.shape:
+        raise ValueError(f"write_segments: the packing's item_lengths hold {in_order.shape[0]} lengths for its "
+                         f"{result.n_items} segments (expected one a segment, in pack order)")
     pack_tokens = np.zeros(max(0, po.shape[0] - 1), dtype=np.int64)
     pack = 0  # the pack of the first row of the next chunk
     f = HashedFile(path, direct=direct)  # gigabytes at 10^8 documents: disk writes, no page cache copy
@@ -57,7 +64,10 @@ def write_segments(path: Path, seg, result, *, direct: bool = True) -> tuple[dic
                 if pending[slot] is not None:
                     pending[slot].result()  # its buffer is free again (and a write error surfaces here)
                 idx = result.order[a:a + SEGMENT_ROWS_CHUNK]
-                if whole is not None:
+                if in_order is not None:
+                    rows = buffers[slot][:idx.shape[0]]
+                    pack = _ordered_rows_summed(idx, in_order[a:a + SEGMENT_ROWS_CHUNK], rows, a, po, pack, pack_tokens)
+                elif whole is not None:
                     rows = buffers[slot][:idx.shape[0]]
                     pack = _whole_rows_summed(idx, whole, rows, a, po, pack, pack_tokens)
                 else:
@@ -100,6 +110,30 @@ def _add_pack_tokens(rows, start, pack_offsets, pack, sums):
         if pack < 0:
             return -1 - i
         sums[pack] += rows[i, 2] - rows[i, 1]
+    return pack
+
+
+@njit(cache=True, nogil=True)
+def _ordered_rows_summed(idx, lengths, out, start, pack_offsets, pack, sums):
+    """``_whole_rows_summed`` of whole documents whose lengths come in the rows' order (``lengths[i]`` is
+    document ``idx[i]``'s): ``out[i] = (idx[i], 0, lengths[i])``, each pack's run of rows summed at once (no
+    pack looked up per row, no length read out of order). Returns as ``_add_pack_tokens``."""
+    n = idx.shape[0]
+    i = 0
+    while i < n:
+        pack = _pack_of(pack_offsets, pack, start + i)
+        if pack < 0:
+            return -1 - i
+        end = min(n, pack_offsets[pack + 1] - start)  # this pack's rows in the chunk
+        total = 0
+        for j in range(i, end):
+            length = lengths[j]
+            out[j, 0] = idx[j]
+            out[j, 1] = 0
+            out[j, 2] = length
+            total += length
+        sums[pack] += total
+        i = end
     return pack
 
 

@@ -232,7 +232,8 @@ def build_pack_index(
         f.write_array(pack_offsets, F.OFFSET_DTYPE)
         files[F.PACK_OFFSETS] = f.close()
         files[F.SEGMENTS], pack_tokens = write_segments(tmp / F.SEGMENTS, seg, result)
-        _check_built(pack_offsets, pack_tokens, result.n_items, capacity, tmp)
+        whole = plan is None and seg.is_whole_documents  # every token of the dataset in the packs, once
+        _check_built(pack_offsets, pack_tokens, result.n_items, capacity, tmp, store.num_tokens if whole else None)
         stats = index_stats(stat_lengths, seg, result, capacity, image_counts, pack_tokens=pack_tokens)
         stats["seconds"] = round(seconds, 6)
         packed_tokens = stats["tokens"]
@@ -284,21 +285,26 @@ def build_pack_index(
     return PackIndex(store, name, _built_pack_lengths=pack_tokens)
 
 
-def _check_built(pack_offsets: np.ndarray, pack_tokens: np.ndarray, n_segments: int, capacity: int, where: Path) -> None:
+def _check_built(pack_offsets: np.ndarray, pack_tokens: np.ndarray, n_segments: int, capacity: int, where: Path,
+                 tokens: int | None = None) -> None:
     """The pack bounds of a new index (spec §4.2: V25, V29), from the packer's own outputs in O(packs).
 
     Every row of ``segments.bin`` comes from ``segment_documents`` (inside its document, V27) and
     every segment is in exactly one pack (``pack_items``); what is left to hold is checked here
-    rather than by reading the written files back. A failure is a packfmt bug, never bad input.
+    rather than by reading the written files back. ``tokens``: what the packs hold in all when known
+    (whole documents: the dataset's, which the rows' lengths, taken from the packing, must add up to).
+    A failure is a packfmt bug, never bad input.
     """
     po = pack_offsets
     ok = po.shape[0] >= 1 and int(po[0]) == 0 and int(po[-1]) == n_segments and bool(np.all(po[1:] > po[:-1]))
     if ok and pack_tokens.size:
         ok = int(pack_tokens.max()) <= capacity and int(pack_tokens.min()) >= 1
+    if ok and tokens is not None:
+        ok = int(pack_tokens.sum(dtype=np.int64)) == tokens
     if not ok:
         raise WriteError(f"{where}: internal error: the packs computed break spec §4.2 (pack offsets or pack "
                          "lengths); nothing was published; please report this with the command",
-                         file=str(where), field="packs", expected="non-empty packs within capacity", found="other")
+                         file=str(where), field="packs", expected="non-empty packs within capacity, holding every token once", found="other")
 
 
 def lost_tokens(stats: dict, num_tokens: int, max_lost_fraction: float = DEFAULT_MAX_LOST_FRACTION) -> dict:
@@ -330,14 +336,19 @@ def index_stats(doc_lengths, seg, result, capacity: int, image_counts: np.ndarra
         seg: the ``Segmentation`` of those documents; result: the ``PackResult`` of its segments.
         pack_tokens: tokens per pack when already summed (else ``pack_stats`` sums them).
 
-    O(n_documents) time and no temporary larger than one array of lengths: every document with a
-    segment is packed, so ``documents_packed`` is ``documents - dropped_documents`` (no search for
-    distinct documents among the segments).
+    O(n_documents) time and no temporary larger than one array of lengths (O(packs) for whole documents
+    with ``pack_tokens``): every document with a segment is packed, so ``documents_packed`` is
+    ``documents - dropped_documents`` (no search for distinct documents among the segments).
     """
-    from .packing import pack_stats
+    from .packing import Segmentation, pack_stats
 
     stats = pack_stats(seg.lengths, result, capacity, image_counts=image_counts, pack_tokens=pack_tokens)
-    n_docs, clipped_tokens = doc_lengths if isinstance(doc_lengths, tuple) else doc_summary(doc_lengths, capacity)
+    if isinstance(doc_lengths, tuple):
+        n_docs, clipped_tokens = doc_lengths
+    elif isinstance(seg, Segmentation) and seg.is_whole_documents:  # none over capacity: clipping keeps every token
+        n_docs, clipped_tokens = int(doc_lengths.shape[0]), stats["tokens"]
+    else:
+        n_docs, clipped_tokens = doc_summary(doc_lengths, capacity)
     stats.update({
         "documents": n_docs,
         "documents_packed": n_docs - int(seg.dropped_docs),

@@ -140,6 +140,47 @@ def test_write_segments_refuses_pack_offsets_short_of_the_segments(tmp_path):
         assert np.fromfile(tmp_path / f"ok{k}.bin", dtype=np.int64).tolist() == [0, 0, 4, 1, 0, 4, 2, 0, 4]
 
 
+def test_write_segments_refuses_item_lengths_that_do_not_fit_the_packing(tmp_path):
+    """Whole documents with the packing's lengths in pack order (``item_lengths``: no length gathered per row): pack
+    offsets short of the segments refused as without them, lengths not one a segment refused before any row."""
+    seg = Segmentation.whole_documents(np.array([4, 4, 4], dtype=np.int32))
+    order, lengths = np.arange(3, dtype=np.int64), np.full(3, 4, dtype=np.int64)
+    short = PackResult(np.array([0, 1, 2], dtype=np.int64), order, lengths)
+    with pytest.raises(ValueError, match=r"write_segments: segment 2 lies past the last pack .* found 2"):
+        write_segments(tmp_path / "short.bin", seg, short, direct=False)
+    few = PackResult(np.array([0, 1, 3], dtype=np.int64), order, lengths[:2])
+    with pytest.raises(ValueError, match=r"item_lengths hold 2 lengths for its 3 segments"):
+        write_segments(tmp_path / "few.bin", seg, few, direct=False)
+    ok = PackResult(np.array([0, 1, 3], dtype=np.int64), order, lengths)
+    assert write_segments(tmp_path / "ok.bin", seg, ok, direct=False)[1].tolist() == [4, 8]
+    assert np.fromfile(tmp_path / "ok.bin", dtype=np.int64).tolist() == [0, 0, 4, 1, 0, 4, 2, 0, 4]
+
+
+def test_pack_index_with_wrong_item_lengths_is_not_published(tmp_path, monkeypatch):
+    """The rows' lengths of whole documents come from the packing (``item_lengths``), not from the store: a packing
+    whose lengths do not add up to the store's tokens is an internal error, and no index appears."""
+    import packfmt.packing
+    from packfmt.errors import WriteError
+    from packfmt.packindex import build_pack_index
+
+    store = _store(tmp_path / "s", [3, 5, 2, 7])
+    pack_items = packfmt.packing.pack_items
+
+    def one_token_short(*args, **kwargs):
+        r = pack_items(*args, **kwargs)
+        assert r.item_lengths is not None  # ffd of a counting sort
+        wrong = r.item_lengths.copy()
+        wrong[0] -= 1
+        return PackResult(r.pack_offsets, r.order, wrong)
+
+    monkeypatch.setattr(packfmt.packing, "pack_items", one_token_short)
+    with pytest.raises(WriteError, match=r"internal error: the packs computed break spec §4.2"):
+        build_pack_index(store, capacity=8, algorithm="ffd", name="w")
+    assert not (store.path / "packs" / "w").exists()
+    monkeypatch.setattr(packfmt.packing, "pack_items", pack_items)
+    assert build_pack_index(store, capacity=8, algorithm="ffd", name="w").stats["tokens"] == 17
+
+
 def test_pack_index_opened_streamed_is_not_read_locally(s3_server, tmp_path, monkeypatch):  # noqa: F811
     """A streamed collection's open bounds each segment by its member only (its batches check each against its
     document when the member arrives); the same PackIndex given to a local read of the collection had the kernels

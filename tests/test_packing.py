@@ -181,6 +181,30 @@ def test_invariants_all_algorithms(args, algorithm, seed):
     assert np.array_equal(r1.order, r2.order) and np.array_equal(r1.pack_offsets, r2.pack_offsets)
 
 
+@FAST
+@given(packing_inputs(), st.sampled_from(ALGORITHMS), st.booleans())
+def test_item_lengths_are_the_lengths_in_pack_order(args, algorithm, compact):
+    """``PackResult.item_lengths`` (what ``write_segments`` reads instead of gathering a length per row) is
+    ``lengths[order]`` wherever it is given: always for ffd and bfd of a counting sort, taken from the sort's
+    runs (no length read), whatever the limits and images, int32 ids or int64."""
+    lengths, capacity, max_items, images, max_images = args
+    given_lengths = lengths.astype(np.int32) if compact else lengths
+    r = pack_items(given_lengths, capacity, algorithm, max_items_per_pack=max_items, image_counts=images,
+                   max_images_per_pack=max_images, compact=compact)
+    if algorithm in ("ffd", "bfd") and lengths.size:
+        assert r.item_lengths is not None
+    if r.item_lengths is not None:
+        assert r.item_lengths.dtype == r.order.dtype
+        np.testing.assert_array_equal(r.item_lengths, lengths[r.order])
+
+
+def test_item_lengths_not_given_after_an_argsort():
+    """A capacity large against the items is sorted by argsort (no counting sort, no runs): no lengths given,
+    the packs the same."""
+    r = pack_items(np.array([5, 9, 5, 2]), 10**6, "ffd")
+    assert r.item_lengths is None and r.packs() == [[1, 0, 2, 3]]
+
+
 @pytest.mark.parametrize("algorithm", ["first_fit_shuffle", "shuffle_and_pack"])
 def test_different_seeds_give_different_orders(algorithm):
     lengths = np.random.default_rng(0).integers(1, 100, 2000)

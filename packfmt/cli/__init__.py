@@ -86,4 +86,16 @@ def _silence_stdout() -> None:
 
 def entry_point() -> None:
     _signals.install()  # first: a Ctrl-C during the imports that follow exits 130, not through a C++ abort
-    sys.exit(main())
+    exit_now(main())
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code``, the command done: every object left is frozen out of the garbage collector
+    first. The interpreter's last collections walk every object still alive, and after a numba kernel has run
+    (``pack``, ``validate --deep``, ``inspect``) that is numba's typing tables: 0.2-0.3 s of CPU for nothing, the
+    process's memory going back whole. Exit handlers still run and objects outside reference cycles are still
+    freed (a command closes what it wrote itself; stdout is flushed by ``main``)."""
+    import gc
+
+    gc.freeze()
+    sys.exit(code)

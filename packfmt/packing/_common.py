@@ -13,7 +13,9 @@ __all__ = [
     "NO_LIMIT",
     "id_dtype",
     "sort_by_length_desc",
+    "sort_runs_desc",
     "group_by_pack",
+    "group_by_pack_with_lengths",
     "image_classes",
 ]
 
@@ -81,17 +83,28 @@ def sort_by_length_desc(lengths: np.ndarray, capacity: int, dtype=np.int64) -> n
         (n,) permutation of ``arange(n)``. O(n + capacity) time when the capacity is small
         relative to n (counting sort), O(n log n) otherwise.
     """
+    return sort_runs_desc(lengths, capacity, dtype)[0]
+
+
+def sort_runs_desc(lengths: np.ndarray, capacity: int, dtype=np.int64) -> tuple[np.ndarray, np.ndarray | None]:
+    """``sort_by_length_desc`` and where each length's run ends in it: ``(seq, run_ends)``.
+
+    ``run_ends``: int64 (capacity + 1,), the items of length ``l`` are ``seq[run_ends[l + 1]:run_ends[l]]``
+    (``seq[:run_ends[capacity]]`` for ``l == capacity``): the length at every position of ``seq``
+    without reading one (``group_by_pack_with_lengths``). None when sorted by argsort (a capacity
+    large relative to n), where no such table is built.
+    """
     n = lengths.shape[0]
     if capacity > _COUNTING_SORT_MAX_CAPACITY or capacity > 4 * n + 1024:
-        return np.argsort(-lengths, kind="stable").astype(dtype, copy=False)
+        return np.argsort(-lengths, kind="stable").astype(dtype, copy=False), None
     out = np.empty(n, dtype=dtype)
     hist = np.empty(capacity + 1, dtype=np.int64)
-    _counting_sort_desc(lengths, capacity, hist, out)
-    return out
+    _counting_sort_desc(lengths, capacity, hist, out)  # leaves hist[l] at the end of length l's run
+    return out, hist
 
 
 @njit(cache=True, nogil=True)
-def _group_by_pack(seq, pack_of_pos, n_packs, offsets, order):
+def _group_by_pack(seq, pack_of_pos, n_packs, offsets, order, record):
     """Counting sort of placements by pack id, keeping placement order inside each pack.
 
     Args:
@@ -100,6 +113,7 @@ def _group_by_pack(seq, pack_of_pos, n_packs, offsets, order):
         n_packs: number of packs; ids are in [0, n_packs).
         offsets: int64 (n_packs + 1,) receives the CSR offsets into ``order``.
         order: (n,) of ``seq``'s dtype, receives item indices grouped by pack.
+        record: overwrite ``pack_of_pos[pos]`` with the place of position ``pos`` in ``order``.
     """
     offsets[:] = 0
     for pos in range(seq.shape[0]):
@@ -113,12 +127,26 @@ def _group_by_pack(seq, pack_of_pos, n_packs, offsets, order):
     offsets[n_packs] = acc
     for pos in range(seq.shape[0]):
         p = pack_of_pos[pos]
-        order[offsets[p]] = seq[pos]
-        offsets[p] += 1
+        at = offsets[p]
+        order[at] = seq[pos]
+        offsets[p] = at + 1
+        if record:
+            pack_of_pos[pos] = at
     # offsets[p] now holds the end of pack p; shift right by one to get the starts back
     for p in range(n_packs, 0, -1):
         offsets[p] = offsets[p - 1]
     offsets[0] = 0
+
+
+@njit(cache=True, nogil=True)
+def _lengths_by_place(place, run_ends, out):
+    """``out[place[pos]] = `` the length at position ``pos`` of a sequence sorted by ``sort_runs_desc``
+    (``run_ends``, its runs): one pass, no length read per item."""
+    length = run_ends.shape[0] - 1
+    for pos in range(place.shape[0]):
+        while pos >= run_ends[length]:
+            length -= 1
+        out[place[pos]] = length
 
 
 def group_by_pack(seq: np.ndarray, pack_of_pos: np.ndarray, n_packs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,8 +161,24 @@ def group_by_pack(seq: np.ndarray, pack_of_pos: np.ndarray, n_packs: int) -> tup
     """
     offsets = np.empty(n_packs + 1, dtype=np.int64)
     order = np.empty(seq.shape[0], dtype=seq.dtype)
-    _group_by_pack(seq, pack_of_pos, n_packs, offsets, order)
+    _group_by_pack(seq, pack_of_pos, n_packs, offsets, order, False)
     return offsets, order
+
+
+def group_by_pack_with_lengths(seq: np.ndarray, pack_of_pos: np.ndarray, n_packs: int,
+                               run_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``group_by_pack`` of a ``seq`` sorted by ``sort_runs_desc``, and the lengths of ``order``'s items in its order
+    (``lengths[order]``) from ``run_ends``: ``(pack_offsets, order, item_lengths)``.
+
+    What a writer of the packs' rows needs without gathering a length per item from the whole array
+    (a cache miss each: 0.4 s of CPU at 10^8 items). ``seq`` and ``pack_of_pos`` are consumed: the
+    lengths are written over ``seq`` (``item_lengths`` is that array), no new array of n.
+    """
+    offsets = np.empty(n_packs + 1, dtype=np.int64)
+    order = np.empty(seq.shape[0], dtype=seq.dtype)
+    _group_by_pack(seq, pack_of_pos, n_packs, offsets, order, True)
+    _lengths_by_place(pack_of_pos, run_ends, seq)
+    return offsets, order, seq
 
 
 def image_classes(image_counts: np.ndarray | None, max_images: int | None) -> np.ndarray:

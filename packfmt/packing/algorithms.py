@@ -16,7 +16,7 @@ import numpy as np
 
 from ._balanced import balanced
 from ._best_fit import best_fit
-from ._common import group_by_pack, id_dtype, sort_by_length_desc
+from ._common import group_by_pack, group_by_pack_with_lengths, id_dtype, sort_runs_desc
 from ._first_fit import any_fit_pack_bound, first_fit
 from ._next_fit import next_fit
 from .segment import Segmentation, segment_documents
@@ -34,10 +34,14 @@ class PackResult:
         pack_offsets: int64 (n_packs + 1,); pack ``p`` is ``order[pack_offsets[p]:pack_offsets[p + 1]]``.
         order: int64 (n_items,) item indices grouped by pack, in insertion order within a pack;
             int32 when ``pack_items(..., compact=True)`` and ``n_items < 2**31 - 1``.
+        item_lengths: the lengths of ``order``'s items in its order (``lengths[order]``, of ``order``'s
+            dtype) where the packing knew them without reading one per item (``ffd`` and ``bfd`` of a
+            counting sort), else None.
     """
 
     pack_offsets: np.ndarray
     order: np.ndarray
+    item_lengths: np.ndarray | None = None
 
     @property
     def n_packs(self) -> int:
@@ -152,16 +156,19 @@ def pack_items(lengths, capacity, algorithm="ffd", *, seed=0, max_items_per_pack
     if algorithm == "balanced":
         return PackResult(*balanced(lengths, capacity, **limits))
     ids = id_dtype(n) if compact else np.int64
+    run_ends = None  # where each length's run ends in seq, when sorted by counting
     if algorithm == "first_fit_shuffle":
         seq = _permutation(n, seed).astype(ids, copy=False)
         pack_of_pos, n_packs = first_fit(lengths, seq, capacity, **limits)
     else:
-        seq = sort_by_length_desc(lengths, capacity, ids)
+        seq, run_ends = sort_runs_desc(lengths, capacity, ids)
         if algorithm == "ffd":
             pack_of_pos, n_packs = first_fit(lengths, seq, capacity, **limits)
         else:
             bound = any_fit_pack_bound(int(lengths.sum()), capacity, n)
             pack_of_pos, n_packs = best_fit(lengths, seq, capacity, pack_cap=bound, **limits)
+    if run_ends is not None:  # the lengths in pack order come free of the sort (seq's memory holds them)
+        return PackResult(*group_by_pack_with_lengths(seq, pack_of_pos, n_packs, run_ends))
     offsets, order = group_by_pack(seq, pack_of_pos, n_packs)
     del seq, pack_of_pos  # before the caller's next step: order is all that is kept
     return PackResult(offsets, order)
@@ -190,14 +197,16 @@ def pack_stats(lengths, result: PackResult, capacity, image_counts=None, pack_to
         capacity)), ``lower_bound`` (ceil(tokens / capacity)), ``packs_over_lower_bound``
         (packs - lower_bound), ``max_pack_tokens``, ``items_per_pack`` {mean, max, min} and, when
         ``image_counts`` is given, ``images`` and ``images_per_pack`` {mean, max, min, std}.
-        ``pack_tokens`` (tokens per pack) may be passed when the caller has summed them already.
+        ``pack_tokens`` (tokens per pack) may be passed when the caller has summed them already (the
+        total is then theirs: O(packs), no pass over ``lengths``).
     """
     lengths = np.asarray(lengths)  # int32 or int64; summed in int64, never copied
-    tokens = int(lengths.sum(dtype=np.int64))
+    per_pack_tokens = result.pack_sums(lengths) if pack_tokens is None else np.asarray(pack_tokens)
+    # every item in one pack: the tokens given per pack are the items' (O(packs), no pass over the lengths)
+    tokens = int((lengths if pack_tokens is None else per_pack_tokens).sum(dtype=np.int64))
     capacity = int(capacity)
     packs = result.n_packs
     lower = -(-tokens // capacity)
-    per_pack_tokens = result.pack_sums(lengths) if pack_tokens is None else np.asarray(pack_tokens)
     stats = {
         "packs": packs,
         "items": result.n_items,

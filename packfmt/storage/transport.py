@@ -30,7 +30,6 @@ out before fsspec sees the options. Worst case for a server that never answers: 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import random
@@ -289,6 +288,8 @@ class Remote:
         if self.local:
             return getattr(self.fs, method)(*args, **kw)
         if self.async_impl:  # the coroutine on the back end's loop, cancelled at the deadline
+            import asyncio  # here: a local open imports this module (check_mirror), asyncio and ssl cost it 0.02 s
+
             fut = asyncio.run_coroutine_threadsafe(getattr(self.fs, "_" + method)(*args, **kw), self.fs.loop)
             try:
                 return fut.result(deadline)
