@@ -319,6 +319,8 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.spans.map_member(m, local)
         except BaseException:
             self.spans.unmap_member(m)  # nothing half-mapped stays
+            for index in self.sharded:  # its rows, readied by the fetch, leave with it: deleted below (their pages
+                index.release_shard(m)  # punched), they are checked (and fetched) again when it comes back
             os.close(fd)
             with self.node.budget.transaction() as tx:  # nothing half-fetched or refused stays (unless held elsewhere)
                 if not self.node.delete(tx, m) and reserved and tx.state(m) == RESERVED:
