@@ -30,6 +30,8 @@ SLOW_FILES = {
     "test_storage_window.py": "a real S3-protocol server (moto), two shuffled epochs of 200 members streamed, ~2 min",
     "test_storage_shards_stream.py": "a real S3-protocol server (moto); a global index's ~100 shards written, uploaded "
                                      "and streamed by 2 ranks with window=2, 0 and 2 workers, ~2 min",
+    "test_storage_nodes_proof.py": "a real S3-protocol server (moto) behind 4 capped proxies: 4 nodes x 2 rank "
+                                   "processes x 2 DataLoader workers stream ~150 shards, an epoch and a resume, ~2 min",
     "test_copy.py": "a real S3-protocol server (moto) on 127.0.0.1: packfmt cp round trips, refusals, a stopped upload",
     "test_energon.py": "Megatron-Energon's prepare and loader over exported shards",
     "test_torch_train_example.py": "torchrun with two CPU ranks training a tiny model",

@@ -18,7 +18,8 @@ order: members on disk no process holds (the one this process's plan needs furth
 recently used on the node), then this process's own members that no batch in flight holds, furthest next use first.
 Each process keeps what it holds idle within its share of the budget, ``(limit - fixed) / processes``, so one
 process's prefetch can never starve another's batch. A batch whose members alone do not fit waits for others to let
-go, then fails with an error naming the limit to raise.
+go, then fails with an error naming the limit to raise. Only one batch of the node at a time waits for room while it
+holds part of its members (``ensure_all``): the readers never wait in a circle, each holding part of its batch.
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ __all__ = ["StreamedMembers", "WAIT_ENV"]
 
 #: Seconds a batch waits for room other processes of the node hold before it fails (``$PACKFMT_CACHE_WAIT``).
 WAIT_ENV, WAIT_S = "PACKFMT_CACHE_WAIT", 600.0
+#: Seconds a batch waits for room while it holds the members it took already, before it asks for the node's turn to
+#: go on waiting (``ensure_all``).
+PATIENCE_S = 1.0
+
+
+class _NoRoom(Exception):
+    """No room for member ``member`` (``need`` bytes) within a batch's patience (``ensure_all``)."""
+
+    def __init__(self, member: int, need: int | None) -> None:
+        super().__init__(member, need)
+        self.member, self.need = member, need
 
 
 class StreamedMembers(Holdings, ResidentMembers):
@@ -133,8 +145,7 @@ class StreamedMembers(Holdings, ResidentMembers):
         members = [int(m) for m in np.unique(member)]
         self.pin(members)
         try:
-            for m in members:
-                self.ensure(m)
+            self.ensure_all(members)
             if seg.shape[0]:
                 i = self.doc_base[member] + seg[:, 0] - np.asarray(self.coll.doc_start)[member]
                 length = self.doc_offsets[i + 1] - self.doc_offsets[i]
@@ -192,6 +203,42 @@ class StreamedMembers(Holdings, ResidentMembers):
 
     def ensure(self, m: int) -> None:
         """Member ``m`` fetched (if absent) and mapped; waits for a fetch in flight in another thread."""
+        self._ensure(m, None)
+
+    def ensure_all(self, members: list) -> None:
+        """``members`` (one batch's, pinned by the caller) fetched if absent and mapped, all of them.
+
+        Taken one by one, a batch that waits for room holds those it took; if the readers of a node could all do so,
+        each could hold part of its batch and wait for room that the others hold, none ever going on (4 DataLoader
+        workers of a node with room for 8 shards did, each batch needing up to 4). So a batch waits so for
+        ``PATIENCE_S`` only; then it takes the node's turn (``NodeCache.turn``) and waits on, holding them. When
+        another batch has the turn, it lets go of the members only it holds here (they stay on the disk, where a
+        process that needs room may delete them), waits for the turn holding none of them, and begins again. Until
+        ``$PACKFMT_CACHE_WAIT``, then the ``StorageError`` naming the limit."""
+        deadline = time.monotonic() + self.wait_s
+        turn = None
+        try:
+            while True:
+                try:
+                    for m in members:
+                        self._ensure(m, None if turn is not None else PATIENCE_S)
+                    return
+                except _NoRoom as no:
+                    turn = self.node.turn(None)
+                    if turn is not None:
+                        continue  # (what the batch holds is kept: it waits on with the turn)
+                    with self.cond:
+                        for m in members:
+                            if m in self.resident and self.pinned.get(m) == 1:  # (one an outer batch holds stays)
+                                self.let_go(m)
+                    turn = self.node.turn(deadline)
+                    if turn is None:
+                        raise self._no_room(no.member, no.need) from None
+        finally:
+            if turn is not None:
+                os.close(turn)
+
+    def _ensure(self, m: int, patience: float | None) -> None:
         with self.cond:
             if m not in self.resident:
                 self.waits += 1
@@ -203,12 +250,13 @@ class StreamedMembers(Holdings, ResidentMembers):
             if m in self.resident:
                 return
             self.failed.pop(m, None)
-        self.fetch(m, before=None)
+        self.fetch(m, before=None, patience=patience)
 
-    def fetch(self, m: int, before: int | None) -> bool:
+    def fetch(self, m: int, before: int | None, patience: float | None = None) -> bool:
         """Member ``m`` onto the node's disk (if absent), checked and mapped here. ``before``: a prefetch for plan
         position ``before``, which makes room only from members next used later than that and gives up (False) when
-        they do not make it."""
+        they do not make it. ``patience``: seconds a batch's fetch waits for room, then ``_NoRoom`` (None: until
+        ``$PACKFMT_CACHE_WAIT``, then the ``StorageError``)."""
         with self.cond:
             while before is None and m in self.fetching:  # the prefetcher took it meanwhile: wait for its end
                 self.cond.wait()
@@ -217,11 +265,12 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.fetching.add(m)
             self.cond.notify_all()  # (a prefetch thread waits for another's claim before fetching past it)
         try:
-            done = self._bring(m, before)
+            done = self._bring(m, before, patience)
         except BaseException as exc:
             with self.cond:
                 self.fetching.discard(m)
-                self.failed[m] = exc
+                if not isinstance(exc, _NoRoom):  # (not a failure of the member: the prefetch may still fetch it)
+                    self.failed[m] = exc
                 self.cond.notify_all()
             raise
         with self.cond:
@@ -229,11 +278,12 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.cond.notify_all()
         return done
 
-    def _bring(self, m: int, before: int | None) -> bool:
+    def _bring(self, m: int, before: int | None, patience: float | None = None) -> bool:
         """``fetch``'s work: held (pinned, counted), on disk, checked, mapped; False when a prefetch gave up."""
         local = self.node.mirror_dir(m)
         raw = files = None
         deadline = time.monotonic() + self.wait_s
+        give_up = None if patience is None else time.monotonic() + patience
         while True:
             state, need = None, None
             with self.node.budget.transaction() as tx:
@@ -259,6 +309,8 @@ class StreamedMembers(Holdings, ResidentMembers):
                 continue
             if time.monotonic() > deadline:
                 raise self._no_room(m, need)
+            if need is not None and give_up is not None and time.monotonic() > give_up:
+                raise _NoRoom(m, need)  # (no room, rather than a fetch in flight elsewhere, which ends by itself)
             time.sleep(0.02)  # another process is fetching it, or holds the room: it lets go within its share
         try:
             if raw is None:
@@ -269,6 +321,8 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.spans.map_member(m, local)
         except BaseException:
             self.spans.unmap_member(m)  # nothing half-mapped stays
+            for index in self.sharded:  # its rows, readied by the fetch, leave with it: deleted below (their pages
+                index.release_shard(m)  # punched), they are checked (and fetched) again when it comes back
             os.close(fd)
             with self.node.budget.transaction() as tx:  # nothing half-fetched or refused stays (unless held elsewhere)
                 if not self.node.delete(tx, m) and reserved and tx.state(m) == RESERVED:

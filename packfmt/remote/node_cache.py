@@ -11,6 +11,10 @@ What the bound covers, in allocated blocks (``storage.budget.disk_bytes``: a 100
   bookkeeping), and its rows of each layout index read shard by shard (pages, with the two it may share);
 - reserved before the first byte of a member is written (``reserve``), so downloads in flight are inside the bound.
 
+One batch of the node at a time may wait for room while it holds part of its members: the one with the node's *turn*
+(``turn``, a lock on a file beside the ledger); another that must wait lets go of what it took first and waits for
+the turn (``members.StreamedMembers.ensure_all``), so the readers never wait for each other in a circle.
+
 A member on disk that no process holds (its pin free) may be deleted by any process that needs room, whole: files,
 manifest, markers, lock files, pin and folders, and its rows punched out of the sparse index files. Deleting happens
 inside a ledger transaction, and pins are only taken inside one, so no process can pin a member while another
@@ -23,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import os
 import posixpath
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +62,8 @@ class NodeCache:
         digest = xxhash.xxh3_64_hexdigest(coll.manifest_bytes)
         self.budget = Budget(V.state_dir(self.root, coll.path) / f".packfmt-budget-{digest}", len(self.dirs),
                              members.limit)
+        self.turn_path = self.budget.path.with_name(self.budget.path.name + ".turn")
+        self.turn_path.touch()  # (before ``update_fixed``: counted with the ledger)
         with self.budget.transaction() as tx:
             if self.budget.fresh:
                 self.adopt(tx)
@@ -142,6 +149,21 @@ class NodeCache:
                     seen.add(str(a))
                     total += disk_bytes([a])
         return total
+
+    # -- the node's turn to wait for room holding part of a batch
+    def turn(self, until: float | None) -> int | None:
+        """The node's turn (an exclusive ``flock``, its descriptor: close it to give the turn back), or None when
+        another process or thread has it: at once (``until`` None), or still at ``time.monotonic()`` ``until``."""
+        fd = os.open(self.turn_path, os.O_RDWR | os.O_CREAT, 0o644)  # (one a call: threads exclude each other too)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if until is None or time.monotonic() > until:
+                    os.close(fd)
+                    return None
+                time.sleep(0.02)
 
     # -- pins (taken and let go inside a transaction only)
     def take_pin(self, m: int) -> int:

@@ -206,8 +206,8 @@ class ShardedIndex(PackIndex):
         members = self._members
         members.pin(shards)
         try:
+            members.ensure_all(shards)  # all resident (waiting for room holding none): their fetches readied their rows
             for k in shards:
-                members.ensure(k)  # member k resident: its fetch readied its rows (``StreamedMembers.fetch``)
                 self.ensure_shard(k)
             yield
         finally:

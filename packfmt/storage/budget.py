@@ -5,7 +5,8 @@ so they share one budget: ``cache_limit`` bytes of the folder, for the dataset's
 indexes, logs: ``fixed``), whatever else the folder held when the ledger was made (``other``), and its items (the
 members of a collection, each with its bookkeeping and its rows of a layout's index). The ledger is one small file
 that every process maps (``Budget``); every change to it is made inside ``transaction()``, under an exclusive
-``flock`` of that file, so the count is the node's, not a process's:
+``flock`` of that file, so the count is the node's, not a process's (and under a thread lock: the threads of a
+process share its descriptor, and a ``flock`` one of them takes or lets go of is every one's):
 
 - an item is ``ABSENT``, ``RESERVED`` (a process is fetching it: its bytes counted before the first byte is
   written, so an in-flight download is inside the bound) or ``PRESENT`` (on disk, counted once however many
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,6 +88,8 @@ class Budget:
         self._mm = mm
         self.slot, self._slot_fd = self._take_slot()
         self.mine: set[int] = set()  # items this object reserved and has not committed or dropped
+        self._threads = threading.RLock()  # one transaction of this process at a time (``transaction``)
+        self._depth = 0
         close_in_child(self)  # a forked child does not hold this process's slot
 
     # -- process slots
@@ -134,12 +138,20 @@ class Budget:
     # -- the one way in
     @contextmanager
     def transaction(self):
-        """The ledger locked for this process (other processes wait): a ``Transaction`` to read and change it."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
-            yield Transaction(self)
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        """The ledger locked for this thread (other processes and this process's other threads wait): a
+        ``Transaction`` to read and change it. The ``flock`` alone would not keep out a second thread (one descriptor:
+        its lock is already this process's), and the first to leave would let go of it under the other, opening the
+        ledger to every process of the node while that thread still reads and changes it."""
+        with self._threads:
+            if not self._depth:  # (a transaction inside one of the same thread: the outer one holds the lock)
+                fcntl.flock(self.fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield Transaction(self)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def close(self, _close=os.close) -> None:  # _close: still bound at interpreter shutdown
         fd, self._slot_fd = getattr(self, "_slot_fd", None), None
