@@ -18,8 +18,14 @@ class _Plan:
 
 
 class _Tx:
+    def __init__(self, wanted=()) -> None:
+        self.leased = set(wanted)  # members another process of the node reads soon (their want lease)
+
     def present(self) -> np.ndarray:  # on the node's disk, least recently used first
         return np.array([1, 2, 3, 4], dtype=np.int64)
+
+    def wanted(self, items) -> np.ndarray:
+        return np.array([int(m) in self.leased for m in items], dtype=bool)
 
 
 def _holdings(plan) -> Holdings:
@@ -40,3 +46,12 @@ def test_without_a_plan_a_prefetch_deletes_nothing():
     h = _holdings(None)
     assert h._unheld_order(_Tx(), None) == [1, 2, 3, 4]  # least recently used first
     assert h._unheld_order(_Tx(), 10) == []
+
+
+def test_what_another_process_reads_soon_is_deleted_last_and_never_for_a_prefetch():
+    """Member 4 is never read again here, but a sibling DataLoader worker leased it (it reads it next): a batch's
+    own fetch deletes it only after every member no process wants; a prefetch never does."""
+    h = _holdings(_Plan())
+    assert h._unheld_order(_Tx(wanted={4}), None) == [2, 3, 1, 4]
+    assert h._unheld_order(_Tx(wanted={4}), 10) == [2, 3]
+    assert _holdings(None)._unheld_order(_Tx(wanted={1}), None) == [2, 3, 4, 1]

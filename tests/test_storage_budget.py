@@ -177,3 +177,15 @@ def test_disk_bytes_counts_allocated_blocks(tmp_path, size):
     f = tmp_path / "f"
     f.write_bytes(b"x" * size)
     assert disk_bytes([f]) == os.stat(f).st_blocks * 512 and disk_bytes([tmp_path / "missing"]) == 0
+
+
+def test_a_want_lease_is_seen_by_every_process_and_lapses(tmp_path):
+    import time
+
+    path = tmp_path / "ledger"
+    a, b = Budget(path, 4, LIMIT), Budget(path, 4, LIMIT)
+    with a.transaction() as tx:
+        tx.want([1, 3], time.monotonic_ns() + 60 * 10**9)
+        tx.want([2], time.monotonic_ns() - 1)  # lapsed already
+    with b.transaction() as tx:
+        assert tx.wanted([0, 1, 2, 3]).tolist() == [False, True, False, True]

@@ -30,6 +30,9 @@ from ..storage.budget import PRESENT
 __all__ = ["Holdings", "resident_bound"]
 
 _NEVER = np.iinfo(np.int64).max
+#: A reader renews its want leases at most this often (after a batch, and once a second from its prefetch threads);
+#: a lease lasts ``LEASE_S``, so a slow step keeps them and a dead reader's lapse.
+ANNOUNCE_S, LEASE_S = 0.25, 30.0
 
 
 class Holdings:
@@ -38,6 +41,7 @@ class Holdings:
     ``most``, ``cond``."""
 
     _live: tuple[float, int] = (0.0, 1)
+    _announced: float = 0.0
 
     def make_room(self, tx, need: int, before: int | None, member: int) -> bool:
         """Room for ``need`` more bytes (member ``member``) in the node's budget and in this process's share, and one
@@ -119,15 +123,37 @@ class Holdings:
         mine = np.fromiter(self.resident, dtype=np.int64, count=len(self.resident)) if self.resident else None
         if mine is not None:
             present = present[~np.isin(present, mine)]
-        if self.plan is not None and present.size:
+        if not present.size:
+            return []
+        wanted = tx.wanted(present)  # another process (or this one) reads it soon: deleted last, and by no prefetch
+        if self.plan is not None:
             nxt = self.plan.next_use(present)
-            order = np.argsort(-nxt, kind="stable")
+            order = np.lexsort((-nxt, wanted))  # not wanted first; furthest next use here first within each
             if before is not None:
-                order = order[nxt[order] > before]
+                order = order[(nxt[order] > before) & ~wanted[order]]
             present = present[order]
         elif before is not None:
             return []  # without a plan no prefetch runs; nothing to judge by
+        else:
+            present = present[np.argsort(wanted, kind="stable")]  # least recently used on the node within each
         return present.tolist()
+
+    def announce(self, force: bool = False) -> None:
+        """Lease the members of this process's plan lookahead in the node's ledger (``Budget``'s ``want``): the other
+        processes of the node then make room from members no process reads soon before these (without it, a shard a
+        DataLoader worker was done with was deleted first even when its sibling read it next: fetched 3-5 times by
+        one node). At most every ``ANNOUNCE_S``. The caller does not hold ``cond`` (the ledger's lock is taken
+        before ``cond`` everywhere: ``make_room`` runs inside a transaction)."""
+        with self.cond:
+            now = time.monotonic()
+            if self.plan is None or (not force and now - self._announced < ANNOUNCE_S):
+                return
+            self._announced = now
+            lookahead = getattr(self, "prefetch_lookahead", 4096)
+            members = np.unique(np.fromiter((m for _, m in self.plan.upcoming(lookahead)), dtype=np.int64))
+        if members.size:
+            with self.node.budget.transaction() as tx:
+                tx.want(members, time.monotonic_ns() + int(LEASE_S * 1e9))
 
     def _held_bytes(self, tx) -> int:
         """Bytes of what this process holds (its members on disk, as the ledger counts them)."""

@@ -200,6 +200,7 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.trim()
             self.moves += 1
             self.cond.notify_all()
+        self.announce()  # (outside cond: the ledger's lock comes first)
 
     def ensure(self, m: int) -> None:
         """Member ``m`` fetched (if absent) and mapped; waits for a fetch in flight in another thread."""

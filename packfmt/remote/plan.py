@@ -108,6 +108,7 @@ def start(stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndar
         for _ in range(threads - len(stream.prefetchers)):
             _add_thread(stream)
         stream.cond.notify_all()
+    stream.announce(force=True)
 
 
 def grow(stream) -> None:
@@ -136,6 +137,7 @@ def _run(ref, lookahead: int) -> None:
         moves = stream.moves
         step = _step(stream, lookahead)
         if step is not True:
+            stream.announce()  # (before cond: the ledger's lock comes first)
             with stream.cond:
                 stream.trim()
                 if step is _NO_ROOM:  # only a batch done here (or another process, which a second stands for) makes

@@ -8,6 +8,8 @@ that every process maps (``Budget``); every change to it is made inside ``transa
 ``flock`` of that file, so the count is the node's, not a process's (and under a thread lock: the threads of a
 process share its descriptor, and a ``flock`` one of them takes or lets go of is every one's):
 
+- an item may carry a *want* lease: some process reads it soon (the members of its plan's lookahead, renewed
+  while it reads), so that room is made from items no process wants before those another process needs next;
 - an item is ``ABSENT``, ``RESERVED`` (a process is fetching it: its bytes counted before the first byte is
   written, so an in-flight download is inside the bound) or ``PRESENT`` (on disk, counted once however many
   processes read it);
@@ -27,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,7 +40,7 @@ from .inherited import close_in_child
 __all__ = ["ABSENT", "RESERVED", "PRESENT", "Budget", "Transaction", "disk_bytes"]
 
 ABSENT, RESERVED, PRESENT = 0, 1, 2
-_MAGIC = b"PFBUDGT1"
+_MAGIC = b"PFBUDGT2"  # 2: each item's ``want`` lease
 _HEADER = 64  # magic, items, fixed, other, clock (int64 each after the magic), padding
 _SLOTS = 4096  # processes of one node reading one dataset at once, at most
 
@@ -62,7 +65,7 @@ class Budget:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.pid = os.getpid()
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        size = _HEADER + self.items * (1 + 2 + 8 + 8)
+        size = _HEADER + self.items * (1 + 2 + 8 + 8 + 8)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             head = os.pread(self.fd, _HEADER, 0)
@@ -85,6 +88,8 @@ class Budget:
         self.nbytes = mm[at:at + 8 * n].view(np.int64)
         at += 8 * n
         self.last = mm[at:at + 8 * n].view(np.int64)
+        at += 8 * n
+        self.want = mm[at:at + 8 * n].view(np.int64)  # CLOCK_MONOTONIC ns until which some process will read it
         self._mm = mm
         self.slot, self._slot_fd = self._take_slot()
         self.mine: set[int] = set()  # items this object reserved and has not committed or dropped
@@ -250,6 +255,17 @@ class Transaction:
         b = self.b
         b._head[4] += 1
         b.last[np.asarray(items, dtype=np.int64)] = b._head[4]
+
+    def want(self, items, until_ns: int) -> None:
+        """Some process of the node reads ``items`` soon: a lease until ``until_ns`` (``time.monotonic_ns``, one
+        clock for the node's processes), which its reader renews while it reads; a dead reader's lapses."""
+        b = self.b
+        items = np.asarray(items, dtype=np.int64)
+        b.want[items] = np.maximum(b.want[items], int(until_ns))
+
+    def wanted(self, items) -> np.ndarray:
+        """bool: which of ``items`` some process of the node reads soon (its lease not lapsed)."""
+        return self.b.want[np.asarray(items, dtype=np.int64)] > time.monotonic_ns()
 
     def present(self) -> np.ndarray:
         """int64: the items on disk, least recently used first."""
