@@ -122,12 +122,17 @@ def shm_namespaces() -> bool:
 
 
 class DiskPeak:
-    """Allocated bytes (``st_blocks``) under each node's cache folder, sampled every ``period`` seconds in a thread;
-    ``peak[q]``: the most seen for node ``q``, ``at_peak[q]``: those bytes by file name (digits as ``#``)."""
+    """Bytes on disk under each node's cache folder, sampled every ``period`` seconds in a thread; ``peak[q]``: the
+    most seen for node ``q``, ``at_peak[q]``: those bytes by file name (digits as ``#``), ``walk_peak[q]``: the most a
+    walk of the folder counted. A folder that is a mount of its own (``mount_tmpfs``) is measured by ``statvfs``, at
+    one instant: a walk is not (a member deleted after the walk counted it and another written before the walk
+    reaches it are both counted, up to a member more than was ever on the disk at once)."""
 
     def __init__(self, folders: list[Path], period: float = 0.01) -> None:
         self.folders, self.period = folders, period
+        self.mounted = [os.path.ismount(f) for f in folders]
         self.peak = [0] * len(folders)
+        self.walk_peak = [0] * len(folders)
         self.at_peak: list[dict] = [{} for _ in folders]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="disk-peak")
@@ -137,7 +142,9 @@ class DiskPeak:
         while not self._stop.is_set():
             for q, folder in enumerate(self.folders):
                 kinds: dict = {}
-                total = allocated(folder, kinds)
+                walked = allocated(folder, kinds)
+                self.walk_peak[q] = max(self.walk_peak[q], walked)
+                total = used_bytes(folder) if self.mounted[q] else walked
                 if total > self.peak[q]:
                     self.peak[q], self.at_peak[q] = total, kinds
             self._stop.wait(self.period)
@@ -149,6 +156,31 @@ class DiskPeak:
 
 
 _DIGITS = str.maketrans("0123456789", "#" * 10)
+
+
+def used_bytes(mount: Path) -> int:
+    """Bytes in use on the file system mounted at ``mount`` (one ``statvfs``: one instant)."""
+    st = os.statvfs(mount)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def mount_tmpfs(folders: list[Path], nbytes: int) -> list[Path]:
+    """A tmpfs of ``nbytes`` mounted at each of ``folders`` (made), when this process may mount (root); the
+    folders mounted (unmount them with ``unmount``)."""
+    if os.geteuid() != 0:
+        return []
+    done = []
+    for f in folders:
+        f.mkdir(parents=True, exist_ok=True)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(nbytes)}", "tmpfs", str(f)],
+                          capture_output=True).returncode == 0:
+            done.append(f)
+    return done
+
+
+def unmount(folders: list[Path]) -> None:
+    for f in folders:
+        subprocess.run(["umount", "-l", str(f)], capture_output=True)
 
 
 def allocated(folder: Path, kinds: dict | None = None) -> int:
