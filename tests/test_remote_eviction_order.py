@@ -55,3 +55,24 @@ def test_what_another_process_reads_soon_is_deleted_last_and_never_for_a_prefetc
     assert h._unheld_order(_Tx(wanted={4}), None) == [2, 3, 1, 4]
     assert h._unheld_order(_Tx(wanted={4}), 10) == [2, 3]
     assert _holdings(None)._unheld_order(_Tx(wanted={1}), None) == [2, 3, 4, 1]
+
+
+def test_a_prefetch_without_room_keeps_the_checked_manifest_for_its_next_try(monkeypatch):
+    """A prefetch that found no room keeps the member's checked manifest (``KEPT_MANIFESTS`` at most, the oldest
+    dropped), and the next try takes it instead of requesting it again (it was a request loop)."""
+    import threading
+    from collections import OrderedDict
+
+    from packfmt.remote import members as M
+    from packfmt.remote.member_fetch import member_manifest
+
+    monkeypatch.setattr(M, "KEPT_MANIFESTS", 3)
+    s = M.StreamedMembers.__new__(M.StreamedMembers)
+    s.cond, s.manifests = threading.Condition(), OrderedDict()
+    for m in range(5):
+        s._keep_manifest(m, b"raw%d" % m, {"f": m})
+    assert list(s.manifests) == [2, 3, 4]
+    s.coll, s.digests, s.url = None, [0] * 5, "s3://b/c"
+    s.member_url = lambda m: f"s3://b/c/m{m}"
+    assert member_manifest(s, 3, None) == (b"raw3", {"f": 3})  # no request: the kept one, taken
+    assert 3 not in s.manifests

@@ -53,6 +53,8 @@ __all__ = ["StreamedMembers", "WAIT_ENV"]
 
 #: Seconds a batch waits for room other processes of the node hold before it fails (``$PACKFMT_CACHE_WAIT``).
 WAIT_ENV, WAIT_S = "PACKFMT_CACHE_WAIT", 600.0
+#: Checked manifests a process keeps of members a prefetch found no room for (their next try requests nothing).
+KEPT_MANIFESTS = 256
 #: Seconds a batch waits for room while it holds the members it took already, before it asks for the node's turn to
 #: go on waiting (``ensure_all``).
 PATIENCE_S = 1.0
