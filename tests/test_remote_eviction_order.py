@@ -57,6 +57,32 @@ def test_what_another_process_reads_soon_is_deleted_last_and_never_for_a_prefetc
     assert _holdings(None)._unheld_order(_Tx(wanted={1}), None) == [2, 3, 4, 1]
 
 
+def test_a_lease_this_process_no_longer_needs_is_given_back_when_it_makes_room(tmp_path):
+    """Member 4 is never read again here and this process leased it (its plan read it): making room gives the
+    lease back and deletes it, without waiting for the next renewal (a lease that outlived its reads kept a fast
+    reader's whole cache wanted: no prefetch found room). A sibling's later lease on it is kept."""
+    import time
+    from types import SimpleNamespace
+
+    from packfmt.storage.budget import Budget
+
+    for sibling, expected in ((False, [4, 2, 3]), (True, [2, 3])):
+        budget = Budget(tmp_path / f"ledger{sibling}", 5, 10**9)
+        until = time.monotonic_ns() + 60 * 10**9
+        with budget.transaction() as tx:
+            for m in (1, 2, 3, 4):
+                tx.reserve(m, 10)
+                tx.commit(m, 10)
+            tx.want([4], until)
+            if sibling:
+                tx.want([4], until + 10**9)  # renewed after this process's lease
+        h = _holdings(_Plan())
+        h.node, h._leased = SimpleNamespace(budget=budget), (np.array([4]), until)
+        with budget.transaction() as tx:
+            assert h._unheld_order(tx, 10) == expected
+            assert tx.wanted([4]).tolist() == [sibling]
+
+
 def test_a_prefetch_without_room_keeps_the_checked_manifest_for_its_next_try(monkeypatch):
     """A prefetch that found no room keeps the member's checked manifest (``KEPT_MANIFESTS`` at most, the oldest
     dropped), and the next try takes it instead of requesting it again (it was a request loop)."""
@@ -70,9 +96,9 @@ def test_a_prefetch_without_room_keeps_the_checked_manifest_for_its_next_try(mon
     s = M.StreamedMembers.__new__(M.StreamedMembers)
     s.cond, s.manifests = threading.Condition(), OrderedDict()
     for m in range(5):
-        s._keep_manifest(m, b"raw%d" % m, {"f": m})
+        s._keep_manifest(m, (b"raw%d" % m, {"f": m}, {}))
     assert list(s.manifests) == [2, 3, 4]
     s.coll, s.digests, s.url = None, [0] * 5, "s3://b/c"
     s.member_url = lambda m: f"s3://b/c/m{m}"
-    assert member_manifest(s, 3, None) == (b"raw3", {"f": 3})  # no request: the kept one, taken
+    assert member_manifest(s, 3, None) == (b"raw3", {"f": 3}, {})  # no request: the kept one, taken
     assert 3 not in s.manifests

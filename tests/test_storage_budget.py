@@ -189,3 +189,47 @@ def test_a_want_lease_is_seen_by_every_process_and_lapses(tmp_path):
         tx.want([2], time.monotonic_ns() - 1)  # lapsed already
     with b.transaction() as tx:
         assert tx.wanted([0, 1, 2, 3]).tolist() == [False, True, False, True]
+
+
+def test_a_lease_given_back_ends_unless_another_process_renewed_it(tmp_path):
+    """``unwant``: the leases a process took until ``t`` end now; one another process renewed since (a later lease)
+    stays, so a reader done with a shard never takes back its sibling's claim on it."""
+    import time
+
+    path = tmp_path / "ledger"
+    a, b = Budget(path, 4, LIMIT), Budget(path, 4, LIMIT)
+    mine = time.monotonic_ns() + 60 * 10**9
+    with a.transaction() as tx:
+        tx.want([0, 1, 2], mine)
+    with b.transaction() as tx:
+        tx.want([2], mine + 10**9)  # b reads member 2 too, and renewed it after a
+    with a.transaction() as tx:
+        tx.unwant([0, 1, 2], mine)
+    with b.transaction() as tx:
+        assert tx.wanted([0, 1, 2, 3]).tolist() == [False, False, True, False]
+
+
+def test_try_transaction_gives_none_while_another_thread_or_process_holds_the_ledger(tmp_path):
+    import threading
+
+    path = tmp_path / "ledger"
+    a, b = Budget(path, 4, LIMIT), Budget(path, 4, LIMIT)
+    with a.transaction():
+        with b.try_transaction() as tx:
+            assert tx is None  # another process (another description of the file) holds its flock
+        inside, held, done = threading.Event(), [], threading.Event()
+
+        def other_thread():
+            with a.try_transaction() as tx:
+                held.append(tx)
+            done.set()
+
+        threading.Thread(target=other_thread).start()
+        assert done.wait(10) and held == [None]  # this process's other thread: not let in beside this one
+        with a.try_transaction() as tx:  # the same thread, inside its own: as transaction() does
+            assert tx is not None
+    with b.try_transaction() as tx:
+        assert tx is not None
+        tx.reserve(1, 10)
+    with a.transaction() as tx:
+        assert tx.state(1) == RESERVED

@@ -42,6 +42,7 @@ class Holdings:
 
     _live: tuple[float, int] = (0.0, 1)
     _announced: float = 0.0
+    _leased: tuple | None = None  # (the members this process leased last, until when): ``announce``
 
     def make_room(self, tx, need: int, before: int | None, member: int) -> bool:
         """Room for ``need`` more bytes (member ``member``) in the node's budget and in this process's share, and one
@@ -128,6 +129,11 @@ class Holdings:
         wanted = tx.wanted(present)  # another process (or this one) reads it soon: deleted last, and by no prefetch
         if self.plan is not None:
             nxt = self.plan.next_use(present)
+            if self._leased is not None:  # this process's own leases of what it no longer reads go now, not at its
+                done = wanted & (nxt == _NEVER) & (self.node.budget.want[present] <= self._leased[1])  # next renewal
+                if done.any():  # (a renewal a second later left a fast reader's whole cache wanted meanwhile)
+                    tx.unwant(present[done], self._leased[1])
+                    wanted &= ~done
             order = np.lexsort((-nxt, wanted))  # not wanted first; furthest next use here first within each
             if before is not None:
                 order = order[(nxt[order] > before) & ~wanted[order]]
@@ -138,22 +144,37 @@ class Holdings:
             present = present[np.argsort(wanted, kind="stable")]  # least recently used on the node within each
         return present.tolist()
 
-    def announce(self, force: bool = False) -> None:
+    def announce(self, force: bool = False, wait: bool = True) -> None:
         """Lease the members of this process's plan lookahead in the node's ledger (``Budget``'s ``want``): the other
         processes of the node then make room from members no process reads soon before these (without it, a shard a
         DataLoader worker was done with was deleted first even when its sibling read it next: fetched 3-5 times by
-        one node). At most every ``ANNOUNCE_S``. The caller does not hold ``cond`` (the ledger's lock is taken
-        before ``cond`` everywhere: ``make_room`` runs inside a transaction)."""
+        one node). Members this process leased and no longer reads (read for the last time, or its plan dropped) are
+        given back at once (``unwant``; one another process leased since stays): a lease that outlived its reads
+        kept every member read in the last ``LEASE_S`` wanted, and with small members that was the whole cache, so
+        no prefetch found room (100 KiB shards: a third of the batches waited for a demand fetch). At most every
+        ``ANNOUNCE_S``; ``wait=False`` (after a batch) only if the ledger is free now (a prefetch thread renews them
+        within a second otherwise: a batch waited behind evictions). The caller does not hold ``cond`` (the ledger's
+        lock is taken before ``cond`` everywhere: ``make_room`` runs inside a transaction)."""
         with self.cond:
-            now = time.monotonic()
-            if self.plan is None or (not force and now - self._announced < ANNOUNCE_S):
+            if (self.plan is None and self._leased is None) or (
+                    not force and time.monotonic() - self._announced < ANNOUNCE_S):
                 return
-            self._announced = now
             lookahead = getattr(self, "prefetch_lookahead", 4096)
-            members = np.unique(np.fromiter((m for _, m in self.plan.upcoming(lookahead)), dtype=np.int64))
-        if members.size:
-            with self.node.budget.transaction() as tx:
-                tx.want(members, time.monotonic_ns() + int(LEASE_S * 1e9))
+            members = np.unique(np.fromiter((m for _, m in (self.plan.upcoming(lookahead) if self.plan is not None
+                                                              else ())), dtype=np.int64))
+        until = time.monotonic_ns() + int(LEASE_S * 1e9)
+        budget = self.node.budget
+        with (budget.transaction() if wait else budget.try_transaction()) as tx:
+            if tx is None:
+                return
+            self._announced = time.monotonic()  # (thread-exclusive inside a transaction, as is ``_leased``)
+            if self._leased is not None:
+                gone = np.setdiff1d(self._leased[0], members, assume_unique=True)
+                if gone.size:
+                    tx.unwant(gone, self._leased[1])
+            if members.size:
+                tx.want(members, until)
+            self._leased = (members, until) if members.size else None
 
     def _held_bytes(self, tx) -> int:
         """Bytes of what this process holds (its members on disk, as the ledger counts them)."""

@@ -158,6 +158,30 @@ class Budget:
                 if not self._depth:
                     fcntl.flock(self.fd, fcntl.LOCK_UN)
 
+    @contextmanager
+    def try_transaction(self):
+        """``transaction()`` when the ledger is free now, else ``None`` at once (for work that may wait for the next
+        chance, such as renewing leases after a batch: a batch never waits behind another thread's eviction)."""
+        if not self._threads.acquire(blocking=False):
+            yield None
+            return
+        try:
+            if not self._depth:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield None
+                    return
+            self._depth += 1
+            try:
+                yield Transaction(self)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
     def close(self, _close=os.close) -> None:  # _close: still bound at interpreter shutdown
         fd, self._slot_fd = getattr(self, "_slot_fd", None), None
         if fd is not None:
@@ -262,6 +286,14 @@ class Transaction:
         b = self.b
         items = np.asarray(items, dtype=np.int64)
         b.want[items] = np.maximum(b.want[items], int(until_ns))
+
+    def unwant(self, items, until_ns: int) -> None:
+        """The process that leased ``items`` until ``until_ns`` no longer reads them: their leases end now, unless
+        another process renewed one since (a later lease: it stays; ``want`` keeps the latest of them)."""
+        b = self.b
+        items = np.asarray(items, dtype=np.int64)
+        items = items[b.want[items] <= int(until_ns)]
+        b.want[items] = 0
 
     def wanted(self, items) -> np.ndarray:
         """bool: which of ``items`` some process of the node reads soon (its lease not lapsed)."""
