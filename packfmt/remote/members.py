@@ -95,7 +95,7 @@ class StreamedMembers(Holdings, ResidentMembers):
         self.claimed: set[int] = set()  # members a prefetch thread is fetching (from before their manifest is read)
         self.waits = 0  # batches' members that were not here when needed (a demand fetch, or one in flight)
         self.moves = 0  # batches done here: a prefetch that found no room tries again after one (or after a second)
-        self.manifests: OrderedDict[int, tuple[bytes, dict]] = OrderedDict()  # checked manifests of members absent
+        self.manifests: OrderedDict[int, tuple] = OrderedDict()  # checked manifests (and rows read) of members absent
         self.wait_s = float(os.environ.get(WAIT_ENV) or WAIT_S)
         self.node = NodeCache(self)
         close_in_child(self)  # a forked worker holds none of this process's pins
@@ -202,7 +202,7 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.trim()
             self.moves += 1
             self.cond.notify_all()
-        self.announce()  # (outside cond: the ledger's lock comes first)
+        self.announce(wait=False)  # (outside cond: the ledger's lock comes first)
 
     def ensure(self, m: int) -> None:
         """Member ``m`` fetched (if absent) and mapped; waits for a fetch in flight in another thread."""
@@ -284,7 +284,7 @@ class StreamedMembers(Holdings, ResidentMembers):
     def _bring(self, m: int, before: int | None, patience: float | None = None) -> bool:
         """``fetch``'s work: held (pinned, counted), on disk, checked, mapped; False when a prefetch gave up."""
         local = self.node.mirror_dir(m)
-        raw = files = None
+        raw = files = rows = None
         deadline = time.monotonic() + self.wait_s
         give_up = None if patience is None else time.monotonic() + patience
         while True:
@@ -305,10 +305,10 @@ class StreamedMembers(Holdings, ResidentMembers):
                         fd, reserved = self.node.take_pin(m), True
                         break
                     if before is not None:  # a prefetch never waits for room; it keeps what it read for its
-                        self._keep_manifest(m, raw, files)  # next try (``plan._run``: after a batch or a second)
+                        self._keep_manifest(m, (raw, files, rows))  # next try (``plan._run``: after a batch or a second)
                         return False
             if state == ABSENT and raw is None:
-                raw, files = member_manifest(self, m, local)  # C3 first: nothing it lists is requested before
+                raw, files, rows = member_manifest(self, m, local)  # C3 first: nothing it lists is requested before
                 continue
             if time.monotonic() > deadline:
                 raise self._no_room(m, need)
@@ -317,8 +317,8 @@ class StreamedMembers(Holdings, ResidentMembers):
             time.sleep(0.02)  # another process is fetching it, or holds the room: it lets go within its share
         try:
             if raw is None:
-                raw, files = member_manifest(self, m, local)
-            fetch_member(self, m, local, raw, files)  # (a member on disk: a stat per file)
+                raw, files, rows = member_manifest(self, m, local)
+            fetch_member(self, m, local, raw, files, rows)  # (a member on disk: a stat per file)
             store = Store(local)  # its offsets checked (V13)
             self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
             self.spans.map_member(m, local)
@@ -339,9 +339,9 @@ class StreamedMembers(Holdings, ResidentMembers):
                 self.stores[m] = store
         return True
 
-    def _keep_manifest(self, m: int, raw: bytes, files: dict) -> None:
+    def _keep_manifest(self, m: int, known: tuple) -> None:
         with self.cond:
-            self.manifests[m] = (raw, files)
+            self.manifests[m] = known
             self.manifests.move_to_end(m)
             while len(self.manifests) > KEPT_MANIFESTS:
                 self.manifests.popitem(last=False)

@@ -27,7 +27,6 @@ sampler), and each shard's rows are compared with it when both are there.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -46,6 +45,7 @@ from ..mapped import map_file
 from ..storage import verify as V
 from ..storage.cache import log_download
 from ..storage.errors import storage_errors
+from ..storage.in_flight import together
 from ..storage.ranges import read_range
 from ..storage.transport import remote
 
@@ -250,23 +250,37 @@ class ShardedIndex(PackIndex):
                 done += punch_hole(fd, start, end)
         return done
 
-    def ensure_shard(self, k: int) -> None:
+    def ensure_shard(self, k: int, rows=None) -> None:
         """Shard ``k``'s rows checked in this process (see the module doc); called while member ``k`` is fetched or
-        resident in this process (``StreamedMembers.fetch``, ``held``)."""
+        resident in this process (``StreamedMembers.fetch``, ``held``). ``rows``: ``read_rows(k)``'s, read by the
+        caller beside the member's manifest (used when the file does not hold them). No lock is held while the
+        rows are requested: a release of another shard of the same lock waits for no round trip."""
         if self._ready[k]:
             return
-        with self._locks[k % len(self._locks)]:
+        p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
+        lock = self._locks[k % len(self._locks)]
+        with lock:
             if self._ready[k]:
                 return
-            p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
-            po, segs = self.pack_offsets[p0:p1 + 1], self.segments[d0:d1]
-            if not R.matches(k, po, segs, self.digests):  # not in the file yet (or damaged there): fetched
-                po, segs = self._fetch_rows(k, p0, p1, d0, d1)
-            pt = self._pack_tokens
-            self._check(k, po, segs, pt)
-            self._ready[k] = True
-            if pt is None and self._pack_tokens is not None:  # loaded meanwhile, maybe after it went over the ready
-                self._check_ready(k, self._pack_tokens)
+            if R.matches(k, self.pack_offsets[p0:p1 + 1], self.segments[d0:d1], self.digests):
+                self._ready_now(k, self.pack_offsets[p0:p1 + 1], self.segments[d0:d1])
+                return
+        po, segs = rows if rows is not None else self.read_rows(k)  # (not in the file yet, or damaged there)
+        with lock:
+            if self._ready[k]:
+                return
+            self._ready_now(k, po, segs, write_at=(p0, d0))  # checked before it reaches the file
+
+    def _ready_now(self, k: int, po: np.ndarray, segs: np.ndarray, write_at=None) -> None:
+        """Shard ``k``'s rows ``po`` and ``segs`` checked, then (``write_at``: their first rows ``(p0, d0)``; else they
+        are in the file) written into the sparse files, and ready (the caller holds its lock)."""
+        pt = self._pack_tokens
+        self._check(k, po, segs, pt)
+        if write_at is not None:
+            self._write_rows(k, po, segs, *write_at)
+        self._ready[k] = True
+        if pt is None and self._pack_tokens is not None:  # loaded meanwhile, maybe after it went over the ready ones
+            self._check(k, po, segs, self._pack_tokens)
 
     def _check_ready(self, k: int, pack_tokens) -> None:
         """Shard ``k``'s rows, in the file and checked already, against ``pack_tokens`` (unless member ``k`` left
@@ -282,25 +296,36 @@ class ShardedIndex(PackIndex):
         R.check_rows(k, po, segs, self.c, self.d, self.digests, self.capacity, int(self._tokens_bound[k]), pack_tokens,
                      self.url)
 
-    def _fetch_rows(self, k: int, p0: int, p1: int, d0: int, d1: int):
-        """Shard ``k``'s rows from the bucket, checked against their digests, then written into the sparse files."""
-        f = self._members.fetcher
-        got = {}
-        for fname, a, b in ((F.PACK_OFFSETS, 8 * p0, 8 * (p1 + 1)), (F.SEGMENTS, 24 * d0, 24 * d1)):
-            got[fname] = read_range(self.url + fname, a, b, f.so)
-        po = np.frombuffer(got[F.PACK_OFFSETS], dtype=F.OFFSET_DTYPE)
-        segs = np.frombuffer(got[F.SEGMENTS], dtype=F.OFFSET_DTYPE).reshape(-1, F.SEGMENT_COLUMNS)
-        self._check(k, po, segs, self._pack_tokens)  # nothing unchecked reaches the file
-        for fname, a in ((F.PACK_OFFSETS, 8 * p0), (F.SEGMENTS, 24 * d0)):
-            data = got[fname]
+    def rows_missing(self, k: int) -> bool:
+        """Whether shard ``k``'s rows are neither ready here nor in the file (a fetch of member ``k`` requests them)."""
+        if self._ready[k]:
+            return False
+        p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
+        return not R.matches(k, self.pack_offsets[p0:p1 + 1], self.segments[d0:d1], self.digests)
+
+    def read_rows(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shard ``k``'s rows of ``pack_offsets.bin`` and ``segments.bin`` from the bucket (two ranged GETs at once),
+        not checked yet (``ensure_shard`` checks them before they reach the file)."""
+        p0, p1, d0, d1 = R.rows_of(k, self.c, self.d)
+        so = self._members.fetcher.so
+        po, segs = together([lambda: read_range(self.url + F.PACK_OFFSETS, 8 * p0, 8 * (p1 + 1), so),
+                             lambda: read_range(self.url + F.SEGMENTS, 24 * d0, 24 * d1, so)])
+        return (np.frombuffer(po, dtype=F.OFFSET_DTYPE),
+                np.frombuffer(segs, dtype=F.OFFSET_DTYPE).reshape(-1, F.SEGMENT_COLUMNS))
+
+    def _write_rows(self, k: int, po: np.ndarray, segs: np.ndarray, p0: int, d0: int) -> None:
+        """Shard ``k``'s checked rows into the sparse files (counted in ``fetched_rows`` and ``downloads.log``)."""
+        n = 0
+        for fname, rows, at in ((F.PACK_OFFSETS, po, 8 * p0), (F.SEGMENTS, segs, 24 * d0)):
+            data = memoryview(np.ascontiguousarray(rows)).cast("B")
             done = 0
             while done < len(data):
-                done += os.pwrite(self._fds[fname], memoryview(data)[done:], a + done)
-        n = sum(len(v) for v in got.values())
+                done += os.pwrite(self._fds[fname], data[done:], at + done)
+            n += len(data)
         with self._lock:
             self.fetched_rows += n
+        f = self._members.fetcher
         log_download(f.root, {"url": self.url, "bytes": n, "pid": os.getpid(), "why": f"rows of shard {k}"})
-        return po, segs
 
     def pack_segments(self, p: int) -> np.ndarray:
         """A copy of pack ``p``'s segment rows (a view could outlive the shard's rows in the cache)."""

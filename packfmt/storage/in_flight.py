@@ -1,4 +1,5 @@
-"""Members of a remote collection fetched several at once (``remote.mirror.mirror_dataset``), in member order.
+"""Requests run at once: members of a remote collection fetched several at once (``remote.mirror.mirror_dataset``), in
+member order (``in_order``); the few requests of one step, each a round trip, overlapped (``together``).
 
 A whole fetch of a collection (``packfmt.open(url)`` without ``stream=True``, ``fetch_dataset``) costs each member a
 few round trips to the object store (its manifest, then each file: one ranged GET for a small one). One after
@@ -11,11 +12,12 @@ member order would raise first: the lowest member that fails among those started
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-__all__ = ["MEMBERS_ENV", "MEMBERS_IN_FLIGHT", "members_in_flight", "env_count", "in_order"]
+__all__ = ["MEMBERS_ENV", "MEMBERS_IN_FLIGHT", "members_in_flight", "env_count", "in_order", "together"]
 
 #: Members of a collection fetched at once by a whole fetch. Memory: each may hold ``download.RANGES_IN_FLIGHT``
 #: chunks of 8 MiB of the file it is fetching (8 x 4 x 8 MiB = 256 MiB at most; a small member holds its bytes).
@@ -66,3 +68,56 @@ def in_order(fn: Callable[[int], object], n: int, k: int) -> None:
             for f in pending:
                 f.cancel()
             raise
+
+
+#: Threads of the process-wide pool that ``together`` runs requests on (each mostly waits for a round trip).
+TOGETHER_THREADS = 64
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_inside = threading.local()  # set in the pool's threads: a nested ``together`` runs its calls in its own thread
+
+
+def together(calls: list) -> list:
+    """The results of ``calls`` (callables without arguments), run at once: the first in this thread, the others on a
+    process-wide pool (one request's round trip waits beside the others'; no thread started per call). Once every
+    call ended, the first exception in ``calls``' order is raised. A call already running on the pool runs a nested
+    ``together`` one call after another in its own thread (a pool whose threads all wait for calls queued behind
+    them would never go on)."""
+    if len(calls) <= 1 or getattr(_inside, "yes", False):
+        return [c() for c in calls]
+    pool = _shared_pool()
+    futures = [pool.submit(_marked, c) for c in calls[1:]]
+    out, first = [None] * len(calls), None
+    try:
+        out[0] = calls[0]()
+    except BaseException as exc:  # noqa: BLE001 - raised below, once the others ended
+        first = exc
+    for i, f in enumerate(futures, 1):
+        try:
+            out[i] = f.result()
+        except BaseException as exc:  # noqa: BLE001
+            first = first or exc
+    if first is not None:
+        raise first
+    return out
+
+
+def _marked(call):
+    _inside.yes = True
+    return call()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(TOGETHER_THREADS, thread_name_prefix="packfmt-request")
+        return _pool
+
+
+def _forget_pool() -> None:  # a forked child has none of its parent's threads: it starts its own pool when it needs one
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
