@@ -140,6 +140,17 @@ def test_a_4xx_is_not_retried(data, proxy, cache, s3_server):
     assert proxy.requests - before <= 2  # the GET, and s3fs' own HEAD of a missing key: never tried again
 
 
+def test_an_s3_back_end_keeps_enough_connections_for_the_requests_in_flight(s3_server):  # noqa: F811
+    """botocore's pool of 10 connections queued a streamed read's requests (16 members in flight, 3-5 requests
+    each) behind each other's round trips; packfmt asks for ``POOL_CONNECTIONS``, and a caller's own value wins."""
+    from packfmt.storage.transport import POOL_CONNECTIONS, remote
+
+    fs, _ = remote(f"s3://{BUCKET}/x", {})
+    assert fs.fs.config_kwargs["max_pool_connections"] == POOL_CONNECTIONS
+    fs, _ = remote(f"s3://{BUCKET}/x", {"config_kwargs": {"max_pool_connections": 3}})
+    assert fs.fs.config_kwargs["max_pool_connections"] == 3
+
+
 def test_settings_from_storage_options_win_and_bad_values_name_the_setting(monkeypatch):
     monkeypatch.setenv(TIMEOUT_ENV, "5")
     monkeypatch.delenv(RETRIES_ENV, raising=False)

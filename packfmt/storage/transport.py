@@ -52,6 +52,10 @@ TIMEOUT_S = 30.0
 #: Retries after the first attempt.
 RETRIES = 4
 BACKOFF_S, BACKOFF_CAP_S = 0.25, 8.0
+#: Connections one process keeps open to an S3 endpoint (botocore's ``max_pool_connections``, default 10). A streamed
+#: read keeps up to 16 members in flight, each 3-5 requests at once (``remote.plan``, ``remote.member_fetch``): with
+#: 10 connections the requests queued behind each other's round trips (100 KiB shards at 75 ms: a third of the rate).
+POOL_CONNECTIONS = 64
 #: Deadlines a listing of many pages gets (``find``: 1,000 keys a page on S3).
 LIST_UNITS = 100
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
@@ -110,8 +114,8 @@ def policy_of(storage_options: dict | None = None) -> Policy:
 
 
 def _backend_options(url: str, so: dict, policy: Policy) -> dict:
-    """fsspec's options for ``url``: the caller's, and for ``s3://`` botocore's timeouts set to the policy's and its
-    own retries off (packfmt's count); a value the caller set is kept (an instance made with these options is
+    """fsspec's options for ``url``: the caller's, and for ``s3://`` botocore's timeouts set to the policy's, its own
+    retries off (packfmt's count) and ``POOL_CONNECTIONS`` connections; a value the caller set is kept (an instance made with these options is
     packfmt's: fsspec caches one per distinct set of options)."""
     out = fsspec_options(so)
     if _is_s3(url):
@@ -119,6 +123,7 @@ def _backend_options(url: str, so: dict, policy: Policy) -> dict:
         config.setdefault("connect_timeout", policy.timeout)
         config.setdefault("read_timeout", policy.timeout)
         config.setdefault("retries", {"total_max_attempts": 1})
+        config.setdefault("max_pool_connections", POOL_CONNECTIONS)
         out["config_kwargs"] = config
     return out
 
