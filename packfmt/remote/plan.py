@@ -16,6 +16,7 @@ to fetching on demand. ``packfmt.torch.prefetch`` gives a ``PackedDataset`` its 
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 import weakref
 
@@ -112,11 +113,14 @@ def start(stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndar
 
 
 def grow(stream) -> None:
-    """A batch waits for a member the plan has: one more prefetch thread, up to ``stream.prefetch_most`` (the caller
+    """A batch waits for a member the plan has: twice the prefetch threads, up to ``stream.prefetch_most`` (the caller
     holds ``stream.cond``). Members whose requests are round trips more than bytes (small ones, a link with latency)
-    need many in flight to fill the link, large ones few; each wait adds one, so the count settles where batches
-    stop waiting. The cache limit bounds the bytes in flight whatever the count (a thread without room waits)."""
-    if stream.plan is not None and len(stream.prefetchers) < getattr(stream, "prefetch_most", 0):
+    need many in flight to fill the link, large ones few; each wait doubles the count, so it reaches the one where
+    batches stop waiting within a few batches (one more a wait took a hundred: 100 KiB shards at 75 ms a round
+    trip). The cache limit bounds the bytes in flight whatever the count (a thread without room waits)."""
+    if stream.plan is None:
+        return
+    for _ in range(min(len(stream.prefetchers), getattr(stream, "prefetch_most", 0) - len(stream.prefetchers))):
         _add_thread(stream)
 
 
@@ -152,6 +156,9 @@ def _step(stream, lookahead: int):
     not fit, False when there was nothing to do."""
     todo = None
     with stream.cond:
+        moves, gate = stream.moves, getattr(stream, "no_room", None)
+        if gate is not None and gate[0] == moves and time.monotonic() - gate[1] < 1.0:
+            return _NO_ROOM  # another thread found none since the last batch: the plan's next member fits no better
         plan = stream.plan
         for p, m in (plan.upcoming(lookahead) if plan is not None else ()):
             if m in stream.resident or m in stream.fetching or m in stream.failed:
@@ -164,6 +171,7 @@ def _step(stream, lookahead: int):
     if todo is None:
         return False
     p, m = todo
+    done = True
     try:
         done = stream.fetch(m, before=p)
     except Exception:  # noqa: BLE001 - the batch that needs it fetches it again and reports the error
@@ -171,5 +179,7 @@ def _step(stream, lookahead: int):
     finally:
         with stream.cond:
             stream.claimed.discard(m)
+            if not done:  # (16 threads each trying again after every batch kept the node's ledger busy)
+                stream.no_room = (moves, time.monotonic())
             stream.cond.notify_all()
     return True if done else _NO_ROOM
