@@ -191,22 +191,29 @@ def test_a_want_lease_is_seen_by_every_process_and_lapses(tmp_path):
         assert tx.wanted([0, 1, 2, 3]).tolist() == [False, True, False, True]
 
 
-def test_a_lease_given_back_ends_unless_another_process_renewed_it(tmp_path):
-    """``unwant``: the leases a process took until ``t`` end now; one another process renewed since (a later lease)
-    stays, so a reader done with a shard never takes back its sibling's claim on it."""
+def test_a_lease_given_back_ends_unless_another_process_holds_one_too(tmp_path):
+    """``unwant``: this process's leases end now; an item another process leased too stays wanted (whichever leased
+    last), so a reader done with a shard never takes back its sibling's claim on it. A process that takes a dead
+    one's slot does not inherit its leases."""
     import time
 
     path = tmp_path / "ledger"
     a, b = Budget(path, 4, LIMIT), Budget(path, 4, LIMIT)
     mine = time.monotonic_ns() + 60 * 10**9
+    with b.transaction() as tx:
+        tx.want([2, 3], mine - 10**9)  # b reads members 2 and 3 too (its lease the earlier one)
     with a.transaction() as tx:
         tx.want([0, 1, 2], mine)
+        assert tx.leased_here([0, 1, 2, 3]).tolist() == [True, True, True, False]
+        tx.unwant([0, 1, 2])
     with b.transaction() as tx:
-        tx.want([2], mine + 10**9)  # b reads member 2 too, and renewed it after a
-    with a.transaction() as tx:
-        tx.unwant([0, 1, 2], mine)
-    with b.transaction() as tx:
-        assert tx.wanted([0, 1, 2, 3]).tolist() == [False, False, True, False]
+        assert tx.wanted([0, 1, 2, 3]).tolist() == [False, False, True, True]
+    slot = b.slot
+    b.close()
+    c = Budget(path, 4, LIMIT)  # b's slot, reused
+    assert c.slot == slot
+    with c.transaction() as tx:
+        assert tx.wanted([0, 1, 2, 3]).tolist() == [False, False, False, False]
 
 
 def test_try_transaction_gives_none_while_another_thread_or_process_holds_the_ledger(tmp_path):
@@ -217,7 +224,7 @@ def test_try_transaction_gives_none_while_another_thread_or_process_holds_the_le
     with a.transaction():
         with b.try_transaction() as tx:
             assert tx is None  # another process (another description of the file) holds its flock
-        inside, held, done = threading.Event(), [], threading.Event()
+        held, done = [], threading.Event()
 
         def other_thread():
             with a.try_transaction() as tx:

@@ -40,9 +40,18 @@ from .inherited import close_in_child
 __all__ = ["ABSENT", "RESERVED", "PRESENT", "Budget", "Transaction", "disk_bytes"]
 
 ABSENT, RESERVED, PRESENT = 0, 1, 2
-_MAGIC = b"PFBUDGT2"  # 2: each item's ``want`` lease
+_MAGIC = b"PFBUDGT3"  # 2: each item's ``want`` lease; 3: and which processes hold it (``wanters``)
 _HEADER = 64  # magic, items, fixed, other, clock (int64 each after the magic), padding
 _SLOTS = 4096  # processes of one node reading one dataset at once, at most
+
+
+#: The bit of ``wanters`` a slot's process sets when it leases an item: slot k < 63 its own (given back with
+#: ``unwant``), every later slot the last one, shared (its leases only lapse: giving one back could end another's).
+_SHARED_BIT = np.uint64(1 << 63)
+
+
+def _bit(slot: int) -> np.uint64:
+    return np.uint64(1 << slot) if slot < 63 else _SHARED_BIT
 
 
 def disk_bytes(paths) -> int:
@@ -65,7 +74,7 @@ class Budget:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.pid = os.getpid()
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        size = _HEADER + self.items * (1 + 2 + 8 + 8 + 8)
+        size = _HEADER + self.items * (1 + 2 + 8 + 8 + 8 + 8)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             head = os.pread(self.fd, _HEADER, 0)
@@ -90,12 +99,18 @@ class Budget:
         self.last = mm[at:at + 8 * n].view(np.int64)
         at += 8 * n
         self.want = mm[at:at + 8 * n].view(np.int64)  # CLOCK_MONOTONIC ns until which some process will read it
+        at += 8 * n
+        self.wanters = mm[at:at + 8 * n].view(np.uint64)  # the processes that leased it: one bit a slot (``_bit``)
         self._mm = mm
         self.slot, self._slot_fd = self._take_slot()
         self.mine: set[int] = set()  # items this object reserved and has not committed or dropped
         self._threads = threading.RLock()  # one transaction of this process at a time (``transaction``)
         self._depth = 0
         close_in_child(self)  # a forked child does not hold this process's slot
+        self.bit = _bit(self.slot)
+        if self.bit != _SHARED_BIT:  # a dead process's leases under this slot are not this one's
+            with self.transaction():
+                self.wanters &= ~self.bit
 
     # -- process slots
     def _slot_path(self, k: int) -> Path:
@@ -286,18 +301,26 @@ class Transaction:
         b = self.b
         items = np.asarray(items, dtype=np.int64)
         b.want[items] = np.maximum(b.want[items], int(until_ns))
+        b.wanters[items] |= b.bit
 
-    def unwant(self, items, until_ns: int) -> None:
-        """The process that leased ``items`` until ``until_ns`` no longer reads them: their leases end now, unless
-        another process renewed one since (a later lease: it stays; ``want`` keeps the latest of them)."""
+    def unwant(self, items) -> None:
+        """This process no longer reads ``items``: its leases of them end now; an item another process leased too
+        stays wanted (slots past the first 63 share one bit, which only lapses)."""
         b = self.b
         items = np.asarray(items, dtype=np.int64)
-        items = items[b.want[items] <= int(until_ns)]
-        b.want[items] = 0
+        if b.bit == _SHARED_BIT or not items.size:
+            return
+        b.wanters[items] &= ~b.bit
+        b.want[items[b.wanters[items] == 0]] = 0
+
+    def leased_here(self, items) -> np.ndarray:
+        """bool: which of ``items`` this process leased (and has not given back)."""
+        return (self.b.wanters[np.asarray(items, dtype=np.int64)] & self.b.bit) != 0
 
     def wanted(self, items) -> np.ndarray:
         """bool: which of ``items`` some process of the node reads soon (its lease not lapsed)."""
-        return self.b.want[np.asarray(items, dtype=np.int64)] > time.monotonic_ns()
+        items = np.asarray(items, dtype=np.int64)
+        return (self.b.want[items] > time.monotonic_ns()) & (self.b.wanters[items] != 0)
 
     def present(self) -> np.ndarray:
         """int64: the items on disk, least recently used first."""
