@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ..collection import lazy_members
-from ..storage.budget import PRESENT
+from ..storage.budget import PRESENT, RESERVED
 
 __all__ = ["Holdings", "resident_bound"]
 
@@ -42,7 +42,7 @@ class Holdings:
 
     _live: tuple[float, int] = (0.0, 1)
     _announced: float = 0.0
-    _leased: tuple | None = None  # (the members this process leased last, until when): ``announce``
+    _leased: np.ndarray | None = None  # the members this process leased last (``announce``)
 
     def make_room(self, tx, need: int, before: int | None, member: int) -> bool:
         """Room for ``need`` more bytes (member ``member``) in the node's budget and in this process's share, and one
@@ -129,11 +129,10 @@ class Holdings:
         wanted = tx.wanted(present)  # another process (or this one) reads it soon: deleted last, and by no prefetch
         if self.plan is not None:
             nxt = self.plan.next_use(present)
-            if self._leased is not None:  # this process's own leases of what it no longer reads go now, not at its
-                done = wanted & (nxt == _NEVER) & (self.node.budget.want[present] <= self._leased[1])  # next renewal
-                if done.any():  # (a renewal a second later left a fast reader's whole cache wanted meanwhile)
-                    tx.unwant(present[done], self._leased[1])
-                    wanted &= ~done
+            done = wanted & (nxt == _NEVER)  # this process's own leases of what it no longer reads go now, not
+            if done.any():  # at its next renewal (a second later: a fast reader's whole cache stayed wanted meanwhile)
+                tx.unwant(present[done])
+                wanted = tx.wanted(present)  # (another process's lease stays)
             order = np.lexsort((-nxt, wanted))  # not wanted first; furthest next use here first within each
             if before is not None:
                 order = order[(nxt[order] > before) & ~wanted[order]]
@@ -149,7 +148,7 @@ class Holdings:
         processes of the node then make room from members no process reads soon before these (without it, a shard a
         DataLoader worker was done with was deleted first even when its sibling read it next: fetched 3-5 times by
         one node). Members this process leased and no longer reads (read for the last time, or its plan dropped) are
-        given back at once (``unwant``; one another process leased since stays): a lease that outlived its reads
+        given back at once (``unwant``; one another process leased too stays wanted): a lease that outlived its reads
         kept every member read in the last ``LEASE_S`` wanted, and with small members that was the whole cache, so
         no prefetch found room (100 KiB shards: a third of the batches waited for a demand fetch). At most every
         ``ANNOUNCE_S``; ``wait=False`` (after a batch) only if the ledger is free now (a prefetch thread renews them
@@ -160,8 +159,8 @@ class Holdings:
                     not force and time.monotonic() - self._announced < ANNOUNCE_S):
                 return
             lookahead = getattr(self, "prefetch_lookahead", 4096)
-            members = np.unique(np.fromiter((m for _, m in (self.plan.upcoming(lookahead) if self.plan is not None
-                                                              else ())), dtype=np.int64))
+            members = (self.plan.upcoming_members(lookahead) if self.plan is not None
+                       else np.empty(0, dtype=np.int64))
         until = time.monotonic_ns() + int(LEASE_S * 1e9)
         budget = self.node.budget
         with (budget.transaction() if wait else budget.try_transaction()) as tx:
@@ -169,17 +168,20 @@ class Holdings:
                 return
             self._announced = time.monotonic()  # (thread-exclusive inside a transaction, as is ``_leased``)
             if self._leased is not None:
-                gone = np.setdiff1d(self._leased[0], members, assume_unique=True)
+                gone = np.setdiff1d(self._leased, members, assume_unique=True)
                 if gone.size:
-                    tx.unwant(gone, self._leased[1])
+                    tx.unwant(gone)
             if members.size:
                 tx.want(members, until)
-            self._leased = (members, until) if members.size else None
+            self._leased = members if members.size else None
 
     def _held_bytes(self, tx) -> int:
-        """Bytes of what this process holds (its members on disk, as the ledger counts them)."""
+        """Bytes of what this process holds: its members on disk, and those it is fetching (their reservations), as
+        the ledger counts them. (Without the ones in flight, 16 prefetch threads a process each reserved past its
+        share, and the batches of the node's other processes then deleted members still wanted: fetched again.)"""
         b = self.node.budget
         held = [m for m in self.resident if b.state[m] == PRESENT]
+        held += [m for m in b.mine if b.state[m] == RESERVED]
         return int(b.nbytes[held].sum()) if held else 0
 
     def _processes(self) -> int:

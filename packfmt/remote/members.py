@@ -37,22 +37,20 @@ from ..collection.vmap import Reserved, batch_segments
 from ..errors import FormatError
 from ..reader import Store
 from ..storage import uri
-from ..storage.budget import ABSENT, PRESENT, RESERVED
 from ..storage.cache import Fetcher
-from ..storage.errors import StorageError, storage_errors
+from ..storage.errors import storage_errors
 from ..storage.inherited import close_in_child
 from ..storage.transport import remote
 from .eviction import Holdings, resident_bound
 from .member_fetch import fetch_member, member_manifest
 from .mirror import mirror_collection_files
 from .node_cache import NodeCache
-from .plan import grow
 from .pack_mirror import mirror_pack, refuse_materialized
+from .plan import grow
+from .room import WAIT_ENV, WAIT_S, Room, _NoRoom
 
 __all__ = ["StreamedMembers", "WAIT_ENV"]
 
-#: Seconds a batch waits for room other processes of the node hold before it fails (``$PACKFMT_CACHE_WAIT``).
-WAIT_ENV, WAIT_S = "PACKFMT_CACHE_WAIT", 600.0
 #: Checked manifests a process keeps of members a prefetch found no room for (their next try requests nothing).
 KEPT_MANIFESTS = 256
 #: Seconds a batch waits for room while it holds the members it took already, before it asks for the node's turn to
@@ -60,15 +58,7 @@ KEPT_MANIFESTS = 256
 PATIENCE_S = 1.0
 
 
-class _NoRoom(Exception):
-    """No room for member ``member`` (``need`` bytes) within a batch's patience (``ensure_all``)."""
-
-    def __init__(self, member: int, need: int | None) -> None:
-        super().__init__(member, need)
-        self.member, self.need = member, need
-
-
-class StreamedMembers(Holdings, ResidentMembers):
+class StreamedMembers(Holdings, Room, ResidentMembers):
     """Which members of a collection this process holds mapped; fetches, pins and lets go of them (thread-safe)."""
 
     def __init__(self, coll, url: str, fetcher: Fetcher, limit: int | None, packs: dict[str, bytes]) -> None:
@@ -78,7 +68,8 @@ class StreamedMembers(Holdings, ResidentMembers):
         self.spans = Reserved(coll)  # every member's spans, nothing mapped
         self.doc_offsets, self.doc_base = self.spans.doc_offsets, self.spans.doc_base
         self.digests = coll.members.digests  # C3, recorded: checked before a member's files are requested
-        self.cond = threading.Condition()
+        self.cond = threading.Condition(threading.RLock())  # batches wait on it (members fetched, pins freed)
+        self.work = threading.Condition(self.cond._lock)  # prefetch threads wait on it (same lock): woken one at a time
         self.resident: dict[int, int] = {}  # member -> the descriptor of its pin (held while mapped here)
         self.stores: dict[int, object] = {}  # resident member with images -> its Store (image files mapped)
         self.fetching: set[int] = set()  # members this process is bringing in
@@ -202,6 +193,7 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.trim()
             self.moves += 1
             self.cond.notify_all()
+            self.work.notify()  # (one prefetch thread tries; if it fetches, the next is woken: ``_bring``)
         self.announce(wait=False)  # (outside cond: the ledger's lock comes first)
 
     def ensure(self, m: int) -> None:
@@ -266,7 +258,6 @@ class StreamedMembers(Holdings, ResidentMembers):
             if m in self.resident or m in self.fetching:
                 return True
             self.fetching.add(m)
-            self.cond.notify_all()  # (a prefetch thread waits for another's claim before fetching past it)
         try:
             done = self._bring(m, before, patience)
         except BaseException as exc:
@@ -282,55 +273,46 @@ class StreamedMembers(Holdings, ResidentMembers):
         return done
 
     def _bring(self, m: int, before: int | None, patience: float | None = None) -> bool:
-        """``fetch``'s work: held (pinned, counted), on disk, checked, mapped; False when a prefetch gave up."""
+        """``fetch``'s work: held (pinned, counted), on disk, checked, mapped; False when a prefetch gave up.
+
+        Room is reserved first, for what the collection's record says the member takes (``NodeCache.estimate``), so
+        that only the process that will fetch it requests its manifest (with its rows: ``member_manifest``); the
+        reservation is then made exact from the checked manifest (more room for image files, which the record does
+        not count: or begin again with the exact size)."""
         local = self.node.mirror_dir(m)
-        raw = files = rows = None
+        known = None  # (raw, files, rows): the member's checked manifest, its files, its rows read with it
         deadline = time.monotonic() + self.wait_s
         give_up = None if patience is None else time.monotonic() + patience
         while True:
-            state, need = None, None
-            with self.node.budget.transaction() as tx:
-                state = tx.state(m)
-                if state == RESERVED and not tx.fetching_elsewhere(m):
-                    self.node.reclaim(tx)  # its reserver died
-                    state = tx.state(m)
-                if state == PRESENT:
-                    fd, reserved = self.node.take_pin(m), False
-                    tx.touch([m])
-                    break
-                if state == ABSENT and raw is not None:
-                    need = self.node.footprint(m, files, len(raw))
-                    if self.make_room(tx, need, before, m):
-                        tx.reserve(m, need)
-                        fd, reserved = self.node.take_pin(m), True
-                        break
-                    if before is not None:  # a prefetch never waits for room; it keeps what it read for its
-                        self._keep_manifest(m, (raw, files, rows))  # next try (``plan._run``: after a batch or a second)
-                        return False
-            if state == ABSENT and raw is None:
-                raw, files, rows = member_manifest(self, m, local)  # C3 first: nothing it lists is requested before
-                continue
-            if time.monotonic() > deadline:
-                raise self._no_room(m, need)
-            if need is not None and give_up is not None and time.monotonic() > give_up:
-                raise _NoRoom(m, need)  # (no room, rather than a fetch in flight elsewhere, which ends by itself)
-            time.sleep(0.02)  # another process is fetching it, or holds the room: it lets go within its share
-        try:
-            if raw is None:
-                raw, files, rows = member_manifest(self, m, local)
-            fetch_member(self, m, local, raw, files, rows)  # (a member on disk: a stat per file)
-            store = Store(local)  # its offsets checked (V13)
-            self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
-            self.spans.map_member(m, local)
-        except BaseException:
-            self.spans.unmap_member(m)  # nothing half-mapped stays
-            for index in self.sharded:  # its rows, readied by the fetch, leave with it: deleted below (their pages
-                index.release_shard(m)  # punched), they are checked (and fetched) again when it comes back
-            os.close(fd)
-            with self.node.budget.transaction() as tx:  # nothing half-fetched or refused stays (unless held elsewhere)
-                if not self.node.delete(tx, m) and reserved and tx.state(m) == RESERVED:
-                    tx.drop(m)
-            raise
+            got = self._hold_room(m, known, before, deadline, give_up)
+            if before is not None:  # a prefetch: its room is settled, the next prefetch thread may claim past it
+                with self.cond:  # (``plan._step``: members are given room in the plan's order)
+                    self.claimed.discard(m)
+                    if got is not None:
+                        self.work.notify()
+            if got is None:  # a prefetch never waits for room; it keeps what it read for its next try
+                if known is not None:  # (``plan._run``: after a batch or a second)
+                    self._keep_manifest(m, known)
+                return False
+            fd, reserved = got
+            try:
+                if known is None:
+                    known = member_manifest(self, m, local)  # C3 first: nothing it lists is requested before
+                if reserved and not self._resize(m, known, reserved):
+                    self._unreserve(m, fd, reserved)  # (nothing of it fetched yet)
+                    continue
+                raw, files, rows = known
+                fetch_member(self, m, local, raw, files, rows)  # (a member on disk: a stat per file)
+                store = Store(local)  # its offsets checked (V13)
+                self.coll._check_member(m, store)  # C2, C3: the member the collection recorded
+                self.spans.map_member(m, local)
+            except BaseException:
+                self.spans.unmap_member(m)  # nothing half-mapped stays
+                for index in self.sharded:  # its rows, readied by the fetch, leave with it: deleted below (their pages
+                    index.release_shard(m)  # punched), they are checked (and fetched) again when it comes back
+                self._unreserve(m, fd, reserved)
+                raise
+            break
         with self.node.budget.transaction() as tx:
             tx.commit(m, self.node.measured(m))
         with self.cond:
@@ -345,15 +327,6 @@ class StreamedMembers(Holdings, ResidentMembers):
             self.manifests.move_to_end(m)
             while len(self.manifests) > KEPT_MANIFESTS:
                 self.manifests.popitem(last=False)
-
-    def _no_room(self, m: int, need: int | None) -> StorageError:
-        with self.node.budget.transaction() as tx:
-            used = tx.used()
-        return StorageError(f"{self.url}: cache_limit={self.limit:,} bytes could not hold member {m} "
-                            f"({need or 0:,} bytes) within {self.wait_s:.0f} s: the node's processes hold {used:,} "
-                            "bytes for the batches they read. Raise cache_limit= / $PACKFMT_CACHE_LIMIT, use smaller "
-                            f"batches, or wait longer (${WAIT_ENV})", file=self.url, field="cache_limit",
-                            expected=f">= {used + (need or 0):,}", found=self.limit)
 
     def close(self, _close=os.close) -> None:  # _close: still bound at interpreter shutdown
         """Let go of every member held here (their pins) and of the node's ledger; the members stay on the disk."""

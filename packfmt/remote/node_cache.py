@@ -87,14 +87,15 @@ class NodeCache:
 
     def estimate(self, m: int) -> int:
         """Bytes member ``m`` would take on disk, from the collection's record alone (no request): its tokens, loss
-        mask (when the collection has one) and document offsets, one page for its manifest, markers and folders as
-        ``footprint`` counts them, and its rows. Image files are not in the record: not counted."""
+        mask (when the collection has one) and document offsets, one page for its manifest, and the pages
+        ``footprint`` counts beside (the same sum for a member without images: a fetch reserves this before its
+        manifest is read, and makes it exact after), and its rows. Image files are not in the record: not counted."""
         coll = self.members.coll
         tokens, docs = int(coll.members.tokens[m]), int(coll.members.documents[m])
         files = [tokens * np.dtype(coll.np_token_dtype).itemsize, 8 * (docs + 1)]
         if coll.has_loss_mask:
             files.append(tokens)
-        return sum(_up(n) for n in files) + PAGE * (2 * len(files) + 3) + self.rows(m)
+        return sum(_up(n) for n in files) + PAGE + PAGE * (len(files) + 2) + self.rows(m)
 
     def rows(self, m: int) -> int:
         """Pages of member ``m``'s rows of each open layout index (two files each; two pages more for the pages its

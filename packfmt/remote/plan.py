@@ -27,6 +27,7 @@ __all__ = ["Plan", "start", "grow", "FIRST_THREADS", "MOST_THREADS"]
 _NEVER = np.iinfo(np.int64).max
 FIRST_THREADS, MOST_THREADS = 2, 16  # prefetch threads of a process: at first, and at most (``grow``)
 _NO_ROOM = "no room"  # a prefetch that found no room: tried again after a batch is done here, or after a second
+_BLOCKED = "blocked"  # the plan's next member is being given room by another thread: tried again once it has
 
 
 class Plan:
@@ -77,10 +78,20 @@ class Plan:
                 out[i] = p[j]
         return out
 
-    def upcoming(self, limit: int):
-        """``(position, member)`` pairs from the cursor on, at most ``limit`` of them, in read order."""
+    def upcoming(self, limit: int, chunk: int = 64):
+        """``(position, member)`` pairs from the cursor on, at most ``limit`` of them, in read order (made ``chunk``
+        at a time: a prefetch thread mostly stops at one of the first few, and 16 of them look after every batch)."""
         j = int(np.searchsorted(self.pos_sorted, self.cursor))
-        return zip(self.pos_sorted[j:j + limit].tolist(), self.member_by_pos[j:j + limit].tolist())
+        end = min(j + limit, self.pos_sorted.shape[0])
+        while j < end:
+            k = min(j + chunk, end)
+            yield from zip(self.pos_sorted[j:k].tolist(), self.member_by_pos[j:k].tolist())
+            j = k
+
+    def upcoming_members(self, limit: int) -> np.ndarray:
+        """int64: the members of the next ``limit`` pairs (``upcoming``), distinct, sorted."""
+        j = int(np.searchsorted(self.pos_sorted, self.cursor))
+        return np.unique(self.member_by_pos[j:j + limit])
 
     def advance(self, packs: np.ndarray) -> bool:
         """A batch read ``packs``: True when they were the plan's next packs (the cursor moves past them), else
@@ -106,9 +117,11 @@ def start(stream, order: np.ndarray, pack_offsets: np.ndarray, segments: np.ndar
         stream.plan = Plan(stream, order, pack_offsets, segments, shard_of)
         stream.prefetch_lookahead = lookahead
         stream.prefetch_most = max(threads, most or threads, len(stream.prefetchers))
+        stream.moves += 1  # (threads waiting for a batch look at the new plan now)
         for _ in range(threads - len(stream.prefetchers)):
             _add_thread(stream)
         stream.cond.notify_all()
+        stream.work.notify_all()
     stream.announce(force=True)
 
 
@@ -143,17 +156,20 @@ def _run(ref, lookahead: int) -> None:
         if step is not True:
             stream.announce()  # (before cond: the ledger's lock comes first)
             with stream.cond:
-                stream.trim()
-                if step is _NO_ROOM:  # only a batch done here (or another process, which a second stands for) makes
-                    stream.cond.wait_for(lambda: stream.moves != moves, timeout=1.0)  # room: no retry before
-                else:
-                    stream.cond.wait(timeout=1.0)  # until a batch moves the cursor (or frees a pin), or a second passed
+                now = time.monotonic()
+                if now - getattr(stream, "trimmed", 0.0) >= 1.0:  # (once a second, not once a wake of each thread)
+                    stream.trimmed = now
+                    stream.trim()
+                if step is _BLOCKED:  # another thread is reserving the member before: until it has (or a second)
+                    stream.work.wait(timeout=1.0)
+                else:  # no room, or nothing to fetch: only a batch done here (or a new plan) changes that, or another
+                    stream.work.wait_for(lambda: stream.moves != moves, timeout=1.0)  # process (a second stands for it)
         del stream
 
 
 def _step(stream, lookahead: int):
     """Fetch the plan's next member missing here, if any and if it fits: True when it did, ``_NO_ROOM`` when it did
-    not fit, False when there was nothing to do."""
+    not fit, ``_BLOCKED`` when another thread is giving the one before room, False when there was nothing to do."""
     todo = None
     with stream.cond:
         moves, gate = stream.moves, getattr(stream, "no_room", None)
@@ -161,10 +177,10 @@ def _step(stream, lookahead: int):
             return _NO_ROOM  # another thread found none since the last batch: the plan's next member fits no better
         plan = stream.plan
         for p, m in (plan.upcoming(lookahead) if plan is not None else ()):
+            if m in stream.claimed:  # another thread has not reserved its room yet (``members._bring``): nothing
+                return _BLOCKED  # past it before (a later member would take room the earlier one needs: fetched twice)
             if m in stream.resident or m in stream.fetching or m in stream.failed:
                 continue
-            if m in stream.claimed:  # another thread has not reserved its room yet: nothing past it before
-                break  # (a smaller later member would fit where it may not, and be evicted for it: fetched twice)
             todo = (p, m)
             stream.claimed.add(m)
             break
@@ -178,7 +194,9 @@ def _step(stream, lookahead: int):
         done = True
     finally:
         with stream.cond:
-            stream.claimed.discard(m)
+            if m in stream.claimed:  # (not released after a reservation: the thread blocked behind it goes on)
+                stream.claimed.discard(m)
+                stream.work.notify()
             if not done:  # (16 threads each trying again after every batch kept the node's ledger busy)
                 stream.no_room = (moves, time.monotonic())
             stream.cond.notify_all()
