@@ -1,9 +1,9 @@
 """Opening a local pack-ordered layout (``write_shards``) of 10^2-10^4 shards, this checkout beside a baseline.
 
 For each ``--shards`` count N a layout of about N shards is written once (by THIS checkout): a source store of
-``N * --docs`` documents of 1-255 tokens (uint16 ids, one member written by ``write_split_stores``), an ffd pack index ``p`` of capacity ``--capacity``, and
-``write_shards(source, "p", OUT, shard_bytes=S)`` with S the packed token bytes over N (spec/COLLECTION.md §9), so
-the shards are small (a few KiB) and N of them are quick to write. Only OUT is read. Each timed run is a fresh
+``N * --docs`` documents of 1-255 tokens (uint16 ids, one member written by ``write_split_stores``), an ffd pack
+index ``p`` of capacity ``--capacity``, and ``write_shards(source, "p", OUT, shard_bytes=S)`` with S the packed token
+bytes over N (spec/COLLECTION.md §9): shards of a few KiB. Only OUT is read. Each timed run is a fresh
 spawned child (``python -P this --child``, ``PYTHONPATH`` = the code tree) that has imported ``packfmt.torch``
 before the clock starts, then times three stages one after the other, as a training script meets them:
 
@@ -14,8 +14,9 @@ before the clock starts, then times three stages one after the other, as a train
 A stage pays whatever its process meets first (numba's first load of its compiled kernels: LLVM set up, the caches
 read, ~0.25 s on this machine): ``total`` is the three together. Each column is the best of ``--repeat`` children
 (taken column by column) after one untimed child per code tree (the page cache; numba's cache of an exported
-tree). ``--baseline REF|DIR`` (default ``main``): a git commit exported with ``git archive`` (``bench_startup.export``)
-or a code tree on disk, run alternated with this checkout (ABBA); ``vs_baseline`` = this total over the baseline's.
+tree). ``--baseline REF|DIR`` (default ``main``): a git commit exported with ``git archive`` or a code tree on disk
+(``bench_startup.baseline_codes``), run alternated with this checkout (ABBA); ``vs_baseline``: a row's total over
+the baseline's.
 ``--baseline none``: this checkout alone. ``--data DIR`` keeps the layouts there and reuses them on the next run
 (10^4 shards take a minute or two to write); by default they go in a temporary directory. ``--in-process``: no
 children, no baseline (the smoke test's mode; numba already loaded, so the stages show little).
@@ -39,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_startup import export  # noqa: E402
+from bench_startup import baseline_codes  # noqa: E402
 from common import RESULTS_DIR, machine_info, print_table, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,15 +177,7 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(ROOT))  # the layouts are written by this checkout
     rows, built = [], []
     with tempfile.TemporaryDirectory(prefix="bench_layout_open_", dir=os.environ.get("BENCH_TMP")) as tmp:
-        codes = {"this": ROOT}
-        if args.baseline != "none":
-            base = Path(args.baseline)
-            if base.is_dir():
-                if not (base / "packfmt" / "__init__.py").is_file():
-                    ap.error(f"--baseline {args.baseline}: expected a code tree with packfmt/__init__.py, found none")
-                codes[base.resolve().name] = base.resolve()
-            else:
-                codes[f"baseline {args.baseline}"] = export(args.baseline, Path(tmp) / "baseline")
+        codes = {"this": ROOT, **baseline_codes(ap, args.baseline, Path(tmp) / "baseline")}
         data = Path(args.data) if args.data else Path(tmp) / "data"
         load_before = os.getloadavg()
         for shards in args.shards:
