@@ -69,6 +69,19 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
+def baseline_codes(parser, baseline: str, into: Path) -> dict[str, Path]:
+    """``{label: code tree}`` of a ``--baseline`` option: {} for ``none``, a tree on disk ``DIR`` under its name,
+    else the git commit ``baseline`` exported under ``into`` (``export``), labelled ``baseline REF``."""
+    if baseline == "none":
+        return {}
+    base = Path(baseline)
+    if not base.is_dir():
+        return {f"baseline {baseline}": export(baseline, into)}
+    if not (base / "packfmt" / "__init__.py").is_file():
+        parser.error(f"--baseline {baseline}: expected a code tree with packfmt/__init__.py, found none")
+    return {base.resolve().name: base.resolve()}
+
+
 def make_stores(work: Path) -> None:
     """The validated stores, written by this checkout (a store, and a copy of it with one ffd index)."""
     run(ROOT, ["build", "text", str(SAMPLE / "text.jsonl"), "-o", str(work / "store"), "--tokenizer",
@@ -105,15 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-startup-", dir=os.environ.get("BENCH_TMP")) as tmp:
         tmp = Path(tmp)
-        codes = {"this": ROOT}
-        if args.baseline != "none":
-            base = Path(args.baseline)
-            if base.is_dir():
-                if not (base / "packfmt" / "__init__.py").is_file():
-                    ap.error(f"--baseline {args.baseline}: expected a code tree with packfmt/__init__.py")
-                codes[base.resolve().name] = base.resolve()
-            else:
-                codes[f"baseline {args.baseline}"] = export(args.baseline, tmp / "baseline")
+        codes = {"this": ROOT, **baseline_codes(ap, args.baseline, tmp / "baseline")}
         work = tmp / "work"
         work.mkdir()
         make_stores(work)

@@ -187,8 +187,10 @@ def segments(segs: np.ndarray, doc_offsets: np.ndarray, pack_offsets: np.ndarray
     n_docs = int(starts[-1]) if mode == 2 else doc_offsets.shape[0] - (0 if doc_lengths else 1)
     lengths = np.empty(pack_offsets.shape[0] - 1, dtype=np.int64)
     first_doc, n_doc, first_range, n_range = -1, 0, -1, 0
-    scan = _scan_small if mode != 2 and segs.shape[0] <= SMALL_SCAN_ROWS else _segment_kernel()
-    for p0, p1 in pack_runs(pack_offsets):  # runs of packs: one run's pages of segments.bin resident at a time
+    small = mode != 2 and segs.shape[0] <= SMALL_SCAN_ROWS
+    scan = _scan_small if small else _segment_kernel()
+    # runs of packs: one run's pages of segments.bin resident at a time (numpy's temporaries: a short run's)
+    for p0, p1 in pack_runs(pack_offsets, SMALL_RUN_ROWS if small else PACK_RUN_ROWS):
         s0 = int(pack_offsets[p0])
         fd, nd, fr, nr = scan(segs[s0:int(pack_offsets[p1])], doc_offsets, pack_offsets[p0:p1 + 1] - s0,
                               lengths[p0:p1], mode, starts)
@@ -237,8 +239,12 @@ def pack_runs(pack_offsets: np.ndarray, rows: int = PACK_RUN_ROWS) -> Iterator[t
 
 
 #: Indexes of at most this many segments are scanned by ``_scan_small`` (numpy), not the numba kernel: importing
-#: numba and loading the compiled kernel is most of a small dataset's open (~0.5 s of ``packfmt validate``).
-SMALL_SCAN_ROWS = 1 << 16
+#: numba and loading the compiled kernel is most of a small dataset's open (~0.5 s of ``packfmt validate``), and
+#: numba's first load in a process (~0.25 s, numba imported) most of opening a pack-ordered layout of 10^4 shards
+#: (``benchmarks/bench_layout_open.py``). numpy takes ~25 ns a segment (0.1 s at 2^22), the kernel ~3 once loaded.
+SMALL_SCAN_ROWS = 1 << 22
+#: Segments per run of packs that ``_scan_small`` sees at once: its temporaries (~80 bytes a segment) stay ~5 MiB.
+SMALL_RUN_ROWS = 1 << 16
 
 
 def _scan_small(segs, bounds, pack_offsets, lengths, mode, doc_start):

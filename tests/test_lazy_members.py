@@ -127,3 +127,45 @@ def test_many_members_open_only_what_the_first_batch_needs(coll, monkeypatch):
     assert 0 < len(first) <= 3  # pack 0's members (packs cross member boundaries), not 60
     for k in KEYS:
         assert torch.equal(torch.as_tensor(np.asarray(got[0][k])), torch.as_tensor(np.asarray(want[0][k]))), k
+
+
+def _bump_offset(shard: Path) -> None:
+    path = shard / "doc_offsets.bin"
+    offsets = np.fromfile(path, dtype=np.int64)
+    offsets[1] += 1  # its first document one token longer than doc_lengths.bin records (C7), V13 still holding
+    offsets.tofile(path)
+
+
+def _rename_tokenizer(shard: Path) -> None:
+    obj = json.loads((shard / "manifest.json").read_text())
+    obj["tokenizer"]["name"] = "other"  # C3: not the manifest the layout recorded
+    (shard / "manifest.json").write_text(json.dumps(obj))
+
+
+@pytest.mark.parametrize("damage,file,field", [(_bump_offset, "doc_lengths.bin", "[{d}]"),
+                                                (_rename_tokenizer, "manifest.json", "members[5].manifest")])
+def test_a_damaged_shard_of_a_lazily_opened_layout_is_refused_when_touched(tmp_path, monkeypatch, damage, file, field):
+    """A pack-ordered layout (spec/COLLECTION.md §9) opened lazily (more than ``EAGER_MOST`` shards) opens without
+    reading its shards; a damaged one is refused, naming file, field, expected and found, when a batch first
+    touches it, and never mapped; the others read."""
+    from packfmt.collection.shards import write_shards
+    from packfmt.packindex import build_pack_index
+
+    rng = np.random.default_rng(0)
+    with packfmt.DatasetWriter(tmp_path / "src", vocab_size=1000, tokenizer={"name": "t", "hash": None}) as w:
+        for n in rng.integers(1, 40, 200):
+            w.add_document(rng.integers(0, 1000, int(n)))
+    build_pack_index(packfmt.open(tmp_path / "src"), capacity=64, algorithm="ffd", name="p")
+    layout = write_shards(tmp_path / "src", "p", tmp_path / "layout", shard_bytes=256)
+    assert layout.num_members > 8
+    damage(tmp_path / "layout" / "shards" / "00005")
+    monkeypatch.setattr(L, "EAGER_MOST", 4)
+    ds = PackedDataset(tmp_path / "layout", "p")  # no shard read
+    first = int(np.sum(layout.manifest.raw["layout"]["member_packs"][:5]))  # shard 5's first pack
+    assert len(ds.__getitems__(np.array([0, first - 1]))) == 2
+    with pytest.raises(FormatError) as exc:
+        ds.__getitems__(np.array([first]))
+    err = exc.value
+    assert (err.file, err.field) == (file, field.format(d=int(layout.doc_start[5]))), str(err)
+    assert err.expected is not None and err.found is not None and "00005" in str(err)
+    assert 5 not in ds._views()["members"].mapped

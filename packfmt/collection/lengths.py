@@ -17,7 +17,6 @@ from typing import NoReturn
 
 import numpy as np
 import xxhash
-from numba import njit
 
 from .. import format as F
 from ..errors import FormatError
@@ -109,14 +108,13 @@ def check_record(raw, cm) -> np.ndarray:
 
 def check_lengths(lengths: np.ndarray, cm) -> None:
     """C7 of the record's contents: ``counts.documents`` lengths, each ``>= 1``, with a running sum below ``2^63``,
-    summing per member to its ``tokens``: one pass (``_c7_scan``), nothing allocated a document or a member."""
+    summing per member to its ``tokens``: chunked passes (``_c7_scan``), nothing allocated a document."""
     n = cm.num_documents
     if lengths.shape != (n,):
         raise FormatError(file=LENGTHS_FILE, field="length", expected=f"{n} lengths (counts.documents)",
                           found=lengths.shape[0])
     members = cm.members
     d, m, found = _c7_scan(lengths, members.documents, members.tokens)
-    d, m, found = int(d), int(m), int(found)
     if d == _SHORT_COUNTS:  # C1 makes the members' documents sum to counts.documents: a caller's bug, not a file's
         raise ValueError(f"{LENGTHS_FILE}: the members' documents do not sum to counts.documents {n}")
     if d >= 0:  # a length below 1, or where the running sum passed 2^63 (reported before any member's sum)
@@ -139,37 +137,51 @@ def _short(lengths: np.ndarray, d: int) -> NoReturn:
 
 #: ``_c7_scan``'s first value when the members hold more documents than ``lengths`` has (never, after C1).
 _SHORT_COUNTS = -2
-_INT64_MAX = np.int64(2**63 - 1)
+_INT64_MAX = 2**63 - 1
 
 
-@njit(cache=True, nogil=True)
-def _c7_scan(lengths, documents, tokens):
-    """C7 in one pass over the lengths, member by member: ``(d, m, s)`` with ``d`` the first document whose length
-    is below 1 or whose length takes the running sum past ``2^63 - 1`` (-1: none; ``_SHORT_COUNTS``: the members
-    hold more documents than there are lengths), ``m`` the first member whose lengths sum to other than its
-    ``tokens`` (-1: none) and ``s`` that sum. No array is made: at 10^5 members of 2 documents, the running-sum
-    array this replaced (and its ``8 n`` bytes of fresh pages) was most of the check."""
-    n = lengths.shape[0]
-    total = np.int64(0)
-    d = 0
-    bad_m = -1
-    bad_sum = np.int64(0)
-    for m in range(documents.shape[0]):
-        k = documents[m]
-        if k > n - d:
-            return _SHORT_COUNTS, bad_m, bad_sum
-        s = np.int64(0)
-        for _ in range(k):
-            x = lengths[d]
-            if x < 1 or x > _INT64_MAX - total:
-                return d, bad_m, bad_sum
-            total += x
-            s += x
-            d += 1
-        if bad_m < 0 and s != tokens[m]:
-            bad_m = m
-            bad_sum = s
-    return -1, bad_m, bad_sum
+#: Lengths ``_c7_scan`` checks at a time (8 MiB of them).
+_CHUNK = 1 << 20
+
+
+def _c7_scan(lengths, documents, tokens) -> tuple[int, int, int]:
+    """C7 over the lengths, member by member: ``(d, m, s)`` with ``d`` the first document whose length is below 1 or
+    whose length takes the running sum past ``2^63 - 1`` (-1: none; ``_SHORT_COUNTS``: the members hold more
+    documents than there are lengths), ``m`` the first member before ``d`` whose lengths sum to other than its
+    ``tokens`` (-1: none) and ``s`` that sum. numpy passes a chunk at a time and one sum a member (no array of a
+    running sum: at 10^5 members of 2 documents its ``8 n`` bytes of fresh pages were most of the check), and no
+    numba: its first load in a process (~0.25 s) was most of opening a collection."""
+    ends = np.cumsum(documents, dtype=np.int64)
+    n = int(ends[-1]) if ends.shape[0] else 0
+    if n > lengths.shape[0]:
+        return _SHORT_COUNTS, -1, 0
+    d = _first_short(lengths[:n])
+    done = n if d < 0 else d  # the members ending by then are compared with their tokens
+    whole = np.flatnonzero((ends <= done) & (documents > 0))
+    sums = np.zeros(documents.shape[0], dtype=np.int64)
+    if whole.size:  # the sums of consecutive whole members: one reduceat (each below 2^63: the running sum is)
+        sums[whole] = np.add.reduceat(lengths[:int(ends[whole[-1]])], ends[whole] - documents[whole])
+    bad = np.flatnonzero((sums != tokens) & (ends <= done))
+    m = int(bad[0]) if bad.size else -1
+    return d, m, int(sums[m]) if m >= 0 else 0
+
+
+def _first_short(lengths: np.ndarray) -> int:
+    """The first document whose length is below 1 or takes the running sum past ``2^63 - 1``; -1 when none."""
+    total = 0
+    for a in range(0, lengths.shape[0], _CHUNK):
+        chunk = lengths[a:a + _CHUNK]
+        if int(chunk.min()) < 1:
+            return a + int(np.argmax(chunk < 1))
+        if total + int(chunk.max()) * chunk.shape[0] <= _INT64_MAX:  # no sum in it can pass 2^63 - 1
+            total += int(chunk.sum())
+            continue
+        running = np.cumsum(chunk.astype(object)) + total  # exact (Python integers): only near 2^63
+        past = np.flatnonzero(running > _INT64_MAX)
+        if past.size:
+            return a + int(past[0])
+        total = int(running[-1])
+    return -1
 
 
 def member_lengths_problem(cm, m: int, doc_start: int, own: np.ndarray, lengths: np.ndarray,

@@ -18,7 +18,6 @@ from typing import Callable
 
 import numpy as np
 import xxhash
-from numba import njit
 
 from .. import format as F
 from ..errors import FormatError
@@ -238,21 +237,18 @@ def parse_table(table: bytes, text: bytes, count: int) -> MemberTable:
         line = text.count(b"\n", 0, exc.start) + 1
         raise _fail(NAMES_FILE, f"line {line}", "UTF-8 text", f"{text[exc.start:exc.start + 4]!r} at byte {exc.start}"
                     ) from None
-    b = np.frombuffer(text, dtype=np.uint8)
-    start = np.empty(count + 1, dtype=np.int64)
-    tab = np.empty(count, dtype=np.int64)
-    key = np.empty(count, dtype=np.uint64)
-    if _scan(b, _CLASS, count, start, tab, key):  # one pass over the bytes: every rule of a line (§2.5), a key per name
+    lines = _scan(np.frombuffer(text, dtype=np.uint8), count)  # every rule of a line (§2.5), vectorised
+    if lines is None:
         raise _first_bad_line(text, count)
     both = xxhash.xxh3_64(table)
     both.update(text)  # the two files end to end (§4), without joining them
-    table_ = MemberTable(records, text, start, tab, "xxh3_64:" + both.hexdigest())
-    _unique_names(key, table_)
+    table_ = MemberTable(records, text, *lines, "xxh3_64:" + both.hexdigest())
+    _unique_names(np.frombuffer(text, dtype=np.uint8), *lines, table_)
     return table_
 
 
 #: Per byte value, for ``_scan``: 1 a name's first byte (a letter or digit), 2 any byte of a name, 4 a byte no path
-#: may hold (TAB, CR, NUL, backslash), 8 an end of a path component ("/" or LF).
+#: may hold (TAB, CR, NUL, backslash).
 _CLASS = np.zeros(256, dtype=np.uint8)
 for _c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789":
     _CLASS[_c] |= 3
@@ -260,99 +256,76 @@ for _c in b"_.-":
     _CLASS[_c] |= 2
 for _c in b"\t\r\0\\":
     _CLASS[_c] |= 4
-for _c in b"/\n":
-    _CLASS[_c] |= 8
+TAB, LF, SLASH, DOT = 9, 10, 47, 46
+#: Longest name (§2.1).
+NAME_MOST = 128
 
 
-@njit(cache=True, nogil=True)
-def _scan(b, cls, count, start, tab, key) -> bool:
-    """One pass over ``member_names.txt``: ``count`` lines of ``name TAB path LF``, the name 1-128 bytes of
-    ``[A-Za-z0-9_.-]`` starting with a letter or digit, the path non-empty, not absolute, no empty or ``.``
-    component, no TAB, CR, NUL or backslash. Fills each line's ``start`` (and ``start[count]``: the end), its
-    ``tab`` and a 64-bit ``key`` of its name; True when a rule fails (``_first_bad_line`` then names it)."""
+def _scan(b: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``member_names.txt`` as ``count`` lines of ``name TAB path LF``, the name 1-128 bytes of ``[A-Za-z0-9_.-]``
+    starting with a letter or digit, the path non-empty, not absolute, no empty or ``.`` component, no TAB, CR, NUL
+    or backslash: ``(start, tab)``, each line's first byte (and ``start[count]``, the end) and its TAB; None when a
+    rule fails (``_first_bad_line`` then names it). numpy passes over the bytes, no Python object a line, and no
+    numba: its first load in a process (~0.25 s) was most of opening a collection of 10^4 members."""
     n = b.shape[0]
-    i = 0
-    for line in range(count):
-        if i >= n:
-            return True
-        start[line] = i
-        if not cls[b[i]] & 1:
-            return True
-        h = np.uint64(0xCBF29CE484222325)
-        length = 0
-        while i < n and b[i] != 9:
-            c = b[i]
-            if not cls[c] & 2:
-                return True
-            h = (h ^ np.uint64(c)) * np.uint64(0x100000001B3)
-            length += 1
-            if length > 128:
-                return True
-            i += 1
-        if i >= n:
-            return True
-        tab[line] = i
-        key[line] = h ^ np.uint64(length)
-        i += 1
-        part = i  # the component being read
-        if i >= n or b[i] == 47:
-            return True
-        while True:
-            if i >= n:
-                return True
-            c = b[i]
-            k = cls[c]
-            if k & 8:
-                if i == part or (i == part + 1 and b[part] == 46):  # an empty or "." component
-                    return True
-                if c == 10:
-                    break
-                part = i + 1
-            elif k & 4:
-                return True
-            i += 1
-        i += 1
-    start[count] = i
-    return i != n
+    if count == 0 or n == 0:
+        return (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)) if n == count == 0 else None
+    ends = np.flatnonzero(b == LF)
+    tab = np.flatnonzero(b == TAB)
+    if ends.shape[0] != count or tab.shape[0] != count or ends[-1] != n - 1:
+        return None
+    start = np.empty(count + 1, dtype=np.int64)
+    start[0], start[1:] = 0, ends + 1
+    # one TAB a line (as many of each, the i-th TAB inside line i), a name of 1-128 bytes, a path of >= 1
+    name_len = tab - start[:-1]
+    if not ((name_len >= 1) & (name_len <= NAME_MOST) & (tab + 1 < ends)).all():
+        return None
+    cls = _CLASS.take(b)
+    if not (cls[start[:-1]] & 1).all() or np.count_nonzero(cls & 4) != count:  # the only TAB/CR/NUL/backslash: the TABs
+        return None
+    in_name = np.zeros(n + 1, dtype=np.int8)  # 1 from a line's first byte to its TAB (excluded)
+    in_name[start[:-1]] = 1
+    in_name[tab] = -1
+    in_name = np.cumsum(in_name[:n], dtype=np.int8).view(bool)
+    if not (cls[in_name] & 2).all():
+        return None
+    # the path: not absolute; after a "/" neither "/" nor the line's end (no empty component); no "." component
+    if (b[tab + 1] == SLASH).any():
+        return None
+    slash = np.flatnonzero(b == SLASH)  # (never in a name: checked above), never the last byte (an LF is)
+    if ((b[slash + 1] == SLASH) | (b[slash + 1] == LF)).any():
+        return None
+    dot = np.flatnonzero(~in_name & (b == DOT))  # (never the first byte: a name's), never the last
+    after, before = b[dot + 1], b[dot - 1]
+    if (((before == TAB) | (before == SLASH)) & ((after == SLASH) | (after == LF))).any():
+        return None
+    return start, tab
 
 
-@njit(cache=True, nogil=True)
-def _any_equal(key) -> bool:
-    """Whether two of ``key`` are equal: one pass through an open-addressing table (no sort)."""
-    size = 2
-    while size < 2 * key.shape[0]:
-        size *= 2
-    slots = np.empty(size, dtype=np.uint64)
-    used = np.zeros(size, dtype=np.bool_)
-    mask = np.uint64(size - 1)
-    for k in key:
-        j = (k * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32) & mask
-        while used[j]:
-            if slots[j] == k:
-                return True
-            j = (j + np.uint64(1)) & mask
-        used[j] = True
-        slots[j] = k
-    return False
-
-
-def _unique_names(key: np.ndarray, table: MemberTable) -> None:
-    """Names unique (§2.1): each name's 64-bit key (``_scan``: FNV-1a of its bytes and its length) sorted; equal
-    keys are compared exactly, so a collision costs a comparison, never a false error."""
-    if key.shape[0] < 2:
+def _unique_names(b: np.ndarray, start: np.ndarray, tab: np.ndarray, table: MemberTable) -> None:
+    """Names unique (§2.1), compared exactly: each name's bytes padded with NUL (which no name holds) to the longest,
+    the rows sorted, neighbours compared. Raises naming the first line (in member order) whose name an earlier line
+    has."""
+    count = tab.shape[0]
+    if count < 2:
         return
-    if not _any_equal(key):  # the usual case: no two keys equal, so no two names
-        return
-    order = np.argsort(key, kind="stable")
-    ks = key[order]
+    width = int((tab - start[:-1]).max())
+    at = start[:-1, None] + np.arange(width)
+    rows = np.where(at < tab[:, None], b[np.minimum(at, b.shape[0] - 1)], 0).astype(np.uint8)
+    keys = np.ascontiguousarray(rows).view(f"V{width}").ravel()
+    order = np.argsort(keys, kind="stable")
+    ks = keys[order]
     dup = np.flatnonzero(ks[1:] == ks[:-1])
-    seen: dict[str, int] = {}
-    for j in np.unique(np.concatenate([order[dup], order[dup + 1]])).tolist():  # member order
-        name = table._entry(j).name
-        if name in seen:
-            raise _fail(NAMES_FILE, f"line {j + 1} name", f"a name no other member has (line {seen[name] + 1} has it)",
-                        repr(name))
-        seen[name] = j
+    if not dup.size:  # the usual case
+        return
+    later = order[dup + 1]  # a line whose name the line sorted just before it (an earlier line: stable) has
+    j = int(later.min())
+    at = int(np.flatnonzero(order == j)[0])
+    while at > 0 and ks[at - 1] == ks[at]:  # the first line of its run of equal names (stable: the earliest)
+        at -= 1
+    first = int(order[at])
+    raise _fail(NAMES_FILE, f"line {j + 1} name", f"a name no other member has (line {first + 1} has it)",
+                repr(table._entry(j).name))
 
 
 def _first_bad_line(text: bytes, count: int) -> FormatError:
