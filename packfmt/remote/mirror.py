@@ -31,7 +31,7 @@ from ..storage.uri import escapes
 from ..storage import verify as V
 from ..storage.cache import Fetched, Fetcher, Pin, evict
 from ..storage.errors import storage_errors
-from ..storage.in_flight import in_order, members_in_flight
+from ..storage.in_flight import in_order, members_in_flight, together
 from ..storage.transport import remote
 from .pack_mirror import drop_gone, mirror_pack, remote_pack_manifests
 
@@ -119,8 +119,8 @@ def mirror_collection_files(f: Fetcher, fs, rpath: str, url: str, local: Path, f
     verified as every file, so that packing and opening it read its lengths, not every member. A
     ``doc_lengths.bin`` missing from the bucket is left out (readers then take the members' own lengths, as the
     spec allows; validate warns); a member table missing is an error (it is the member list); one that fails
-    its size or checksum is refused like any listed file."""
-    for name, entry in files.items():
+    its size or checksum is refused like any listed file. The files are requested at once."""
+    def one(name: str, entry) -> None:
         try:
             f.file(fs, f"{rpath}/{name}", f"{url}/{name}", local / name, entry, f"{url}/{F.MANIFEST}")
         except FormatError as exc:
@@ -128,6 +128,8 @@ def mirror_collection_files(f: Fetcher, fs, rpath: str, url: str, local: Path, f
                 raise
             V.forget(f.root, local / name)
             (local / name).unlink(missing_ok=True)  # an earlier copy is not this manifest's evidence
+
+    together([lambda name=name, entry=entry: one(name, entry) for name, entry in files.items()])
 
 
 def mirror_packs(f: Fetcher, fs, rpath: str, url: str, local: Path) -> None:

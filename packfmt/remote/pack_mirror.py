@@ -19,6 +19,7 @@ from .. import index_format as IF
 from ..errors import FormatError
 from ..storage import verify as V
 from ..storage.cache import Fetcher
+from ..storage.in_flight import together
 from ..storage.remote_json import read_json
 
 __all__ = ["remote_pack_manifests", "mirror_pack", "drop_gone", "refuse_materialized"]
@@ -34,16 +35,16 @@ def remote_pack_manifests(fs, rpath: str) -> dict[str, bytes]:
         names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(remote, detail=False))
     except FileNotFoundError:
         return {}
-    out = {}
-    for name in names:
-        if name.startswith("."):
-            continue
+    def one(name: str) -> bytes | None:
         path = f"{remote}/{name}/{F.PACK_INDEX_JSON}"
         try:
-            out[name] = read_json(fs, path, fs.url(path))[0]
+            return read_json(fs, path, fs.url(path))[0]
         except FileNotFoundError:
-            continue
-    return out
+            return None
+
+    names = [n for n in names if not n.startswith(".")]
+    got = together([lambda name=name: one(name) for name in names])  # (at once: one round trip)
+    return {name: raw for name, raw in zip(names, got) if raw is not None}
 
 
 def mirror_pack(fetcher: Fetcher, fs, rpath: str, url: str, local: Path, name: str, raw: bytes) -> None:

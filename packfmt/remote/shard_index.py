@@ -138,7 +138,9 @@ class ShardedIndex(PackIndex):
         self.path = coll.path / F.PACKS_DIR / f".rows-{name}-{xxhash.xxh3_64_hexdigest(raw)}"
         self._drop_older()
         self.path.mkdir(parents=True, exist_ok=True)
-        self._fetch(R.SHARD_DIGESTS)
+        # the shards' digests, and each pack's tokens (read by the default sampler, balance="tokens": fetched now, at
+        # once with them, not one round trip later; mapped on first use, ``pack_lengths``)
+        together([lambda: self._fetch(R.SHARD_DIGESTS), lambda: self._fetch(R.PACK_TOKENS)])
         self.digests = map_file(self.path / R.SHARD_DIGESTS, *self._shapes[R.SHARD_DIGESTS], file=self.url + R.SHARD_DIGESTS)
         self._fds = {}
         for fname in (F.PACK_OFFSETS, F.SEGMENTS):  # sparse: only the rows of shards read hold blocks

@@ -18,6 +18,7 @@ from ..collection.reader import Collection
 from ..storage import uri
 from ..storage.cache import Fetcher, Origin, Pin, parse_limit
 from ..storage.errors import storage_errors
+from ..storage.in_flight import together
 from ..storage.transport import remote
 from .members import StreamedMembers
 from .mirror import mirror_collection_manifest
@@ -41,10 +42,12 @@ def open_streamed(url: str, storage_options=None, cache_dir=None, cache_limit=No
             f.result.pins.append(Pin(f.root, local))
             # its own files (a member table) mirrored; not doc_lengths.bin (8 bytes a document: 8 GB at 10^9), which
             # a streamed read never reads (StreamedCollection.doc_lengths fetches it if something asks)
-            cm = mirror_collection_manifest(f, fs, rpath, url, local, obj, leave=(LENGTHS_FILE,))
+            # and the pack indexes listed (each mirrored when pack_index first opens it): at once, two round trips
+            cm, packs = together([lambda: mirror_collection_manifest(f, fs, rpath, url, local, obj,
+                                                                     leave=(LENGTHS_FILE,)),
+                                  lambda: remote_pack_manifests(fs, rpath)])
             uri.check_member_paths(url, cm.members.paths, file=f"{url}/{F.MANIFEST}",
                                    name_of=lambda i: cm.members[i].name)
-            packs = remote_pack_manifests(fs, rpath)  # listed; each mirrored when pack_index first opens it
             drop_gone(f.root, local, set(packs))
             f.write_atomic(local / F.MANIFEST, raw)
     except BaseException:

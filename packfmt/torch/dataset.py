@@ -31,6 +31,7 @@ from ._kernels import PLAN_PACKS, ROW_DIDS, fill_item, fill_packs
 from ._plan import N_SLOTS, batch_layout, pack_length, plan_batch
 from ._sources import _ImageIndex, _segment_sums
 from ._views import _INT32_LIMIT, INDEX_DTYPES, arrays_of
+from . import warm
 from .batch import PackBatch
 
 __all__ = ["PackedDataset", "PackBatch", "IGNORE_INDEX", "PAD_DOC_ID", "INDEX_DTYPES", "FIELDS"]
@@ -119,6 +120,8 @@ class PackedDataset(Dataset):
         if input_ids_dtype is not None and input_ids_dtype != "native" and input_ids_dtype not in INDEX_DTYPES:
             raise ValueError(f"input_ids_dtype: expected None, torch.int64, torch.int32 or 'native', "
                              f"found {input_ids_dtype!r}")
+        if isinstance(path_or_store, str) and "://" in path_or_store:
+            warm.start()  # the sampler's kernels loaded while the open waits for the object store
         # stream=True: a remote collection's members fetched as batches need them (remote.members, prefetch)
         store = as_dataset(path_or_store, storage_options=storage_options, cache_dir=cache_dir,
                            cache_limit=cache_limit, stream=stream)
