@@ -1,6 +1,6 @@
 """A pack-ordered layout read streamed through a real S3-protocol server (moto on 127.0.0.1), its index a shard at a
-time (spec/COLLECTION.md §9.4; ``remote.shard_index``): the open fetches ``index.json`` and ``shard_digests.bin``
-only, each shard's rows of ``pack_offsets.bin`` and ``segments.bin`` arrive (by ranged GETs, checked against their
+time (spec/COLLECTION.md §9.4; ``remote.shard_index``): the open fetches ``index.json``, ``shard_digests.bin`` and
+``pack_tokens.bin`` (4 bytes a pack, read by the default sampler) only, each shard's rows of ``pack_offsets.bin`` and ``segments.bin`` arrive (by ranged GETs, checked against their
 digests) when a batch first touches the shard, every pack reads as the layout read locally, and rows changed in the
 bucket or in the cache are never used."""
 
@@ -69,7 +69,7 @@ def test_rows_arrive_a_shard_at_a_time_and_read_the_same(layout, cache):  # noqa
     idx = ds.index
     assert isinstance(idx, ShardedIndex) and len(ds) == len(local)
     fetched = [e["url"].rsplit("/", 1)[-1] for e in _log(cache)]
-    assert fetched == ["shard_digests.bin"]  # no segments.bin, no pack_offsets.bin before the first batch
+    assert sorted(fetched) == ["pack_tokens.bin", "shard_digests.bin"]  # no segments.bin, no pack_offsets.bin
     seg = idx.path / F.SEGMENTS
     assert seg.stat().st_size == 24 * out.num_documents and seg.stat().st_blocks == 0  # sparse, nothing in it yet
     k = len(out.members) // 2
