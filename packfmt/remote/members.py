@@ -285,11 +285,8 @@ class StreamedMembers(Holdings, Room, ResidentMembers):
         give_up = None if patience is None else time.monotonic() + patience
         while True:
             got = self._hold_room(m, known, before, deadline, give_up)
-            if before is not None:  # a prefetch: its room is settled, the next prefetch thread may claim past it
-                with self.cond:  # (``plan._step``: members are given room in the plan's order)
-                    self.claimed.discard(m)
-                    if got is not None:
-                        self.work.notify()
+            if before is not None and got is not None and (not got[1] or known is not None or not self.coll.num_images):
+                self._settled(m)  # (with images the record's estimate is short: settled once made exact, below)
             if got is None:  # a prefetch never waits for room; it keeps what it read for its next try
                 if known is not None:  # (``plan._run``: after a batch or a second)
                     self._keep_manifest(m, known)
@@ -301,6 +298,8 @@ class StreamedMembers(Holdings, Room, ResidentMembers):
                 if reserved and not self._resize(m, known, reserved):
                     self._unreserve(m, fd, reserved)  # (nothing of it fetched yet)
                     continue
+                if before is not None:
+                    self._settled(m)
                 raw, files, rows = known
                 fetch_member(self, m, local, raw, files, rows)  # (a member on disk: a stat per file)
                 store = Store(local)  # its offsets checked (V13)
@@ -320,6 +319,14 @@ class StreamedMembers(Holdings, Room, ResidentMembers):
             if store.num_images:
                 self.stores[m] = store
         return True
+
+    def _settled(self, m: int) -> None:
+        """A prefetch's room for member ``m`` is reserved for good: the next prefetch thread may claim past it
+        (``plan._step``: members are given room in the plan's order, so a later one never takes an earlier one's)."""
+        with self.cond:
+            if m in self.claimed:
+                self.claimed.discard(m)
+                self.work.notify()
 
     def _keep_manifest(self, m: int, known: tuple) -> None:
         with self.cond:
