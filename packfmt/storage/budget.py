@@ -157,33 +157,19 @@ class Budget:
 
     # -- the one way in
     @contextmanager
-    def transaction(self):
+    def transaction(self, wait: bool = True):
         """The ledger locked for this thread (other processes and this process's other threads wait): a
         ``Transaction`` to read and change it. The ``flock`` alone would not keep out a second thread (one descriptor:
         its lock is already this process's), and the first to leave would let go of it under the other, opening the
-        ledger to every process of the node while that thread still reads and changes it."""
-        with self._threads:
-            if not self._depth:  # (a transaction inside one of the same thread: the outer one holds the lock)
-                fcntl.flock(self.fd, fcntl.LOCK_EX)
-            self._depth += 1
-            try:
-                yield Transaction(self)
-            finally:
-                self._depth -= 1
-                if not self._depth:
-                    fcntl.flock(self.fd, fcntl.LOCK_UN)
-
-    @contextmanager
-    def try_transaction(self):
-        """``transaction()`` when the ledger is free now, else ``None`` at once (for work that may wait for the next
-        chance, such as renewing leases after a batch: a batch never waits behind another thread's eviction)."""
-        if not self._threads.acquire(blocking=False):
+        ledger to every process of the node while that thread still reads and changes it. ``wait=False``: ``None``
+        at once when another thread or process holds it (``try_transaction``)."""
+        if not self._threads.acquire(blocking=wait):
             yield None
             return
         try:
-            if not self._depth:
+            if not self._depth:  # (a transaction inside one of the same thread: the outer one holds the lock)
                 try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(self.fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     yield None
                     return
@@ -196,6 +182,11 @@ class Budget:
                     fcntl.flock(self.fd, fcntl.LOCK_UN)
         finally:
             self._threads.release()
+
+    def try_transaction(self):
+        """``transaction()`` when the ledger is free now, else ``None`` at once (for work that may wait for the next
+        chance, such as renewing leases after a batch: a batch never waits behind another thread's eviction)."""
+        return self.transaction(wait=False)
 
     def close(self, _close=os.close) -> None:  # _close: still bound at interpreter shutdown
         fd, self._slot_fd = getattr(self, "_slot_fd", None), None
